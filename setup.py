@@ -1,0 +1,28 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="shardtrain",
+    version="0.1.0",
+    description="A fairseq-style training framework on torch.distributed (FSDP2, DDP, ZeRO, DCP)",
+    packages=find_packages(include=["shardtrain", "shardtrain.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.6",
+        "numpy",
+        "omegaconf>=2.3",
+        "hydra-core>=1.3",
+        "sentencepiece",
+        "tensorboard",
+        "tqdm",
+    ],
+    extras_require={"test": ["pytest", "hypothesis"]},
+    entry_points={
+        "console_scripts": [
+            "shard-preprocess = shardtrain.cli.preprocess:main",
+            "shard-train = shardtrain.cli.train:main",
+            "shard-validate = shardtrain.cli.validate:main",
+            "shard-generate = shardtrain.cli.generate:main",
+            "shard-demo = shardtrain.cli.demo:main",
+        ]
+    },
+)

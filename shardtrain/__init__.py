@@ -1,0 +1,3 @@
+"""shardtrain: a fairseq-style training framework on torch.distributed."""
+
+__version__ = "0.1.0"

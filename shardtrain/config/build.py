@@ -1,0 +1,99 @@
+"""Build the typed run config: from command-line flags, or from a saved dict."""
+import importlib
+import os
+import sys
+from typing import Dict, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from shardtrain.config import components, flags
+from shardtrain.config.checks import check_config
+from shardtrain.config.sections import SECTIONS, ComponentsConfig, ShardtrainConfig
+from shardtrain.errors import ConfigError
+
+_TITLES = {
+    "components": "components", "common": "common", "dataset": "dataset and batching",
+    "optimization": "optimization", "checkpoint": "checkpointing", "task": "task ({})",
+    "model": "model ({})", "criterion": "criterion ({})", "optimizer": "optimizer ({})",
+    "lr_scheduler": "lr scheduler ({})",
+}
+
+
+def import_user_dir(path: Optional[str]) -> None:
+    """Import a plugin package so its components register themselves."""
+    if not path:
+        return
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(path):
+        raise ConfigError(f"--user-dir {path} does not exist or is not a directory. "
+                          "Pass the path of a Python package whose __init__.py registers your components.")
+    parent, name = os.path.split(path)
+    if name in sys.modules:
+        if os.path.dirname(os.path.abspath(getattr(sys.modules[name], "__file__", "") or "")) == path:
+            return
+        raise ConfigError(f"--user-dir {path}: a module named {name!r} is already imported from elsewhere. "
+                          "Rename the plugin folder so its name does not clash.")
+    sys.path.insert(0, parent)
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - any plugin failure is the user's to fix
+        raise ConfigError(f"--user-dir {path} failed to import: {type(e).__name__}: {e}. "
+                          "Fix the error in the plugin (run `python -c 'import {name}'` from "
+                          f"{parent} to see the traceback).") from e
+    finally:
+        sys.path.remove(parent)
+
+
+def build_train_parser(argv: Sequence[str], prog: str = "shard-train"):
+    """Stage two of parsing: every section plus the selected components' flags."""
+    pre = flags.preparse(argv, ComponentsConfig())
+    import_user_dir(pre.user_dir)
+    slots = components.slot_config_classes(pre)
+    parser = flags.new_parser(prog, "Train a model. Flags of the selected --task/--arch/--criterion/"
+                              "--optimizer/--lr-scheduler are listed in their own groups.")
+    sections = [(name, cls, None) for name, cls in SECTIONS.items()]
+    for slot, (cls, preset) in slots.items():
+        if cls is not None:
+            sections.append((slot, cls, preset))
+    titles = {s: t.format(getattr(pre, "arch" if s == "model" else s, "")) for s, t in _TITLES.items()}
+    flags.add_sections(parser, sections, titles)
+    return parser, slots
+
+
+def parse_train_args(argv: Sequence[str], prog: str = "shard-train") -> DictConfig:
+    parser, slots = build_train_parser(argv, prog)
+    namespace = parser.parse_args(list(argv))
+    values = {name: flags.section_values(namespace, name) for name in SECTIONS}
+    for slot, (cls, _) in slots.items():
+        values[slot] = flags.section_values(namespace, slot) if cls is not None else None
+    cfg = from_dict(values)
+    check_config(cfg)
+    return cfg
+
+
+def from_dict(values: Dict) -> DictConfig:
+    """Typed config from plain values (flags, a checkpoint, a Hydra config).
+
+    Unknown keys are errors: a saved config that names a field this version
+    does not know must not be silently dropped.
+    """
+    names = ComponentsConfig(**(values.get("components") or {}))
+    cfg = OmegaConf.structured(ShardtrainConfig(components=names))
+    try:
+        for section in SECTIONS:
+            if values.get(section):
+                cfg[section] = OmegaConf.merge(cfg[section], values[section])
+        for slot, (cls, preset) in components.slot_config_classes(names).items():
+            if cls is None:
+                continue
+            node = OmegaConf.merge(OmegaConf.structured(cls), preset, values.get(slot) or {})
+            cfg[slot] = node
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"Invalid config value: {e}. Check the flag or config key named above.") from None
+    return cfg
+
+
+def to_dict(cfg: DictConfig) -> Dict:
+    """Plain dict (for checkpoints and logs)."""
+    return OmegaConf.to_container(cfg, resolve=True)

@@ -1,0 +1,52 @@
+"""Flag checks, made once up front from one table.
+
+Each rule is (predicate that is True when the config is wrong, message naming
+the flags and the fix). Later issues add rows here, not ``if``s elsewhere.
+"""
+from typing import Callable, List, Tuple
+
+from shardtrain.errors import ConfigError
+
+
+def _positive_or_none(value) -> bool:
+    return value is None or value > 0
+
+
+RULES: List[Tuple[Callable, str]] = [
+    (lambda c: c.dataset.max_tokens is None and c.dataset.batch_size is None,
+     "Neither --max-tokens nor --batch-size is set. Set at least one, e.g. --max-tokens 4096."),
+    (lambda c: not _positive_or_none(c.dataset.max_tokens),
+     "--max-tokens must be a positive number of tokens."),
+    (lambda c: not _positive_or_none(c.dataset.batch_size),
+     "--batch-size must be a positive number of sequences."),
+    (lambda c: not _positive_or_none(c.dataset.max_tokens_valid),
+     "--max-tokens-valid must be positive."),
+    (lambda c: not _positive_or_none(c.dataset.batch_size_valid),
+     "--batch-size-valid must be positive."),
+    (lambda c: c.dataset.required_batch_size_multiple < 1,
+     "--required-batch-size-multiple must be at least 1."),
+    (lambda c: c.optimization.update_freq < 1,
+     "--update-freq must be at least 1 (the number of batches accumulated per update)."),
+    (lambda c: c.optimization.lr <= 0, "--lr must be positive."),
+    (lambda c: c.optimization.clip_norm < 0, "--clip-norm must be >= 0 (0 disables clipping)."),
+    (lambda c: c.optimization.max_update < 0 or c.optimization.max_epoch < 0,
+     "--max-update and --max-epoch must be >= 0 (0 means no limit)."),
+    (lambda c: c.common.log_interval < 1, "--log-interval must be at least 1."),
+    (lambda c: c.checkpoint.save_interval < 1, "--save-interval must be at least 1 (epochs)."),
+    (lambda c: c.checkpoint.save_interval_updates < 0, "--save-interval-updates must be >= 0."),
+    (lambda c: c.checkpoint.finetune_from_model is not None and c.checkpoint.restore_file != "checkpoint_last.pt",
+     "--finetune-from-model and --restore-file both choose where training starts. Use only one of them."),
+    (lambda c: c.checkpoint.finetune_from_model is not None and (
+        c.checkpoint.reset_optimizer or c.checkpoint.reset_lr_scheduler or c.checkpoint.reset_meters
+        or c.checkpoint.reset_dataloader),
+     "--finetune-from-model already resets optimizer, lr scheduler, meters and data position; "
+     "drop the --reset-* flags."),
+    (lambda c: c.checkpoint.no_save and c.checkpoint.save_interval_updates > 0,
+     "--no-save and --save-interval-updates contradict each other. Drop one of them."),
+]
+
+
+def check_config(cfg) -> None:
+    problems = [message for wrong, message in RULES if wrong(cfg)]
+    if problems:
+        raise ConfigError(" ".join(problems))

@@ -1,0 +1,122 @@
+"""Generate argparse flags from config dataclasses, and parse them back.
+
+Dataclasses are the single source of truth: each field becomes ``--field-name``
+with the field's type, default, choices and help. Parsing happens in two
+stages, as in fairseq: the first reads only ``--user-dir`` and the component
+names (so plugins are imported and the selected components are known), the
+second builds the full parser with just the selected components' flags.
+"""
+import argparse
+import ast
+import dataclasses
+import typing
+from typing import Any, Dict, Iterable, Optional, Sequence
+
+from shardtrain.errors import ConfigError
+
+_NAME_FLAGS = {
+    "--task": "task", "--arch": "arch", "--criterion": "criterion",
+    "--optimizer": "optimizer", "--lr-scheduler": "lr_scheduler",
+}
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def parse_tuple(text: str) -> tuple:
+    """``"(0.9, 0.98)"``, ``"0.9,0.98"`` or ``"[0.9, 0.98]"`` -> ``(0.9, 0.98)``."""
+    try:
+        value = ast.literal_eval(text if any(c in text for c in "([") else f"({text},)")
+        return tuple(float(v) for v in value)
+    except (ValueError, SyntaxError, TypeError):
+        raise argparse.ArgumentTypeError(f"expected numbers like '(0.9, 0.98)', got {text!r}") from None
+
+
+def _base_type(tp):
+    """Strip Optional[...]; return (base type, is_optional)."""
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _base_type(args[0])[0], True
+    return tp, False
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _help(f: dataclasses.Field, default: Any) -> str:
+    text = f.metadata.get("help", "")
+    if default not in (None, False, dataclasses.MISSING, ""):
+        text += f" (default: {default})"
+    return text
+
+
+def add_dataclass_flags(group, section: str, cls, overrides: Optional[Dict] = None) -> None:
+    """Add one flag per field of ``cls``; dest is ``"<section>.<field>"``."""
+    hints = typing.get_type_hints(cls)
+    overrides = overrides or {}
+    for f in dataclasses.fields(cls):
+        if f.name.startswith("_"):
+            continue
+        default = overrides.get(f.name, _default(f))
+        tp, _ = _base_type(hints[f.name])
+        kwargs = dict(dest=f"{section}.{f.name}", help=_help(f, default))
+        if f.metadata.get("positional"):
+            kwargs.pop("dest")
+            if default is not dataclasses.MISSING:
+                kwargs.update(nargs="?", default=default)
+            group.add_argument(f"{section}.{f.name}", metavar=f.name.upper(), **kwargs)
+            continue
+        kwargs["default"] = None if default is dataclasses.MISSING else default
+        if default is dataclasses.MISSING:
+            kwargs["required"] = True
+        if tp is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction if default is True else "store_true"
+        elif typing.get_origin(tp) is tuple:
+            kwargs.update(type=parse_tuple, metavar="TUPLE")
+        else:
+            kwargs["type"] = tp if tp in (int, float, str) else str
+            if f.metadata.get("choices"):
+                kwargs["choices"] = f.metadata["choices"]
+        try:
+            group.add_argument(flag_name(f.name), **kwargs)
+        except argparse.ArgumentError as e:
+            raise ConfigError(
+                f"{cls.__qualname__}.{f.name} defines {flag_name(f.name)}, which another config section "
+                f"already defines ({e}). Rename the field in one of the two components."
+            ) from None
+
+
+def section_values(namespace: argparse.Namespace, section: str) -> Dict[str, Any]:
+    prefix = section + "."
+    return {k[len(prefix):]: v for k, v in vars(namespace).items() if k.startswith(prefix)}
+
+
+def new_parser(prog: str, description: str, add_help: bool = True) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog=prog, description=description, add_help=add_help, allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def preparse(argv: Sequence[str], defaults) -> argparse.Namespace:
+    """Stage one: ``--user-dir`` and the component names only."""
+    parser = new_parser("", "", add_help=False)
+    parser.add_argument("--user-dir", default=None)
+    for flag, name in _NAME_FLAGS.items():
+        parser.add_argument(flag, dest=name, default=getattr(defaults, name))
+    known, _ = parser.parse_known_args(list(argv))
+    return known
+
+
+def add_sections(parser, sections: Iterable, titles: Optional[Dict[str, str]] = None) -> None:
+    """``sections``: (section name, dataclass, overrides) triples, one flag group each."""
+    titles = titles or {}
+    for section, cls, overrides in sections:
+        group = parser.add_argument_group(titles.get(section, section))
+        add_dataclass_flags(group, section, cls, overrides)

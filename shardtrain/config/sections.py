@@ -1,0 +1,120 @@
+"""The framework's own config sections, with fairseq's flag names.
+
+Components (task, model, criterion, optimizer, lr scheduler) keep their config
+dataclasses next to their code; these are the sections that belong to the
+framework itself. Defaults are fairseq's except where noted.
+"""
+import dataclasses
+from typing import Any, Optional
+
+from shardtrain.config.fields import field
+
+LOG_FORMATS = ("json", "simple", "tqdm", "none")
+
+
+@dataclasses.dataclass
+class ComponentsConfig:
+    task: str = field("language_modeling", help="task to train (a registered task name)")
+    arch: str = field("transformer_lm", help="model architecture (a registered model or architecture name)")
+    criterion: str = field("cross_entropy", help="training criterion (loss)")
+    # fairseq has no default optimizer and --lr 0.25 (tuned for NAG); adam with a
+    # sensible lr is what people actually run, so that is the default here.
+    optimizer: str = field("adam", help="optimizer")
+    lr_scheduler: str = field("fixed", help="learning-rate scheduler")
+
+
+@dataclasses.dataclass
+class CommonConfig:
+    seed: int = field(1, help="random seed for model init, data order and dropout")
+    cpu: bool = field(False, help="train on the CPU even when CUDA is available")
+    log_format: str = field("tqdm", help="log format (tqdm falls back to simple when stderr is not a terminal)",
+                            choices=LOG_FORMATS)
+    log_interval: int = field(100, help="log training progress every N updates")
+    log_file: Optional[str] = field(None, help="also write the log to this file")
+    tensorboard_logdir: Optional[str] = field(None, help="write tensorboard scalars under this directory")
+    user_dir: Optional[str] = field(None, help="path to a Python package with custom tasks/models/... to import")
+    no_progress_bar: bool = field(False, help="disable the progress bar (log with the simple format)")
+    threads: int = field(0, help="CPU threads for torch (0: torch's default)")
+
+
+@dataclasses.dataclass
+class DatasetConfig:
+    max_tokens: Optional[int] = field(None, help="maximum number of tokens in a batch")
+    batch_size: Optional[int] = field(None, help="maximum number of sequences in a batch")
+    required_batch_size_multiple: int = field(8, help="batch size will be a multiple of this value")
+    train_subset: str = field("train", help="data subset to train on")
+    valid_subset: str = field("valid", help="comma-separated data subsets to validate on")
+    max_tokens_valid: Optional[int] = field(None, help="max tokens per validation batch (default: --max-tokens)")
+    batch_size_valid: Optional[int] = field(None, help="max sequences per validation batch (default: --batch-size)")
+    validate_interval: int = field(1, help="validate every N epochs")
+    validate_interval_updates: int = field(0, help="validate every N updates (0: off)")
+    validate_after_updates: int = field(0, help="do not validate until reaching this many updates")
+    disable_validation: bool = field(False, help="disable validation")
+
+
+@dataclasses.dataclass
+class OptimizationConfig:
+    max_epoch: int = field(0, help="stop after this many epochs (0: no limit)")
+    max_update: int = field(0, help="stop after this many updates (0: no limit)")
+    stop_time_hours: float = field(0.0, help="stop after this many hours of training (0: no limit)")
+    clip_norm: float = field(0.0, help="clip gradients to this global norm (0: no clipping)")
+    update_freq: int = field(1, help="accumulate gradients over N batches per update")
+    lr: float = field(5e-4, help="peak learning rate (the scheduler's --lr)")
+    stop_min_lr: float = field(-1.0, help="stop training when the learning rate falls to this value")
+    sentence_avg: bool = field(False, help="normalize gradients by the number of sentences, not tokens")
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    save_dir: str = field("checkpoints", help="directory for checkpoints")
+    restore_file: str = field("checkpoint_last.pt", help="checkpoint to resume from (relative to --save-dir)")
+    finetune_from_model: Optional[str] = field(
+        None, help="start from this model's weights, resetting optimizer, scheduler, meters and data position")
+    reset_dataloader: bool = field(False, help="on resume, restart the data iterator at the beginning")
+    reset_lr_scheduler: bool = field(False, help="on resume, do not load the lr scheduler state")
+    reset_meters: bool = field(False, help="on resume, do not load the meters")
+    reset_optimizer: bool = field(False, help="on resume, do not load the optimizer state")
+    save_interval: int = field(1, help="save a checkpoint every N epochs")
+    save_interval_updates: int = field(0, help="save a checkpoint (and validate) every N updates (0: off)")
+    keep_interval_updates: int = field(-1, help="keep the last N update checkpoints (-1: all)")
+    keep_last_epochs: int = field(-1, help="keep the last N epoch checkpoints (-1: all)")
+    no_save: bool = field(False, help="do not save any checkpoints")
+    no_epoch_checkpoints: bool = field(False, help="only keep checkpoint_last and checkpoint_best")
+    no_last_checkpoints: bool = field(False, help="do not write checkpoint_last")
+    best_checkpoint_metric: str = field("loss", help="validation metric that decides checkpoint_best")
+    maximize_best_checkpoint_metric: bool = field(False, help="a higher --best-checkpoint-metric is better")
+    patience: int = field(-1, help="stop after N validations without improvement (-1: never)")
+
+
+SECTIONS = {
+    "components": ComponentsConfig,
+    "common": CommonConfig,
+    "dataset": DatasetConfig,
+    "optimization": OptimizationConfig,
+    "checkpoint": CheckpointConfig,
+}
+
+# component slot -> the ComponentsConfig field that names it
+COMPONENT_SLOTS = {
+    "task": "task",
+    "model": "arch",
+    "criterion": "criterion",
+    "optimizer": "optimizer",
+    "lr_scheduler": "lr_scheduler",
+}
+
+
+@dataclasses.dataclass
+class ShardtrainConfig:
+    """The one typed config of a run: framework sections plus component configs."""
+
+    components: ComponentsConfig = dataclasses.field(default_factory=ComponentsConfig)
+    common: CommonConfig = dataclasses.field(default_factory=CommonConfig)
+    dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)
+    optimization: OptimizationConfig = dataclasses.field(default_factory=OptimizationConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    task: Any = None
+    model: Any = None
+    criterion: Any = None
+    optimizer: Any = None
+    lr_scheduler: Any = None

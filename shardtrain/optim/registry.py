@@ -1,0 +1,37 @@
+"""Optimizer and learning-rate scheduler registries.
+
+An optimizer entry is a function ``(cfg, device) -> OptimizerSpec``: the torch
+optimizer class and its keyword arguments. Returning a spec instead of an
+instance lets the trainer build it plainly, or hand the same class and
+arguments to ``ZeroRedundancyOptimizer`` for sharded optimizer state.
+
+An lr scheduler entry is a class ``(cfg, optimizer, lr, max_update)`` with
+``step_begin_epoch``, ``step_update``, ``step``, ``state_dict`` and
+``load_state_dict`` (see ``shardtrain.optim.lr_scheduler.base``).
+"""
+import dataclasses
+from typing import Any, Dict, Type
+
+import torch
+
+from shardtrain.registry import Registry
+
+OPTIMIZER_REGISTRY = Registry("optimizer")
+LR_SCHEDULER_REGISTRY = Registry("lr_scheduler", flag="--lr-scheduler")
+
+
+@dataclasses.dataclass
+class OptimizerSpec:
+    cls: Type[torch.optim.Optimizer]
+    kwargs: Dict[str, Any]
+
+    def build(self, params, lr: float) -> torch.optim.Optimizer:
+        return self.cls(params, lr=lr, **self.kwargs)
+
+
+def register_optimizer(name: str, dataclass=None):
+    return OPTIMIZER_REGISTRY.register(name, dataclass)
+
+
+def register_lr_scheduler(name: str, dataclass=None):
+    return LR_SCHEDULER_REGISTRY.register(name, dataclass)

@@ -1,0 +1,57 @@
+"""The task interface: what data a model trains on and how it is batched.
+
+A task owns its dictionary and datasets and hands the trainer an epoch
+iterator already partitioned for this rank. Custom tasks subclass ``Task``
+and register with ``@register_task("name", dataclass=Cfg)``.
+"""
+from typing import Dict, Optional
+
+from shardtrain.data.batching import batch_by_size, ordered_indices
+from shardtrain.data.iterators import EpochBatchIterator
+from shardtrain.errors import ConfigError
+
+
+class Task:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.datasets: Dict[str, object] = {}
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs) -> "Task":
+        return cls(cfg, **kwargs)
+
+    # -- data ---------------------------------------------------------------
+    def load_dataset(self, split: str) -> None:
+        raise NotImplementedError
+
+    def dataset(self, split: str):
+        if split not in self.datasets:
+            self.load_dataset(split)
+        return self.datasets[split]
+
+    def collater(self, samples):
+        raise NotImplementedError
+
+    def max_positions(self) -> Optional[int]:
+        return None
+
+    def get_batch_iterator(self, split: str, *, max_tokens: Optional[int], max_sentences: Optional[int],
+                           required_batch_size_multiple: int = 1, seed: int = 1, num_shards: int = 1,
+                           shard_id: int = 0, epoch: int = 1, shuffle: bool = True) -> EpochBatchIterator:
+        """Batches of ``split`` for data-parallel rank ``shard_id`` of ``num_shards``."""
+        dataset = self.dataset(split)
+        if len(dataset) == 0:
+            raise ConfigError(f"The {split!r} split is empty: it holds no samples. Re-run shard-preprocess "
+                              f"with a non-empty input for that split, or choose another subset.")
+        indices = ordered_indices(dataset.sizes, seed, epoch, shuffle)
+        batches = batch_by_size(indices, dataset.sizes, max_tokens=max_tokens, max_sentences=max_sentences,
+                                required_batch_size_multiple=required_batch_size_multiple)
+        return EpochBatchIterator(dataset, self.collater, batches, seed=seed, num_shards=num_shards,
+                                  shard_id=shard_id, epoch=epoch, shuffle=shuffle)
+
+    # -- components -----------------------------------------------------------
+    def build_model(self, model_cls, model_cfg):
+        return model_cls.build_model(model_cfg, self)
+
+    def build_criterion(self, criterion_cls, criterion_cfg, sentence_avg: bool = False):
+        return criterion_cls(criterion_cfg, self, sentence_avg=sentence_avg)

@@ -1,0 +1,77 @@
+"""Task ``language_modeling``: next-token prediction over blocks of a data-bin."""
+import dataclasses
+import os
+
+from shardtrain.config.fields import field
+from shardtrain.data.collate import collate
+from shardtrain.data.dictionary import Dictionary
+from shardtrain.data.indexed_dataset import MMapIndexedDataset
+from shardtrain.data.token_block import TokenBlockDataset
+from shardtrain.errors import DataError
+from shardtrain.tasks.base import Task
+from shardtrain.tasks.registry import register_task
+
+BREAK_MODES = ("none", "complete", "complete_doc", "eos")
+
+
+@dataclasses.dataclass
+class LanguageModelingConfig:
+    data: str = field(help="path to a data-bin directory (made by shard-preprocess or fairseq-preprocess)",
+                      positional=True)
+    sample_break_mode: str = field("none", choices=BREAK_MODES, help=(
+        "none: fill each sample with tokens-per-sample tokens; complete: whole sentences up to that size; "
+        "complete_doc: like complete but not across documents; eos: one sentence per sample"))
+    tokens_per_sample: int = field(1024, help="max number of tokens per sample for LM dataset")
+
+
+@register_task("language_modeling", dataclass=LanguageModelingConfig)
+class LanguageModelingTask(Task):
+    def __init__(self, cfg, dictionary: Dictionary = None):
+        super().__init__(cfg)
+        if cfg.tokens_per_sample < 1:
+            raise DataError(f"--tokens-per-sample must be positive, got {cfg.tokens_per_sample}.")
+        self.dictionary = dictionary if dictionary is not None else self.load_dictionary(cfg.data)
+
+    @staticmethod
+    def load_dictionary(data_dir: str) -> Dictionary:
+        if not os.path.isdir(data_dir):
+            raise DataError(f"Data directory {data_dir!r} does not exist. Create it with "
+                            "`shard-preprocess --trainpref TRAIN.txt --validpref VALID.txt --destdir DIR` "
+                            "and pass DIR as the first argument.")
+        path = os.path.join(data_dir, "dict.txt")
+        if not os.path.exists(path):
+            raise DataError(f"{data_dir!r} has no dict.txt, so it is not a data-bin directory. "
+                            "Point to the --destdir of shard-preprocess (or fairseq-preprocess).")
+        return Dictionary.load(path)
+
+    @property
+    def source_dictionary(self) -> Dictionary:
+        return self.dictionary
+
+    def max_positions(self) -> int:
+        return self.cfg.tokens_per_sample
+
+    def load_dataset(self, split: str) -> None:
+        prefix = os.path.join(self.cfg.data, split)
+        if not os.path.exists(prefix + ".idx"):
+            raise DataError(f"Split {split!r} not found: {prefix}.idx does not exist. Preprocess that split "
+                            f"(shard-preprocess --{split}pref FILE) or pick an existing one "
+                            f"(--train-subset / --valid-subset).")
+        tokens = MMapIndexedDataset(prefix)
+        self._check_vocabulary(tokens, prefix)
+        self.datasets[split] = TokenBlockDataset(
+            tokens, tokens.sizes, self.cfg.tokens_per_sample, pad=self.dictionary.pad(),
+            eos=self.dictionary.eos(), break_mode=self.cfg.sample_break_mode)
+
+    def _check_vocabulary(self, tokens, prefix) -> None:
+        # A cheap sample, not a full scan: a split binarized with another
+        # dictionary shows ids beyond the vocabulary almost immediately.
+        for i in range(min(len(tokens), 64)):
+            item = tokens[i]
+            if len(item) and int(item.max()) >= len(self.dictionary):
+                raise DataError(f"{prefix}.bin holds token id {int(item.max())} but dict.txt has only "
+                                f"{len(self.dictionary)} entries: the split was binarized with another "
+                                "dictionary. Re-run shard-preprocess for all splits together.")
+
+    def collater(self, samples):
+        return collate(samples, pad=self.dictionary.pad())

@@ -1,0 +1,45 @@
+"""Build a run's components from the typed config (the trainer only wires them)."""
+import logging
+
+import torch
+
+from shardtrain.config.components import resolve
+
+logger = logging.getLogger(__name__)
+
+
+def select_device(cfg) -> torch.device:
+    if torch.cuda.is_available() and not cfg.common.cpu:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def build_task(cfg):
+    info = resolve(cfg.components)["task"]
+    return info.obj.setup_task(cfg.task)
+
+
+def build_model(cfg, task):
+    info = resolve(cfg.components)["model"]
+    return task.build_model(info.obj, cfg.model)
+
+
+def build_criterion(cfg, task):
+    info = resolve(cfg.components)["criterion"]
+    return task.build_criterion(info.obj, cfg.criterion, sentence_avg=cfg.optimization.sentence_avg)
+
+
+def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
+    info = resolve(cfg.components)["optimizer"]
+    return info.obj(cfg.optimizer, device).build(params, cfg.optimization.lr)
+
+
+def build_lr_scheduler(cfg, optimizer):
+    info = resolve(cfg.components)["lr_scheduler"]
+    return info.obj(cfg.lr_scheduler, optimizer, cfg.optimization.lr, cfg.optimization.max_update)
+
+
+def log_model_size(model) -> None:
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    logger.info(f"num. model params: {total:,} (num. trained: {trained:,})")

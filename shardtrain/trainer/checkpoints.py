@@ -1,0 +1,159 @@
+"""Single-file checkpoints with fairseq's names, written atomically.
+
+Every file is written to a temporary name in the save dir, fsynced and then
+renamed, so a crash at any moment leaves either the old file or the new one,
+never a torn one. Extra names (last/best/epoch) are hard links of the first
+file where the filesystem allows it (instant, no extra space), copies
+otherwise, and are swapped in with the same rename.
+"""
+import logging
+import os
+import re
+import shutil
+import tempfile
+from typing import Dict, List, Optional
+
+import torch
+
+from shardtrain.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+
+
+class CheckpointManager:
+    def __init__(self, cfg, is_master: bool = True):
+        self.cfg = cfg
+        self.is_master = is_master
+
+    # -- where -----------------------------------------------------------------
+    def check_writable(self) -> None:
+        """Fail before training starts, not at the first save an hour later."""
+        if self.cfg.no_save or not self.is_master:
+            return
+        try:
+            os.makedirs(self.cfg.save_dir, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.cfg.save_dir, prefix=".write-test-"):
+                pass
+        except OSError as e:
+            raise CheckpointError(
+                f"Cannot write checkpoints to --save-dir {self.cfg.save_dir!r}: {e.strerror or e}. "
+                "Choose a writable directory with enough free space, or pass --no-save.") from None
+
+    def restore_path(self) -> Optional[str]:
+        """The checkpoint to resume from, or None for a fresh start."""
+        name = self.cfg.restore_file
+        path = name if os.path.isabs(name) else os.path.join(self.cfg.save_dir, name)
+        if os.path.exists(path):
+            return path
+        if name != "checkpoint_last.pt":
+            raise CheckpointError(f"--restore-file {path!r} does not exist. Check the path (relative "
+                                  "names are looked up in --save-dir).")
+        return None
+
+    # -- save ------------------------------------------------------------------
+    def names_for(self, epoch: int, updates: int, end_of_epoch: bool, is_best: bool) -> List[str]:
+        c = self.cfg
+        names = []
+        if end_of_epoch and not c.no_epoch_checkpoints and epoch % c.save_interval == 0:
+            names.append(f"checkpoint{epoch}.pt")
+        if (not end_of_epoch and c.save_interval_updates > 0 and updates % c.save_interval_updates == 0
+                and not c.no_epoch_checkpoints):
+            names.append(f"checkpoint_{epoch}_{updates}.pt")
+        if is_best:
+            names.append("checkpoint_best.pt")
+        if not c.no_last_checkpoints:
+            names.append("checkpoint_last.pt")
+        return names
+
+    def save(self, state: Dict, names: List[str]) -> List[str]:
+        if self.cfg.no_save or not self.is_master or not names:
+            return []
+        os.makedirs(self.cfg.save_dir, exist_ok=True)
+        paths = [os.path.join(self.cfg.save_dir, n) for n in names]
+        _atomic_torch_save({"version": FORMAT_VERSION, **state}, paths[0])
+        for path in paths[1:]:
+            _atomic_link_or_copy(paths[0], path)
+        _fsync_dir(self.cfg.save_dir)
+        self.prune()
+        return paths
+
+    def prune(self) -> None:
+        c = self.cfg
+        if c.keep_interval_updates > 0:
+            pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt$")
+            for path in self._matching(pattern)[c.keep_interval_updates:]:
+                os.remove(path)
+        if c.keep_last_epochs > 0:
+            for path in self._matching(re.compile(r"checkpoint(\d+)\.pt$"))[c.keep_last_epochs:]:
+                os.remove(path)
+
+    def _matching(self, pattern) -> List[str]:
+        """Paths matching ``pattern``, newest (largest number) first."""
+        found = []
+        for name in os.listdir(self.cfg.save_dir):
+            m = pattern.fullmatch(name)
+            if m:
+                found.append((int(m.group(1)), os.path.join(self.cfg.save_dir, name)))
+        return [p for _, p in sorted(found, reverse=True)]
+
+
+def load_checkpoint(path: str) -> Dict:
+    """Load one of our checkpoints without unpickling arbitrary objects."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"Checkpoint {path!r} does not exist. Check --path / --restore-file.")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
+        raise CheckpointError(
+            f"Cannot load checkpoint {path!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}. The file is "
+            "truncated, corrupt, or not a shardtrain checkpoint (fairseq checkpoints need conversion).") from None
+    if not isinstance(state, dict) or "model" not in state or "cfg" not in state:
+        raise CheckpointError(f"{path!r} is not a shardtrain checkpoint (it has no model/cfg entries).")
+    return state
+
+
+def _atomic_torch_save(obj, path: str) -> None:
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def _atomic_link_or_copy(src: str, dst: str) -> None:
+    tmp = _tmp_name(dst)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def _tmp_name(path: str) -> str:
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,187 @@
+"""The training driver: epochs, validation, checkpoints and stopping rules.
+
+fairseq_cli/train.py in shape: ``main`` builds everything, then runs epochs;
+``validate_and_save`` decides, after every update, whether to validate and
+which checkpoints to write.
+"""
+import itertools
+import logging
+import time
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from omegaconf import OmegaConf
+
+from shardtrain.config.build import to_dict
+from shardtrain.trainer import build
+from shardtrain.trainer.backends import build_backend
+from shardtrain.trainer.checkpoints import CheckpointManager
+from shardtrain.trainer.meters import MetricsLogger
+from shardtrain.trainer.precision import build_precision
+from shardtrain.trainer.progress import TensorboardWriter, build_progress_bar
+from shardtrain.trainer.resume import restore
+from shardtrain.trainer.run_metrics import RunMetrics
+from shardtrain.trainer.trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+
+class Run:
+    """Everything one training run holds; the functions below drive it."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        if cfg.common.threads > 0:
+            torch.set_num_threads(cfg.common.threads)
+        torch.manual_seed(cfg.common.seed)
+        device = build.select_device(cfg)
+        self.backend = build_backend("single_process", device)
+        self.checkpoints = CheckpointManager(cfg.checkpoint, is_master=self.backend.is_master)
+        self.checkpoints.check_writable()
+        self.task = build.build_task(cfg)
+        model = build.build_model(cfg, self.task)
+        build.log_model_size(model)
+        criterion = build.build_criterion(cfg, self.task)
+        self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, build_precision(cfg))
+        self.metrics = RunMetrics(device)
+        tb_dir = cfg.common.tensorboard_logdir
+        self.tensorboard = TensorboardWriter(tb_dir) if tb_dir and self.backend.is_master else None
+        self.run_start = time.time()
+
+    def batch_iterator(self, split: str, epoch: int, shuffle: bool, valid: bool = False):
+        d = self.cfg.dataset
+        return self.task.get_batch_iterator(
+            split, max_tokens=(d.max_tokens_valid or d.max_tokens) if valid else d.max_tokens,
+            max_sentences=(d.batch_size_valid or d.batch_size) if valid else d.batch_size,
+            required_batch_size_multiple=d.required_batch_size_multiple, seed=self.cfg.common.seed,
+            num_shards=self.backend.world_size, shard_id=self.backend.rank, epoch=epoch, shuffle=shuffle)
+
+    def progress(self, iterator, epoch: Optional[int], prefix: str):
+        common = self.cfg.common
+        fmt = "none" if not self.backend.is_master else ("simple" if common.no_progress_bar else common.log_format)
+        return build_progress_bar(iterator, log_format=fmt, log_interval=common.log_interval, epoch=epoch,
+                                  prefix=prefix, tensorboard=self.tensorboard)
+
+    def training_seconds(self) -> float:
+        return self.trainer.state.prev_training_time + time.time() - self.run_start
+
+    def checkpoint_state(self, epoch_itr) -> Dict:
+        return {"cfg": to_dict(self.cfg), **self.trainer.state_dict(),
+                "train_iterator": epoch_itr.state_dict(), "meters": self.metrics.state_dict()}
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def main(cfg) -> Optional[float]:
+    """Train until a stopping rule fires; return the last validation loss."""
+    logger.info("config:\n" + OmegaConf.to_yaml(cfg))
+    run = Run(cfg)
+    try:
+        epoch_itr = restore(run)
+        opt = cfg.optimization
+        max_epoch = opt.max_epoch or float("inf")
+        valid_loss, lr = None, run.trainer.get_lr()
+        while epoch_itr.next_epoch_idx <= max_epoch and lr > opt.stop_min_lr:
+            valid_loss, should_stop = train_epoch(run, epoch_itr)
+            if should_stop:
+                break
+            lr = run.trainer.lr_step(epoch_itr.epoch, valid_loss)
+            epoch_itr = run.batch_iterator(cfg.dataset.train_subset, epoch_itr.next_epoch_idx, shuffle=True)
+        logger.info(f"done training in {time.time() - run.run_start:.1f} seconds")
+        return valid_loss
+    finally:
+        run.close()
+
+
+def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
+    cfg, trainer = run.cfg, run.trainer
+    itr = epoch_itr.next_epoch_itr(shuffle=True)
+    update_freq = cfg.optimization.update_freq
+    progress = run.progress(itr, epoch_itr.epoch, prefix="train")
+    trainer.lr_step_begin_epoch(epoch_itr.epoch)
+    logger.info(f"begin training epoch {epoch_itr.epoch}")
+    valid_loss, should_stop = None, False
+    batches = iter(progress)
+    for samples in iter(lambda: list(itertools.islice(batches, update_freq)), []):
+        run.metrics.inner.start_timer("train_wall")
+        run.metrics.epoch.start_timer("train_wall")
+        out = trainer.train_step(samples)
+        run.metrics.inner.stop_timer("train_wall")
+        run.metrics.epoch.stop_timer("train_wall")
+        run.metrics.log_update(trainer.criterion, out, trainer.num_updates)
+        if progress.due(trainer.num_updates):
+            progress.log(run.metrics.stats(run.metrics.inner, trainer.num_updates), "train_inner",
+                         trainer.num_updates)
+            run.metrics.inner.reset()
+        end_of_epoch = not itr.has_next()
+        valid_loss, should_stop = validate_and_save(run, epoch_itr, end_of_epoch)
+        if should_stop:
+            break
+    progress.print(run.metrics.stats(run.metrics.epoch, trainer.num_updates), "train", trainer.num_updates)
+    progress.close()
+    run.metrics.epoch.reset()
+    return valid_loss, should_stop
+
+
+def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional[float], bool]:
+    cfg, state = run.cfg, run.trainer.state
+    updates, epoch = state.num_updates, epoch_itr.epoch
+    ck, ds, opt = cfg.checkpoint, cfg.dataset, cfg.optimization
+    should_stop = False
+    if opt.max_update > 0 and updates >= opt.max_update:
+        should_stop = True
+        logger.info(f"stopping training: num_updates {updates} >= --max-update {opt.max_update}")
+    if opt.stop_time_hours > 0 and run.training_seconds() > opt.stop_time_hours * 3600:
+        should_stop = True
+        logger.info(f"stopping training: --stop-time-hours {opt.stop_time_hours} elapsed")
+    on_interval = ck.save_interval_updates > 0 and updates % ck.save_interval_updates == 0
+    do_save = ((end_of_epoch and epoch % ck.save_interval == 0) or should_stop
+               or (on_interval and updates >= ds.validate_after_updates))
+    do_validate = (((not end_of_epoch and do_save) or (end_of_epoch and epoch % ds.validate_interval == 0)
+                    or should_stop
+                    or (ds.validate_interval_updates > 0 and updates % ds.validate_interval_updates == 0))
+                   and not ds.disable_validation and updates >= ds.validate_after_updates)
+    valid_loss = validate(run, epoch_itr.epoch)[0] if do_validate else None
+    is_best = valid_loss is not None and _is_better(valid_loss, state.best, ck.maximize_best_checkpoint_metric)
+    if valid_loss is not None:
+        state.num_bad_validations = 0 if is_best else state.num_bad_validations + 1
+        state.best = valid_loss if is_best else state.best
+    if do_save and not ck.no_save:
+        state.prev_training_time, start = run.training_seconds(), time.time()
+        run.run_start = start
+        names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)
+        paths = run.checkpoints.save(run.checkpoint_state(epoch_itr), names)
+        logger.info(f"saved checkpoint {paths[0] if paths else '-'} (epoch {epoch} @ {updates} updates, "
+                    f"score {valid_loss}) (writing took {time.time() - start:.2f} seconds)")
+    if ck.patience > 0 and state.num_bad_validations >= ck.patience:
+        logger.info(f"early stop since valid performance hasn't improved for last {ck.patience} runs")
+        should_stop = True
+    return valid_loss, should_stop
+
+
+def validate(run: Run, epoch: int) -> List[Optional[float]]:
+    """Validate on every --valid-subset; returns the best-checkpoint metric of each."""
+    results = []
+    for subset in run.cfg.dataset.valid_subset.split(","):
+        itr = run.batch_iterator(subset, epoch=1, shuffle=False, valid=True).next_epoch_itr(shuffle=False)
+        progress = run.progress(itr, epoch, prefix=f"valid on '{subset}' subset")
+        metrics = MetricsLogger()
+        for sample in progress:
+            run.trainer.criterion.reduce_metrics(run.trainer.valid_step(sample), metrics)
+        stats = run.metrics.stats(metrics, run.trainer.num_updates)
+        metric = stats.get(run.cfg.checkpoint.best_checkpoint_metric)
+        best = run.trainer.state.best
+        if metric is not None:
+            maximize = run.cfg.checkpoint.maximize_best_checkpoint_metric
+            best = metric if _is_better(metric, best, maximize) else best
+            stats[f"best_{run.cfg.checkpoint.best_checkpoint_metric}"] = best
+        progress.print(stats, tag=subset, step=run.trainer.num_updates)
+        progress.close()
+        results.append(metric)
+    return results
+
+
+def _is_better(value: float, best: Optional[float], maximize: bool) -> bool:
+    return best is None or (value > best if maximize else value < best)

@@ -1,0 +1,152 @@
+"""The Trainer: one training step, one validation step, and its own state.
+
+It holds the model, criterion, optimizer, lr scheduler, a data-parallel
+backend and a precision component, and never branches on which backend or
+precision it has.
+"""
+import contextlib
+from typing import Dict, List
+
+import torch
+
+from shardtrain.errors import ShardtrainError
+from shardtrain.trainer import build
+from shardtrain.trainer.backends import Backend
+from shardtrain.trainer.precision import Precision
+from shardtrain.trainer.train_state import TrainState
+
+
+class TrainingDivergedError(ShardtrainError):
+    """The loss or gradient became NaN/inf."""
+
+
+class Trainer:
+    def __init__(self, cfg, task, model, criterion, backend: Backend, precision: Precision):
+        self.cfg = cfg
+        self.task = task
+        self.criterion = criterion
+        self.backend = backend
+        self.precision = precision
+        self.device = backend.device
+        self.model = backend.wrap(model.to(self.device))
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build.build_optimizer(cfg, self.params, self.device)
+        self.lr_scheduler = build.build_lr_scheduler(cfg, self.optimizer)
+        self.state = TrainState()
+
+    @property
+    def num_updates(self) -> int:
+        return self.state.num_updates
+
+    def get_lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    # -- steps -----------------------------------------------------------------
+    def train_step(self, samples: List[Dict]) -> Dict:
+        """Forward/backward over ``samples`` (the --update-freq batches), then one update."""
+        self.model.train()
+        samples = [self._to_device(s) for s in samples]
+        # The loss is pre-divided by the global sample size of the whole update,
+        # so accumulation and data parallelism give the gradient of one big batch.
+        sizes = torch.tensor([float(self.criterion_sample_size(s)) for s in samples if s] or [0.0]).sum()
+        sample_size = float(self.backend.all_reduce_sum(sizes.to(self.device)))
+        scale = (self.backend.world_size if self.backend.grads_are_averaged else 1.0) / max(sample_size, 1.0)
+        logs = []
+        for i, sample in enumerate(samples):
+            last = i == len(samples) - 1
+            with contextlib.nullcontext() if last else self.backend.no_sync(self.model):
+                if not sample:
+                    continue
+                with self.precision.autocast():
+                    loss, _, log = self.criterion(self.model, sample)
+                self.precision.backward(loss * scale)
+                logs.append(log)
+        return self._update(logs, sample_size)
+
+    def _update(self, logs: List[Dict], sample_size: float) -> Dict:
+        gnorm = self.backend.grad_norm(self.params)
+        if not torch.isfinite(gnorm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDivergedError(
+                f"The loss or gradient is NaN/inf at update {self.num_updates + 1}; stopping before the weights "
+                f"are corrupted (the last checkpoint is intact). Lower --lr, add warmup (--warmup-updates), "
+                f"set --clip-norm, or check the data of this update.")
+        clip = self.cfg.optimization.clip_norm
+        clipped = clip > 0 and float(gnorm) > clip
+        if clipped:
+            self.backend.clip_grads(self.params, clip, gnorm)
+        stepped = self.precision.step(self.optimizer, gnorm)
+        self.optimizer.zero_grad(set_to_none=True)
+        if stepped:
+            self.state.num_updates += 1
+        lr = self.lr_scheduler.step_update(self.num_updates)
+        return {"logs": self._reduce_logs(logs), "sample_size": sample_size, "gnorm": float(gnorm),
+                "clip": float(clipped), "lr": lr, **self.precision.metrics()}
+
+    @torch.no_grad()
+    def valid_step(self, sample: Dict) -> List[Dict]:
+        self.model.eval()
+        sample = self._to_device(sample)
+        logs = []
+        if sample:
+            with self.precision.autocast():
+                _, _, log = self.criterion(self.model, sample)
+            logs.append(log)
+        return self._reduce_logs(logs)
+
+    def criterion_sample_size(self, sample: Dict) -> int:
+        return sample["target"].size(0) if self.criterion.sentence_avg else sample["ntokens"]
+
+    def _reduce_logs(self, logs: List[Dict]) -> List[Dict]:
+        """Sum logging outputs over batches and ranks (one all-reduce)."""
+        keys = sorted({k for log in logs for k in log})
+        if not keys:
+            return []
+        values = torch.tensor([[float(log.get(k, 0)) for k in keys] for log in logs] or [[0.0] * len(keys)],
+                              dtype=torch.float64).sum(0)
+        values = self.backend.all_reduce_sum(values.to(self.device)).cpu().tolist()
+        return [dict(zip(keys, values))]
+
+    def _to_device(self, sample: Dict) -> Dict:
+        return _move(sample, self.device) if sample else sample
+
+    # -- state -----------------------------------------------------------------
+    def lr_step_begin_epoch(self, epoch: int) -> float:
+        return self.lr_scheduler.step_begin_epoch(epoch)
+
+    def lr_step(self, epoch: int, val_loss=None) -> float:
+        self.lr_scheduler.step(epoch, val_loss)
+        return self.lr_scheduler.step_update(self.num_updates)
+
+    def state_dict(self) -> Dict:
+        return {
+            "model": self.backend.model_state_dict(self.model),
+            "optimizer": self.optimizer.state_dict(),
+            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "precision": self.precision.state_dict(),
+            "train_state": self.state.state_dict(),
+        }
+
+    def load_model(self, model_state: Dict) -> None:
+        self.backend.load_model_state_dict(self.model, model_state)
+
+    def load_state_dict(self, state: Dict, *, reset_optimizer=False, reset_lr_scheduler=False) -> None:
+        self.load_model(state["model"])
+        if not reset_optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.precision.load_state_dict(state.get("precision", {}))
+        self.state.load_state_dict(state["train_state"])
+        if not reset_lr_scheduler:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        self.lr_scheduler.step_update(self.num_updates)
+
+
+def _move(obj, device):
+    if torch.is_tensor(obj):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move(v, device) for v in obj)
+    return obj
+
