@@ -56,7 +56,7 @@ class Run:
             required_batch_size_multiple=d.required_batch_size_multiple, seed=self.cfg.common.seed,
             num_shards=self.backend.world_size, shard_id=self.backend.rank, epoch=epoch, shuffle=shuffle)
 
-    def progress(self, iterator, epoch: Optional[int], prefix: str):
+    def progress(self, iterator, epoch: Optional[int], prefix: Optional[str]):
         common = self.cfg.common
         fmt = "none" if not self.backend.is_master else ("simple" if common.no_progress_bar else common.log_format)
         return build_progress_bar(iterator, log_format=fmt, log_interval=common.log_interval, epoch=epoch,
@@ -99,7 +99,7 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
     cfg, trainer = run.cfg, run.trainer
     itr = epoch_itr.next_epoch_itr(shuffle=True)
     update_freq = cfg.optimization.update_freq
-    progress = run.progress(itr, epoch_itr.epoch, prefix="train")
+    progress = run.progress(itr, epoch_itr.epoch, prefix=None)
     trainer.lr_step_begin_epoch(epoch_itr.epoch)
     logger.info(f"begin training epoch {epoch_itr.epoch}")
     valid_loss, should_stop = None, False

@@ -1,0 +1,22 @@
+"""``shard-preprocess --trainpref FILE --validpref FILE --destdir DIR``: text to a data-bin."""
+from shardtrain.cli.errors import cli_entry
+from shardtrain.config import flags
+from shardtrain.data.preprocess import PreprocessConfig, preprocess
+from shardtrain.trainer.logging_setup import setup_logging
+
+
+def parse_args(argv) -> PreprocessConfig:
+    parser = flags.new_parser("shard-preprocess", __doc__)
+    flags.add_sections(parser, [("preprocess", PreprocessConfig, None)], {"preprocess": "preprocessing"})
+    return PreprocessConfig(**flags.section_values(parser.parse_args(argv), "preprocess"))
+
+
+@cli_entry
+def main(argv):
+    cfg = parse_args(argv)
+    setup_logging()
+    preprocess(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""``shard-validate DATA --path CKPT``: loss and perplexity of a checkpoint on a split."""
+import dataclasses
+import logging
+from typing import Optional
+
+from shardtrain.cli.errors import cli_entry
+from shardtrain.config import flags
+from shardtrain.config.fields import field
+from shardtrain.config.sections import LOG_FORMATS
+from shardtrain.trainer import build
+from shardtrain.trainer.inference import evaluate, load_for_inference
+from shardtrain.trainer.logging_setup import setup_logging
+from shardtrain.trainer.meters import MetricsLogger
+from shardtrain.trainer.progress import build_progress_bar
+
+logger = logging.getLogger("shardtrain.validate")
+
+
+@dataclasses.dataclass
+class ValidateConfig:
+    data: str = field(help="data-bin directory", positional=True)
+    path: str = field(help="checkpoint to evaluate")
+    valid_subset: str = field("valid", help="comma-separated splits to evaluate")
+    max_tokens: Optional[int] = field(None, help="max tokens per batch (default: the checkpoint's)")
+    batch_size: Optional[int] = field(None, help="max sequences per batch (default: the checkpoint's)")
+    cpu: bool = field(False, help="evaluate on the CPU even when CUDA is available")
+    log_format: str = field("simple", help="log format", choices=LOG_FORMATS)
+
+
+@cli_entry
+def main(argv):
+    parser = flags.new_parser("shard-validate", __doc__)
+    flags.add_sections(parser, [("validate", ValidateConfig, None)])
+    args = ValidateConfig(**flags.section_values(parser.parse_args(argv), "validate"))
+    setup_logging()
+    cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu)
+    criterion = build.build_criterion(cfg, task)
+    results = {}
+    for subset in args.valid_subset.split(","):
+        itr = task.get_batch_iterator(
+            subset, max_tokens=args.max_tokens or cfg.dataset.max_tokens_valid or cfg.dataset.max_tokens,
+            max_sentences=args.batch_size or cfg.dataset.batch_size_valid or cfg.dataset.batch_size,
+            seed=cfg.common.seed, shuffle=False).next_epoch_itr(shuffle=False)
+        progress = build_progress_bar(itr, log_format=args.log_format, prefix=f"valid on '{subset}' subset")
+        metrics = MetricsLogger()
+        evaluate(criterion, model, progress, device, metrics)
+        stats = metrics.smoothed_values()
+        progress.print(stats, tag=subset, step=0)
+        progress.close()
+        results[subset] = stats
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""Test hygiene, applied to every test: environment, RNG seeds, logging and
+process groups are restored so no test leaks state into the next."""
+import logging
+import os
+import random
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _hygiene():
+    env = dict(os.environ)
+    torch_state, py_state = torch.get_rng_state(), random.getstate()
+    threads = torch.get_num_threads()
+    yield
+    from shardtrain.trainer.logging_setup import teardown_logging
+
+    teardown_logging()
+    logging.getLogger().setLevel(logging.WARNING)
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_rng_state(torch_state)
+    random.setstate(py_state)
+    torch.set_num_threads(threads)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+        pytest.fail("the test left a torch.distributed process group initialised")
