@@ -43,7 +43,7 @@ def write_corpus(workdir: str, max_bytes: int):
     return paths
 
 
-@cli_entry
+@cli_entry("shard-demo")
 def main(argv):
     parser = argparse.ArgumentParser(prog="shard-demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -29,7 +29,7 @@ class GenerateConfig:
     cpu: bool = field(False, help="generate on the CPU even when CUDA is available")
 
 
-@cli_entry
+@cli_entry("shard-generate")
 def main(argv):
     parser = flags.new_parser("shard-generate", __doc__)
     flags.add_sections(parser, [("generate", GenerateConfig, None)])

@@ -11,7 +11,7 @@ def parse_args(argv) -> PreprocessConfig:
     return PreprocessConfig(**flags.section_values(parser.parse_args(argv), "preprocess"))
 
 
-@cli_entry
+@cli_entry("shard-preprocess")
 def main(argv):
     cfg = parse_args(argv)
     setup_logging()

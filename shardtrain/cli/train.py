@@ -5,7 +5,7 @@ from shardtrain.trainer import loop
 from shardtrain.trainer.logging_setup import setup_logging
 
 
-@cli_entry
+@cli_entry("shard-train")
 def main(argv):
     cfg = parse_train_args(argv)
     setup_logging(cfg.common.log_file)

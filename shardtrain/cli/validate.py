@@ -27,7 +27,7 @@ class ValidateConfig:
     log_format: str = field("simple", help="log format", choices=LOG_FORMATS)
 
 
-@cli_entry
+@cli_entry("shard-validate")
 def main(argv):
     parser = flags.new_parser("shard-validate", __doc__)
     flags.add_sections(parser, [("validate", ValidateConfig, None)])

@@ -43,7 +43,7 @@ class Task:
         if len(dataset) == 0:
             raise ConfigError(f"The {split!r} split is empty: it holds no samples. Re-run shard-preprocess "
                               f"with a non-empty input for that split, or choose another subset.")
-        indices = ordered_indices(dataset.sizes, seed, epoch, shuffle)
+        indices = ordered_indices(dataset.sizes, seed=seed, shuffle=shuffle)
         batches = batch_by_size(indices, dataset.sizes, max_tokens=max_tokens, max_sentences=max_sentences,
                                 required_batch_size_multiple=required_batch_size_multiple)
         return EpochBatchIterator(dataset, self.collater, batches, seed=seed, num_shards=num_shards,

@@ -26,7 +26,7 @@ class Criterion:
 
     def __call__(self, model, sample):
         """-> (summed loss tensor, sample_size, logging_output of detached tensors/ints)."""
-        logits = model(**sample["net_input"])
+        logits = model(sample["net_input"]["src_tokens"])
         loss, extra = self.compute_loss(logits, sample["target"])
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {"loss": loss.detach(), "ntokens": sample["ntokens"],

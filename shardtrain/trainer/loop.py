@@ -36,9 +36,9 @@ class Run:
         torch.manual_seed(cfg.common.seed)
         device = build.select_device(cfg)
         self.backend = build_backend("single_process", device)
+        self.task = build.build_task(cfg)
         self.checkpoints = CheckpointManager(cfg.checkpoint, is_master=self.backend.is_master)
         self.checkpoints.check_writable()
-        self.task = build.build_task(cfg)
         model = build.build_model(cfg, self.task)
         build.log_model_size(model)
         criterion = build.build_criterion(cfg, self.task)
@@ -77,6 +77,7 @@ class Run:
 def main(cfg) -> Optional[float]:
     """Train until a stopping rule fires; return the last validation loss."""
     logger.info("config:\n" + OmegaConf.to_yaml(cfg))
+    start = time.time()
     run = Run(cfg)
     try:
         epoch_itr = restore(run)
@@ -89,7 +90,7 @@ def main(cfg) -> Optional[float]:
                 break
             lr = run.trainer.lr_step(epoch_itr.epoch, valid_loss)
             epoch_itr = run.batch_iterator(cfg.dataset.train_subset, epoch_itr.next_epoch_idx, shuffle=True)
-        logger.info(f"done training in {time.time() - run.run_start:.1f} seconds")
+        logger.info(f"done training in {time.time() - start:.1f} seconds")
         return valid_loss
     finally:
         run.close()

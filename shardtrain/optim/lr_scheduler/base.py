@@ -1,0 +1,83 @@
+"""The learning-rate scheduler interface, as fairseq's trainer drives it.
+
+The trainer calls, in this order::
+
+    scheduler = cls(cfg, optimizer, lr, max_update)   # lr for update 0 is now set
+    for epoch in 1, 2, ...:                            # epochs count from 1, as in fairseq
+        scheduler.step_begin_epoch(epoch)
+        for each update:
+            optimizer.step(); num_updates += 1
+            scheduler.step_update(num_updates)
+        scheduler.step(epoch, val_loss)                # end of epoch
+
+``lr`` is fairseq's ``--lr``: the peak learning rate of every built-in schedule.
+Every call sets the new lr on all optimizer param groups and returns it.
+``state_dict()`` holds everything a resumed run needs to continue the same
+schedule, including the lr currently on the optimizer.
+"""
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from shardtrain.errors import ConfigError
+
+
+class LRScheduler:
+    # Attributes that change during training; state_dict() saves exactly these.
+    # Subclasses extend the tuple. "best" is the lowest validation loss seen,
+    # the state a reduce-on-plateau-like schedule needs.
+    state_attrs: Tuple[str, ...] = ("best",)
+
+    def __init__(self, cfg: Any, optimizer: torch.optim.Optimizer, lr: float, max_update: int):
+        self.cfg = cfg
+        self.optimizer = optimizer
+        self.peak_lr = float(lr)
+        self.max_update = int(max_update or 0)
+        self.best: Optional[float] = None
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def get_lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def step_begin_epoch(self, epoch: int) -> float:
+        """Update the lr at the beginning of ``epoch`` (counted from 1)."""
+        return self.get_lr()
+
+    def step(self, epoch: int, val_loss: Optional[float] = None) -> float:
+        """Update the lr at the end of ``epoch``, given its validation loss if any."""
+        if val_loss is not None:
+            self.best = val_loss if self.best is None else min(self.best, val_loss)
+        return self.get_lr()
+
+    def step_update(self, num_updates: int) -> float:
+        """Update the lr after ``num_updates`` updates in total."""
+        return self.get_lr()
+
+    def state_dict(self) -> Dict[str, Any]:
+        state = {name: getattr(self, name) for name in self.state_attrs}
+        state["optimizer_lr"] = self.get_lr()
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s values. Missing keys keep their current value,
+        so the smaller states fairseq checkpoints hold (``{"best": ...}``) load too."""
+        for name in self.state_attrs:
+            if name in state_dict:
+                setattr(self, name, state_dict[name])
+        if "optimizer_lr" in state_dict:
+            self.set_lr(state_dict["optimizer_lr"])
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`ConfigError` with ``message`` (what is wrong and the fix) unless ``condition``."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def check_warmup_updates(name: str, warmup_updates: int) -> None:
+    require(warmup_updates >= 0,
+            f"--warmup-updates is {warmup_updates} for --lr-scheduler {name}; it must be >= 0 "
+            "(0 disables warmup).")

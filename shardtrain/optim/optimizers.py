@@ -1,0 +1,169 @@
+"""The built-in optimizers: fairseq's flag names and defaults, torch's implementations.
+
+Each entry maps its config to an :class:`OptimizerSpec` (a torch optimizer
+class and its keyword arguments); the trainer calls ``spec.build(params, lr)``.
+Where torch has a fused kernel for the optimizer on the training device we ask
+for it (a few kernel launches per step instead of a Python loop over
+parameters), otherwise for the multi-tensor ``foreach`` implementation.
+"""
+import ast
+import dataclasses
+import inspect
+from typing import Any, Dict, Tuple, Type
+
+import torch
+
+from shardtrain.config.fields import field
+from shardtrain.errors import ConfigError
+from shardtrain.optim.registry import OptimizerSpec, register_optimizer
+
+# Device types on which torch (>= 2.4) ships a fused kernel for these optimizers.
+# A table rather than a probe: torch validates the device only at the first
+# step(), so constructing an optimizer with fused=True proves nothing.
+_FUSED_DEVICE_TYPES: Dict[Type[torch.optim.Optimizer], Tuple[str, ...]] = {
+    torch.optim.Adam: ("cpu", "cuda"),
+    torch.optim.AdamW: ("cpu", "cuda"),
+    torch.optim.SGD: ("cpu", "cuda"),
+    torch.optim.Adagrad: ("cpu", "cuda"),
+}
+
+
+def implementation_kwargs(cls: Type[torch.optim.Optimizer], device: torch.device) -> Dict[str, bool]:
+    """``{"fused": True}`` where torch has a fused kernel for ``cls`` on ``device``'s type,
+    else ``{"foreach": True}``."""
+    device_type = torch.device(device).type
+    accepts_fused = "fused" in inspect.signature(cls).parameters
+    if accepts_fused and device_type in _FUSED_DEVICE_TYPES.get(cls, ()):
+        return {"fused": True}
+    return {"foreach": True}
+
+
+def parse_float_tuple(value: Any, flag: str, example: Tuple[float, ...]) -> Tuple[float, ...]:
+    """A tuple of ``len(example)`` floats from a tuple/list (what the CLI and OmegaConf
+    give) or from a string such as ``"(0.9, 0.98)"`` (a hand-written config)."""
+    original = value
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            value = None
+    try:
+        parsed = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        parsed = ()
+    if len(parsed) != len(example):
+        raise ConfigError(
+            f"{flag} must be {len(example)} numbers, got {original!r}. "
+            f"Write it as a tuple, e.g. {flag} '{example}'."
+        )
+    return parsed
+
+
+def _betas(value: Any, flag: str) -> Tuple[float, float]:
+    betas = parse_float_tuple(value, flag, (0.9, 0.999))
+    if not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"{flag} {betas} is out of range: each beta must be in [0, 1). "
+                          f"Use e.g. {flag} '(0.9, 0.98)'.")
+    return betas
+
+
+def _non_negative(cfg, *names: str) -> None:
+    # torch would raise a bare ValueError at build time; say which flag is wrong instead.
+    for name in names:
+        value = getattr(cfg, name)
+        if value < 0:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} is {value}, but it must be >= 0. Pass a non-negative {flag}.")
+
+
+def _spec(cls: Type[torch.optim.Optimizer], device: torch.device, **kwargs) -> OptimizerSpec:
+    return OptimizerSpec(cls, {**kwargs, **implementation_kwargs(cls, device)})
+
+
+@dataclasses.dataclass
+class AdamConfig:
+    adam_betas: Tuple[float, float] = field((0.9, 0.999), help="betas for Adam optimizer")
+    adam_eps: float = field(1e-8, help="epsilon for Adam optimizer")
+    weight_decay: float = field(0.0, help="weight decay")
+    adamw_mode: bool = field(
+        True, help="decoupled weight decay as in fairseq's adam (torch.optim.AdamW); "
+        "--no-adamw-mode adds weight decay to the gradient as L2 (torch.optim.Adam)")
+
+
+@register_optimizer("adam", dataclass=AdamConfig)
+def adam(cfg, device: torch.device) -> OptimizerSpec:
+    """fairseq's ``adam`` decays weights decoupled from the gradient, i.e. it is AdamW."""
+    _non_negative(cfg, "adam_eps", "weight_decay")
+    cls = torch.optim.AdamW if cfg.adamw_mode else torch.optim.Adam
+    return _spec(cls, device, betas=_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
+                 weight_decay=cfg.weight_decay)
+
+
+@dataclasses.dataclass
+class AdamWConfig:
+    adam_betas: Tuple[float, float] = field((0.9, 0.999), help="betas for Adam optimizer")
+    adam_eps: float = field(1e-8, help="epsilon for Adam optimizer")
+    # torch.optim.AdamW's default, not fairseq adam's 0.0: asking for adamw means asking for decay.
+    weight_decay: float = field(0.01, help="decoupled weight decay")
+
+
+@register_optimizer("adamw", dataclass=AdamWConfig)
+def adamw(cfg, device: torch.device) -> OptimizerSpec:
+    _non_negative(cfg, "adam_eps", "weight_decay")
+    return _spec(torch.optim.AdamW, device, betas=_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
+                 weight_decay=cfg.weight_decay)
+
+
+@dataclasses.dataclass
+class SGDConfig:
+    momentum: float = field(0.0, help="momentum factor")
+    weight_decay: float = field(0.0, help="weight decay")
+
+
+@register_optimizer("sgd", dataclass=SGDConfig)
+def sgd(cfg, device: torch.device) -> OptimizerSpec:
+    _non_negative(cfg, "momentum", "weight_decay")
+    return _spec(torch.optim.SGD, device, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+@dataclasses.dataclass
+class AdagradConfig:
+    weight_decay: float = field(0.0, help="weight decay")
+
+
+@register_optimizer("adagrad", dataclass=AdagradConfig)
+def adagrad(cfg, device: torch.device) -> OptimizerSpec:
+    _non_negative(cfg, "weight_decay")
+    return _spec(torch.optim.Adagrad, device, weight_decay=cfg.weight_decay)
+
+
+@dataclasses.dataclass
+class AdadeltaConfig:
+    adadelta_rho: float = field(0.9, help="coefficient used for computing a running average of squared gradients")
+    adadelta_eps: float = field(1e-6, help="term added to the denominator to improve numerical stability")
+    weight_decay: float = field(0.0, help="weight decay")
+
+
+@register_optimizer("adadelta", dataclass=AdadeltaConfig)
+def adadelta(cfg, device: torch.device) -> OptimizerSpec:
+    _non_negative(cfg, "adadelta_eps", "weight_decay")
+    if not 0.0 <= cfg.adadelta_rho <= 1.0:
+        raise ConfigError(f"--adadelta-rho is {cfg.adadelta_rho}, but it must be in [0, 1]. The default is 0.9.")
+    return _spec(torch.optim.Adadelta, device, rho=cfg.adadelta_rho, eps=cfg.adadelta_eps,
+                 weight_decay=cfg.weight_decay)
+
+
+@dataclasses.dataclass
+class AdamaxConfig:
+    adamax_betas: Tuple[float, float] = field((0.9, 0.999), help="betas for Adamax optimizer")
+    adamax_eps: float = field(1e-8, help="epsilon for Adamax optimizer")
+    weight_decay: float = field(0.0, help="weight decay, added to the gradient as L2 (torch.optim.Adamax)")
+
+
+@register_optimizer("adamax", dataclass=AdamaxConfig)
+def adamax(cfg, device: torch.device) -> OptimizerSpec:
+    """torch's Adamax. Unlike fairseq's own Adamax, its weight decay is L2 on the
+    gradient, not decoupled; with the default --weight-decay 0 they agree."""
+    _non_negative(cfg, "adamax_eps", "weight_decay")
+    return _spec(torch.optim.Adamax, device, betas=_betas(cfg.adamax_betas, "--adamax-betas"),
+                 eps=cfg.adamax_eps, weight_decay=cfg.weight_decay)

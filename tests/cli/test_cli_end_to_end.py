@@ -1,0 +1,87 @@
+"""End to end through the CLI entry points: preprocess, train, resume, validate, generate."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from shardtrain.cli import generate, preprocess, train, validate
+from st_testutils import MarkovChain, json_records, tiny_model_flags, write_markov_corpus
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    paths = write_markov_corpus(str(root / "text"), MarkovChain(n=12, seed=1), 20000, 2000, line_len=50)
+    dest = str(root / "data-bin")
+    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
+                     "--destdir", dest, "--no-progress-bar"])
+    return dest
+
+
+def run_train(data_bin, save_dir, *extra):
+    log = save_dir + ".log"
+    train.main([data_bin, *tiny_model_flags(), "--dropout", "0.1", "--attention-dropout", "0.1",
+                "--save-dir", save_dir, "--log-file", log, "--lr", "0.003", *extra])
+    return log
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+def test_resume_mid_epoch_is_exact(data_bin, tmp_path):
+    """N updates in one run == N/2, restart, N/2 (dropout on, mid-epoch, accumulation)."""
+    common = ["--update-freq", "2", "--clip-norm", "0.5", "--optimizer", "adam",
+              "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "3"]
+    straight = str(tmp_path / "straight")
+    log = run_train(data_bin, straight, "--max-update", "8", *common)
+    split = str(tmp_path / "split")
+    run_train(data_bin, split, "--max-update", "4", *common)
+    log2 = run_train(data_bin, split, "--max-update", "8", *common)
+
+    full = [r["loss"] for r in json_records(log, "train_inner")]
+    halves = [r["loss"] for r in json_records(log2, "train_inner")]
+    assert len(full) == 8 and len(halves) == 8  # the log file of the split run holds both halves
+    assert full == halves
+    a, b = weights(f"{straight}/checkpoint_last.pt"), weights(f"{split}/checkpoint_last.pt")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    # the epoch really was interrupted mid-way: 8 updates x 2 batches is less than one epoch
+    state = torch.load(f"{split}/checkpoint_last.pt", weights_only=True)
+    assert state["train_iterator"]["iterations_in_epoch"] == 16 and state["train_iterator"]["epoch"] == 1
+
+
+def test_checkpoint_names_keep_policy_and_validate_generate(data_bin, tmp_path, capsys):
+    save = str(tmp_path / "ck")
+    log = run_train(data_bin, save, "--max-epoch", "2", "--save-interval-updates", "5",
+                    "--keep-interval-updates", "2", "--batch-size", "64")
+    names = sorted(n for n in os.listdir(save) if n.endswith(".pt"))
+    assert "checkpoint_last.pt" in names and "checkpoint_best.pt" in names
+    assert "checkpoint1.pt" in names and "checkpoint2.pt" in names
+    interval = sorted(n for n in names if n.count("_") == 2)
+    assert len(interval) == 2, names  # --keep-interval-updates 2 pruned the older ones
+    assert not [n for n in os.listdir(save) if n.startswith(".")]  # no temporary files left
+    valid = json_records(log, "valid")
+    assert len(valid) >= 2 and "valid_loss" in valid[-1]
+
+    results = validate.main([data_bin, "--path", f"{save}/checkpoint_last.pt"])
+    assert abs(results["valid"]["loss"] - valid[-1]["valid_loss"]) < 1e-3
+
+    out = generate.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--prompt", "w1 w2",
+                         "--max-len", "5"])
+    assert out[0].startswith("w1 w2") and len(out[0].split()) <= 7
+    assert "H\tw1 w2" in capsys.readouterr().out
+
+
+def test_console_entry_points_exit_cleanly_on_bad_input(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    result = subprocess.run([sys.executable, "-m", "shardtrain.cli.train", str(tmp_path / "missing"),
+                             "--batch-size", "2", "--save-dir", str(tmp_path / "ck")],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr and "shard-preprocess" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "ck").exists() or not os.listdir(tmp_path / "ck")

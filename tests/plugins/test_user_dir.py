@@ -1,0 +1,45 @@
+"""--user-dir: a plugin's task, model and architecture train from the command line."""
+import os
+import sys
+
+import pytest
+
+from shardtrain.cli import preprocess, train
+from shardtrain.config.build import build_train_parser
+from shardtrain.errors import ConfigError
+from st_testutils import MarkovChain, json_records, write_markov_corpus
+
+PLUGIN = os.path.join(os.path.dirname(__file__), "toy_plugin")
+
+
+def test_plugin_components_and_flags_work_on_the_command_line(tmp_path):
+    paths = write_markov_corpus(str(tmp_path / "text"), MarkovChain(n=8, seed=2), 5000, 500, line_len=40)
+    data = str(tmp_path / "data-bin")
+    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
+                     "--destdir", data, "--no-progress-bar"])
+    log = str(tmp_path / "log")
+    train.main([data, "--user-dir", PLUGIN, "--task", "toy_lm", "--toy-greeting", "bonjour",
+                "--arch", "toy_bigram_wide", "--toy-layers", "3", "--tokens-per-sample", "16", "--batch-size", "8",
+                "--max-update", "6", "--save-dir", str(tmp_path / "ck"), "--log-format", "json",
+                "--log-interval", "1", "--log-file", log])
+    built = sys.modules["toy_plugin"].BUILT
+    assert built == {"greeting": "bonjour", "dim": 48, "layers": 3}  # preset dim, overridden layers
+    losses = [r["loss"] for r in json_records(log, "train_inner")]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert os.path.exists(tmp_path / "ck" / "checkpoint_last.pt")
+
+
+def test_plugin_flags_show_in_help():
+    parser, _ = build_train_parser(["--user-dir", PLUGIN, "--task", "toy_lm", "--arch", "toy_bigram"])
+    text = parser.format_help()
+    assert "--toy-greeting" in text and "--toy-dim" in text
+
+
+def test_missing_or_broken_user_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_train_parser(["--user-dir", str(tmp_path / "nope")])
+    broken = tmp_path / "broken_plugin_xyz"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ConfigError, match="failed to import: RuntimeError: boom"):
+        build_train_parser(["--user-dir", str(broken)])

@@ -1,0 +1,82 @@
+"""Small data the tests make for themselves (nothing is downloaded)."""
+import json
+import os
+
+import numpy as np
+
+
+class MarkovChain:
+    """A random order-2 Markov chain over ``n`` words, with a known entropy rate."""
+
+    def __init__(self, n: int = 12, concentration: float = 0.3, seed: int = 0):
+        rng = np.random.RandomState(seed)
+        self.n = n
+        self.words = [f"w{i}" for i in range(n)]
+        self.probs = rng.dirichlet([concentration] * n, size=(n, n))  # [a, b] -> p(next)
+        self.rng = rng
+
+    def stationary(self) -> np.ndarray:
+        """Stationary distribution over contexts (a, b), by power iteration."""
+        n = self.n
+        pi = np.full((n, n), 1.0 / (n * n))
+        for _ in range(2000):
+            new = np.einsum("ab,abc->bc", pi, self.probs)
+            if np.abs(new - pi).max() < 1e-13:
+                break
+            pi = new
+        return pi
+
+    def entropy_rate_bits(self) -> float:
+        h = -(self.probs * np.log2(np.clip(self.probs, 1e-300, None))).sum(-1)
+        return float((self.stationary() * h).sum())
+
+    def sample(self, length: int) -> list:
+        a, b = 0, 1
+        out = []
+        cum = np.cumsum(self.probs, axis=-1)
+        u = self.rng.random_sample(length)
+        for i in range(length):
+            c = int(np.searchsorted(cum[a, b], u[i] * cum[a, b, -1]))
+            out.append(min(c, self.n - 1))
+            a, b = b, out[-1]
+        return out
+
+
+def write_markov_corpus(directory: str, chain: MarkovChain, train_tokens: int, valid_tokens: int,
+                        line_len: int = 400) -> dict:
+    """Write train.txt/valid.txt: one continuous chain cut into long lines."""
+    os.makedirs(directory, exist_ok=True)
+    paths = {}
+    for split, count in (("train", train_tokens), ("valid", valid_tokens)):
+        ids = chain.sample(count)
+        lines = [" ".join(chain.words[i] for i in ids[s:s + line_len]) for s in range(0, count, line_len)]
+        paths[split] = os.path.join(directory, f"{split}.txt")
+        with open(paths[split], "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return paths
+
+
+def json_records(log_file: str, tag: str) -> list:
+    """The JSON records of ``tag`` ("train_inner", "valid", ...) in a --log-format json log file."""
+    records = []
+    with open(log_file) as f:
+        for line in f:
+            parts = line.rstrip("\n").split(" | ", 3)
+            if len(parts) == 4 and parts[2] == tag and parts[3].startswith("{"):
+                records.append({k: _number(v) for k, v in json.loads(parts[3]).items()})
+    return records
+
+
+def _number(value):
+    """fairseq's json log writes numbers as strings ("loss": "3.21")."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def tiny_model_flags():
+    return ["--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "32",
+            "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2", "--tokens-per-sample", "32",
+            "--batch-size", "8", "--log-format", "json", "--log-interval", "1", "--threads", "1"]
+
