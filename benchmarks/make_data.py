@@ -1,0 +1,24 @@
+"""Synthetic data-bins for the benchmarks (random tokens; nothing downloaded)."""
+import os
+
+import numpy as np
+
+from shardtrain.data.dictionary import Dictionary
+from shardtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_int_dtype
+
+
+def random_data_bin(directory: str, vocab: int = 1000, lines: int = 2000, line_len: int = 200, seed: int = 0):
+    os.makedirs(directory, exist_ok=True)
+    d = Dictionary()
+    for i in range(vocab):
+        d.add_symbol(f"t{i}", n=vocab - i)
+    d.finalize()
+    d.save(os.path.join(directory, "dict.txt"))
+    rng = np.random.RandomState(seed)
+    for split, count in (("train", lines), ("valid", max(lines // 20, 1))):
+        prefix = os.path.join(directory, split)
+        builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=best_fitting_int_dtype(len(d)))
+        for _ in range(count):
+            builder.add_item(np.append(rng.randint(d.nspecial, len(d), size=line_len), d.eos()))
+        builder.finalize(prefix + ".idx")
+    return directory

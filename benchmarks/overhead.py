@@ -1,0 +1,105 @@
+"""Per-step overhead of shard-train's Trainer against a bare PyTorch loop.
+
+Both train the same model (same initial weights) on the same batches with the
+same fused Adam and the same thread count. Rounds alternate between the two so
+machine noise hits both alike. Ours runs ``Trainer.train_step`` plus the
+loop's per-update metrics logging; the bare loop is forward, loss, backward,
+step, zero_grad.
+
+    python benchmarks/overhead.py [--steps 30 --rounds 4 --threads 2]
+"""
+import argparse
+import copy
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_data import random_data_bin  # noqa: E402
+
+from shardtrain.config.build import parse_train_args  # noqa: E402
+from shardtrain.trainer import build  # noqa: E402
+from shardtrain.trainer.backends import build_backend  # noqa: E402
+from shardtrain.trainer.precision import build_precision  # noqa: E402
+from shardtrain.trainer.run_metrics import RunMetrics  # noqa: E402
+from shardtrain.trainer.trainer import Trainer  # noqa: E402
+
+
+def setup(data: str, threads: int):
+    cfg = parse_train_args([data, "--arch", "transformer_lm", "--decoder-layers", "4", "--decoder-embed-dim", "256",
+                            "--decoder-ffn-embed-dim", "1024", "--decoder-attention-heads", "4",
+                            "--decoder-normalize-before", "--tokens-per-sample", "256", "--batch-size", "8",
+                            "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "0", "--threads", str(threads)])
+    torch.manual_seed(0)
+    task = build.build_task(cfg)
+    model = build.build_model(cfg, task)
+    criterion = build.build_criterion(cfg, task)
+    itr = task.get_batch_iterator("train", max_tokens=None, max_sentences=8, seed=1).next_epoch_itr()
+    return cfg, task, model, criterion, [next(itr) for _ in range(8)]
+
+
+class Ours:
+    def __init__(self, cfg, task, model, criterion):
+        backend = build_backend("single_process", torch.device("cpu"))
+        self.trainer = Trainer(cfg, task, model, criterion, backend, build_precision(cfg))
+        self.metrics = RunMetrics(torch.device("cpu"))
+
+    def step(self, batch):
+        out = self.trainer.train_step([batch])
+        self.metrics.log_update(self.trainer.criterion, out, self.trainer.num_updates)
+
+
+class Bare:
+    def __init__(self, model, pad: int):
+        self.model, self.pad = model, pad
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+
+    def step(self, batch):
+        self.model.train()
+        logits = self.model(batch["net_input"]["src_tokens"])
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch["target"].view(-1),
+                               ignore_index=self.pad, reduction="sum") / batch["ntokens"]
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def timed(runner, batches, steps: int) -> float:
+    start = time.perf_counter()
+    for i in range(steps):
+        runner.step(batches[i % len(batches)])
+    return time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30, help="steps per round")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, task, model, criterion, batches = setup(random_data_bin(os.path.join(tmp, "data-bin")), args.threads)
+        torch.set_num_threads(args.threads)
+        ours = Ours(cfg, task, copy.deepcopy(model), criterion)
+        bare = Bare(copy.deepcopy(model), task.dictionary.pad())
+        tokens_per_step = sum(b["ntokens"] for b in batches) / len(batches)
+        timed(ours, batches, 3), timed(bare, batches, 3)  # warm-up
+        t_ours = t_bare = 0.0
+        for _ in range(args.rounds):
+            t_ours += timed(ours, batches, args.steps)
+            t_bare += timed(bare, batches, args.steps)
+    n = args.steps * args.rounds
+    wps_ours, wps_bare = n * tokens_per_step / t_ours, n * tokens_per_step / t_bare
+    print(f"threads={args.threads} steps={n} tokens/step={tokens_per_step:.0f} "
+          f"params={sum(p.numel() for p in model.parameters()):,}")
+    print(f"bare loop : {wps_bare:10.0f} words/s  ({1000 * t_bare / n:.1f} ms/step)")
+    print(f"shardtrain: {wps_ours:10.0f} words/s  ({1000 * t_ours / n:.1f} ms/step)")
+    print(f"RESULT overhead_ratio={wps_ours / wps_bare:.3f} target>=0.97")
+
+
+if __name__ == "__main__":
+    main()
