@@ -1,0 +1,171 @@
+"""``shard-preprocess``: text files -> a data-bin directory.
+
+The data-bin holds ``dict.txt``, ``{train,valid,test}.{bin,idx}`` in fairseq's
+format (with ``--tokenizer space`` the files equal fairseq-preprocess's byte for
+byte), ``preprocess.json`` (how to tokenize a prompt) and, for sentencepiece,
+``spm.model``. Everything is written into a staging directory first and moved
+into place at the end, so a failed run never leaves a half-written data-bin.
+"""
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+from typing import Dict, Optional
+
+from shardtrain.config.fields import field
+from shardtrain.data.binarize import binarize_file, count_symbols, iter_lines
+from shardtrain.data.dictionary import Dictionary
+from shardtrain.data.indexed_dataset import atomic_write_bytes
+from shardtrain.data.tokenizers import (PREPROCESS_JSON, SPM_MODEL_FILE, SPM_MODEL_TYPES, TOKENIZERS,
+                                        SentencePieceTokenizer, SpaceTokenizer, load_tokenizer, tokenizer_spec,
+                                        train_sentencepiece)
+from shardtrain.errors import ConfigError, DataError
+
+__all__ = ["PreprocessConfig", "preprocess", "load_tokenizer"]
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+_DEFAULT_SPM_VOCAB_SIZE = 8000
+
+
+@dataclasses.dataclass
+class PreprocessConfig:
+    trainpref: Optional[str] = field(None, help="training text file, one sample per line; the dictionary "
+                                                "(and sentencepiece model) are built from it")
+    validpref: Optional[str] = field(None, help="validation text file, one sample per line")
+    testpref: Optional[str] = field(None, help="test text file, one sample per line")
+    destdir: str = field("data-bin", help="destination data-bin directory")
+    tokenizer: str = field("spm", choices=TOKENIZERS, help="spm: train (or reuse) a sentencepiece model; "
+                                                           "space: the text is already tokenized, split on whitespace")
+    spm_vocab_size: int = field(_DEFAULT_SPM_VOCAB_SIZE, help="vocabulary size of the sentencepiece model "
+                                                              "to train (a soft limit for small corpora)")
+    spm_model: Optional[str] = field(None, help="use this existing sentencepiece .model instead of training one")
+    spm_model_type: str = field("bpe", choices=SPM_MODEL_TYPES, help="sentencepiece model type to train; bpe trains "
+                                                                    "much faster than unigram on source code")
+    workers: int = field(1, help="number of parallel processes")
+    thresholdsrc: int = field(0, help="map words appearing less than threshold times to unknown")
+    nwordssrc: int = field(-1, help="number of source words to retain (-1: all)")
+    padding_factor: int = field(8, help="pad the dictionary size to be a multiple of this")
+    srcdict: Optional[str] = field(None, help="reuse this dict.txt instead of building one from --trainpref")
+    no_progress_bar: bool = field(False, help="disable the progress bars")
+
+
+def preprocess(cfg: PreprocessConfig) -> None:
+    """Build the data-bin ``cfg.destdir`` from the text files named in ``cfg``."""
+    splits = check_config(cfg)
+    created = not os.path.exists(cfg.destdir)
+    staging = _make_staging_dir(cfg.destdir)
+    try:
+        tokenizer = _build_tokenizer(cfg, staging)
+        dictionary = _build_dictionary(cfg, tokenizer, staging)
+        for split, path in splits.items():
+            binarize_file(path, os.path.join(staging, split), dictionary, tokenizer.encode,
+                          workers=cfg.workers, progress=not cfg.no_progress_bar)
+        spec = tokenizer_spec(cfg.tokenizer, SPM_MODEL_FILE if cfg.tokenizer == "spm" else None)
+        atomic_write_bytes(os.path.join(staging, PREPROCESS_JSON), (json.dumps(spec, indent=2) + "\n").encode())
+        _publish(staging, cfg.destdir, splits)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and os.path.isdir(cfg.destdir) and not os.listdir(cfg.destdir):
+            os.rmdir(cfg.destdir)  # failed before publishing: leave no empty data-bin behind
+    logger.info("wrote data-bin %s (%d symbols; splits: %s)", cfg.destdir, len(dictionary), ", ".join(splits))
+
+
+def check_config(cfg: PreprocessConfig) -> Dict[str, str]:
+    """Reject bad flags and inputs before any work; returns {split: text file}."""
+    _check_flags(cfg)
+    splits = {s: getattr(cfg, f"{s}pref") for s in SPLITS if getattr(cfg, f"{s}pref")}
+    named = [(f"--{s}pref", p) for s, p in splits.items()]
+    named += [(f"--{name.replace('_', '-')}", getattr(cfg, name)) for name in ("srcdict", "spm_model")]
+    for flag, path in named:
+        if path and not os.path.isfile(path):
+            raise DataError(f"{flag} {path}: no such file. Check the path (it is a file, not a prefix).")
+    if cfg.trainpref and not _has_text(cfg.trainpref):
+        raise DataError(f"--trainpref {cfg.trainpref} is empty (no text to build the dictionary from). "
+                        "Point it at the training text, one sample per line.")
+    if os.path.exists(cfg.destdir) and not os.path.isdir(cfg.destdir):
+        raise DataError(f"--destdir {cfg.destdir} exists and is not a directory. Pick another --destdir.")
+    return splits
+
+
+def _check_flags(cfg: PreprocessConfig) -> None:
+    rules = [
+        (cfg.tokenizer not in TOKENIZERS, f"--tokenizer must be one of {', '.join(TOKENIZERS)}"),
+        (cfg.spm_model_type not in SPM_MODEL_TYPES, f"--spm-model-type must be one of {', '.join(SPM_MODEL_TYPES)}"),
+        (cfg.workers < 1, "--workers must be at least 1"),
+        (cfg.padding_factor < 1, "--padding-factor must be at least 1 (1: no padding)"),
+        (cfg.spm_vocab_size < 1, "--spm-vocab-size must be positive"),
+        (not (cfg.trainpref or cfg.validpref or cfg.testpref),
+         "nothing to do: give at least one of --trainpref, --validpref, --testpref"),
+        (not cfg.trainpref and not cfg.srcdict,
+         "--trainpref is needed to build the dictionary; give it, or reuse a dictionary with --srcdict"),
+        (cfg.spm_model is not None and cfg.tokenizer == "space",
+         "--spm-model only applies to --tokenizer spm; drop --spm-model or use --tokenizer spm"),
+        (cfg.spm_model is not None and cfg.spm_vocab_size != _DEFAULT_SPM_VOCAB_SIZE,
+         "--spm-vocab-size only applies when training a new model, but --spm-model gives an existing one; "
+         "drop one of the two"),
+        (cfg.tokenizer == "spm" and cfg.srcdict is not None and cfg.spm_model is None,
+         "--srcdict with --tokenizer spm needs the --spm-model its pieces came from (a newly trained model "
+         "would produce different pieces)"),
+    ]
+    for failed, message in rules:
+        if failed:
+            raise ConfigError(message + ".")
+
+
+def _has_text(path: str) -> bool:
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            if block.strip():
+                return True
+    return False
+
+
+def _make_staging_dir(destdir: str) -> str:
+    try:
+        os.makedirs(destdir, exist_ok=True)
+        return tempfile.mkdtemp(prefix=".preprocess-", dir=destdir)
+    except OSError as e:
+        raise DataError(f"Cannot write to --destdir {destdir} ({e.strerror}). Pick a directory you can "
+                        "write to, or fix its permissions.") from None
+
+
+def _build_tokenizer(cfg: PreprocessConfig, staging: str):
+    if cfg.tokenizer == "space":
+        return SpaceTokenizer()
+    model_path = os.path.join(staging, SPM_MODEL_FILE)
+    if cfg.spm_model:
+        SentencePieceTokenizer(cfg.spm_model)  # validates it before copying
+        shutil.copyfile(cfg.spm_model, model_path)
+    else:
+        train_sentencepiece(iter_lines(cfg.trainpref), model_path, cfg.spm_vocab_size, cfg.spm_model_type)
+    return SentencePieceTokenizer(model_path)
+
+
+def _build_dictionary(cfg: PreprocessConfig, tokenizer, staging: str) -> Dictionary:
+    path = os.path.join(staging, "dict.txt")
+    if cfg.srcdict:
+        dictionary = Dictionary.load(cfg.srcdict)
+        shutil.copyfile(cfg.srcdict, path)  # byte copy: a re-save would drop #fairseq:overwrite flags
+        return dictionary
+    dictionary = Dictionary()
+    dictionary.update_counts(count_symbols(cfg.trainpref, tokenizer.encode, workers=cfg.workers,
+                                           progress=not cfg.no_progress_bar, eos_word=dictionary.eos_word))
+    dictionary.finalize(threshold=cfg.thresholdsrc, nwords=cfg.nwordssrc, padding_factor=cfg.padding_factor)
+    dictionary.save(path)
+    return dictionary
+
+
+def _publish(staging: str, destdir: str, splits) -> None:
+    """Move the staged files into ``destdir``; preprocess.json last, as the 'complete' marker."""
+    names = sorted(os.listdir(staging), key=lambda n: (n == "dict.txt", n == PREPROCESS_JSON, n))
+    for name in names:
+        os.replace(os.path.join(staging, name), os.path.join(destdir, name))
+    stale = [f"{s}.{ext}" for s in SPLITS if s not in splits for ext in ("bin", "idx")
+             if os.path.exists(os.path.join(destdir, f"{s}.{ext}"))]
+    if stale:
+        logger.warning("%s still holds %s from an earlier run; they were binarized with another dictionary, "
+                       "so delete them or re-run with that split's --*pref.", destdir, ", ".join(stale))
