@@ -40,8 +40,8 @@ class PreprocessConfig:
     destdir: str = field("data-bin", help="destination data-bin directory")
     tokenizer: str = field("spm", choices=TOKENIZERS, help="spm: train (or reuse) a sentencepiece model; "
                                                            "space: the text is already tokenized, split on whitespace")
-    spm_vocab_size: int = field(_DEFAULT_SPM_VOCAB_SIZE, help="vocabulary size of the sentencepiece model "
-                                                              "to train (a soft limit for small corpora)")
+    spm_vocab_size: Optional[int] = field(None, help="vocabulary size of the sentencepiece model to train "
+                                                     f"(default {_DEFAULT_SPM_VOCAB_SIZE}; a soft limit for small corpora)")
     spm_model: Optional[str] = field(None, help="use this existing sentencepiece .model instead of training one")
     spm_model_type: str = field("bpe", choices=SPM_MODEL_TYPES, help="sentencepiece model type to train; bpe trains "
                                                                     "much faster than unigram on source code")
@@ -97,14 +97,14 @@ def _check_flags(cfg: PreprocessConfig) -> None:
         (cfg.spm_model_type not in SPM_MODEL_TYPES, f"--spm-model-type must be one of {', '.join(SPM_MODEL_TYPES)}"),
         (cfg.workers < 1, "--workers must be at least 1"),
         (cfg.padding_factor < 1, "--padding-factor must be at least 1 (1: no padding)"),
-        (cfg.spm_vocab_size < 1, "--spm-vocab-size must be positive"),
+        (cfg.spm_vocab_size is not None and cfg.spm_vocab_size < 1, "--spm-vocab-size must be positive"),
         (not (cfg.trainpref or cfg.validpref or cfg.testpref),
          "nothing to do: give at least one of --trainpref, --validpref, --testpref"),
         (not cfg.trainpref and not cfg.srcdict,
          "--trainpref is needed to build the dictionary; give it, or reuse a dictionary with --srcdict"),
         (cfg.spm_model is not None and cfg.tokenizer == "space",
          "--spm-model only applies to --tokenizer spm; drop --spm-model or use --tokenizer spm"),
-        (cfg.spm_model is not None and cfg.spm_vocab_size != _DEFAULT_SPM_VOCAB_SIZE,
+        (cfg.spm_model is not None and cfg.spm_vocab_size is not None,
          "--spm-vocab-size only applies when training a new model, but --spm-model gives an existing one; "
          "drop one of the two"),
         (cfg.tokenizer == "spm" and cfg.srcdict is not None and cfg.spm_model is None,
@@ -141,7 +141,8 @@ def _build_tokenizer(cfg: PreprocessConfig, staging: str):
         SentencePieceTokenizer(cfg.spm_model)  # validates it before copying
         shutil.copyfile(cfg.spm_model, model_path)
     else:
-        train_sentencepiece(iter_lines(cfg.trainpref), model_path, cfg.spm_vocab_size, cfg.spm_model_type)
+        train_sentencepiece(iter_lines(cfg.trainpref), model_path, cfg.spm_vocab_size or _DEFAULT_SPM_VOCAB_SIZE,
+                            cfg.spm_model_type)
     return SentencePieceTokenizer(model_path)
 
 

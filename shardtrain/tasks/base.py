@@ -49,6 +49,11 @@ class Task:
         return EpochBatchIterator(dataset, self.collater, batches, seed=seed, num_shards=num_shards,
                                   shard_id=shard_id, epoch=epoch, shuffle=shuffle)
 
+    def fingerprint(self) -> Dict[str, str]:
+        """What a checkpoint must match to be used with this task's data (its
+        vocabulary, say); stored in checkpoints and compared on load."""
+        return {}
+
     # -- components -----------------------------------------------------------
     def build_model(self, model_cls, model_cfg):
         return model_cls.build_model(model_cfg, self)

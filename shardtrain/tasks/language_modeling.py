@@ -1,5 +1,6 @@
 """Task ``language_modeling``: next-token prediction over blocks of a data-bin."""
 import dataclasses
+import hashlib
 import os
 
 from shardtrain.config.fields import field
@@ -47,6 +48,10 @@ class LanguageModelingTask(Task):
     @property
     def source_dictionary(self) -> Dictionary:
         return self.dictionary
+
+    def fingerprint(self):
+        symbols = "\n".join(self.dictionary[i] for i in range(len(self.dictionary)))
+        return {"dictionary_sha1": hashlib.sha1(symbols.encode("utf-8")).hexdigest()}
 
     def max_positions(self) -> int:
         return self.cfg.tokens_per_sample

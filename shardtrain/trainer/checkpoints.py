@@ -28,13 +28,23 @@ class CheckpointManager:
 
     # -- where -----------------------------------------------------------------
     def check_writable(self) -> None:
-        """Fail before training starts, not at the first save an hour later."""
+        """Fail before training starts, not at the first save an hour later.
+        Nothing is created here: a run that fails to start leaves no files."""
         if self.cfg.no_save or not self.is_master:
             return
+        path = os.path.abspath(self.cfg.save_dir)
         try:
-            os.makedirs(self.cfg.save_dir, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.cfg.save_dir, prefix=".write-test-"):
-                pass
+            if os.path.isdir(path):
+                with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+                    pass
+                return
+            parent = path
+            while not os.path.exists(parent):
+                parent = os.path.dirname(parent)
+            if not os.path.isdir(parent):
+                raise NotADirectoryError(f"{parent} is a file")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise PermissionError(f"{parent} is not writable")
         except OSError as e:
             raise CheckpointError(
                 f"Cannot write checkpoints to --save-dir {self.cfg.save_dir!r}: {e.strerror or e}. "

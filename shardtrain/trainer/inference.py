@@ -7,6 +7,7 @@ import torch
 from shardtrain.config.build import from_dict
 from shardtrain.trainer import build
 from shardtrain.trainer.checkpoints import load_checkpoint
+from shardtrain.trainer.resume import check_fingerprint
 from shardtrain.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False)
     values["common"] = {**values.get("common", {}), "cpu": cpu or values.get("common", {}).get("cpu", False)}
     cfg = from_dict(values)
     task = build.build_task(cfg)
+    check_fingerprint(task, state, path)
     model = build.build_model(cfg, task)
     try:
         model.load_state_dict(state["model"])

@@ -66,7 +66,7 @@ class Run:
         return self.trainer.state.prev_training_time + time.time() - self.run_start
 
     def checkpoint_state(self, epoch_itr) -> Dict:
-        return {"cfg": to_dict(self.cfg), **self.trainer.state_dict(),
+        return {"cfg": to_dict(self.cfg), "task_fingerprint": self.task.fingerprint(), **self.trainer.state_dict(),
                 "train_iterator": epoch_itr.state_dict(), "meters": self.metrics.state_dict()}
 
     def close(self) -> None:

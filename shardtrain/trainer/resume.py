@@ -43,8 +43,19 @@ def restore(run):
     return epoch_itr
 
 
+def check_fingerprint(task, state: Dict, path: str) -> None:
+    saved, own = state.get("task_fingerprint") or {}, task.fingerprint()
+    differs = sorted(k for k in saved.keys() & own.keys() if saved[k] != own[k])
+    if differs:
+        raise CheckpointError(
+            f"Checkpoint {path} was trained on other data: its {', '.join(differs)} differs from this data-bin's "
+            "(the vocabulary differs: another dict.txt). Use the data-bin the checkpoint was trained on, or "
+            "start a new --save-dir.")
+
+
 def load_model_weights(trainer, state: Dict, path: str, cfg, load: bool = True) -> None:
     """Check that a checkpoint's model fits this run's, then (optionally) load it."""
+    check_fingerprint(trainer.task, state, path)
     saved = state["cfg"]
     saved_arch = saved.get("components", {}).get("arch")
     model = state["model"]

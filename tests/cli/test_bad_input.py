@@ -1,0 +1,98 @@
+"""User mistakes through the real CLI: exit status 2, a message that names the
+problem and the fix, no traceback, and no files left in the save dir."""
+import os
+import shutil
+
+import pytest
+
+from shardtrain.cli import preprocess, train, validate
+from st_testutils import MarkovChain, tiny_model_flags, write_markov_corpus
+
+
+@pytest.fixture(scope="module")
+def good_bin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-input")
+    paths = write_markov_corpus(str(root / "text"), MarkovChain(n=6, seed=4), 3000, 300, line_len=30)
+    dest = str(root / "data-bin")
+    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
+                     "--destdir", dest, "--no-progress-bar"])
+    return dest
+
+
+def copy_bin(good_bin, tmp_path, mutate=None):
+    dest = str(tmp_path / "bin")
+    shutil.copytree(good_bin, dest)
+    if mutate:
+        mutate(dest)
+    return dest
+
+
+def truncate(path, keep):
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+
+
+def overwrite_magic(path):
+    with open(path, "r+b") as f:
+        f.write(b"NOTMAGIC!")
+
+
+CASES = {
+    "missing data dir": (lambda b, t: [str(t / "nope")], ["does not exist", "shard-preprocess"]),
+    "empty data dir": (lambda b, t: [str(t)], ["no dict.txt", "--destdir"]),
+    "missing dict.txt": (lambda b, t: [copy_bin(b, t, lambda d: os.remove(f"{d}/dict.txt"))], ["no dict.txt"]),
+    "truncated idx": (lambda b, t: [copy_bin(b, t, lambda d: truncate(f"{d}/train.idx", 40))],
+                      ["train.idx", "shard-preprocess"]),
+    "wrong magic idx": (lambda b, t: [copy_bin(b, t, lambda d: overwrite_magic(f"{d}/train.idx"))],
+                        ["train.idx", "shard-preprocess"]),
+    "short bin": (lambda b, t: [copy_bin(b, t, lambda d: truncate(f"{d}/train.bin", 10))],
+                  ["train.bin", "shard-preprocess"]),
+    "unknown arch": (lambda b, t: [b, "--arch", "transformer_lm_gpt9"], ["--arch", "Did you mean"]),
+    "unknown task": (lambda b, t: [b, "--task", "translation"], ["--task", "Choices: language_modeling"]),
+    "unknown optimizer": (lambda b, t: [b, "--optimizer", "adamm"], ["Did you mean 'adam'"]),
+    "max tokens below one sample": (lambda b, t: [b, "--max-tokens", "8", "--tokens-per-sample", "32"],
+                                    ["--max-tokens", "--tokens-per-sample"]),
+    "save dir is under a file": (lambda b, t: [b, "--save-dir", f"{b}/dict.txt/ck"], ["--save-dir", "writable"]),
+    "restore file missing": (lambda b, t: [b, "--restore-file", "nope.pt"], ["--restore-file", "does not exist"]),
+    "zero update freq": (lambda b, t: [b, "--update-freq", "0"], ["--update-freq"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_train_input(name, good_bin, tmp_path, capsys):
+    make_args, expected = CASES[name]
+    work = tmp_path / "work"
+    work.mkdir()
+    args = make_args(good_bin, work)
+    save_dir = str(tmp_path / "save")
+    if "--save-dir" not in args:
+        args += ["--save-dir", save_dir]
+    flags = [f for f in tiny_model_flags() if f not in ("--batch-size", "8")] if "--max-tokens" in args else \
+        tiny_model_flags()
+    with pytest.raises(SystemExit) as info:
+        train.main(args[:1] + flags + args[1:] + ["--max-update", "2"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("shard-train: error: ")
+    for text in expected:
+        assert text in err, (text, err)
+    assert not os.path.exists(save_dir), os.listdir(save_dir)
+
+
+def test_checkpoint_from_another_vocabulary_is_refused(good_bin, tmp_path, capsys):
+    save = str(tmp_path / "ck")
+    train.main([good_bin, *tiny_model_flags(), "--max-update", "1", "--save-dir", save])
+    other = tmp_path / "other-text"
+    paths = write_markov_corpus(str(other), MarkovChain(n=9, seed=5), 3000, 300, line_len=30)
+    other_bin = str(tmp_path / "other-bin")
+    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
+                     "--destdir", other_bin, "--no-progress-bar"])
+    before = sorted(os.listdir(save))
+    with pytest.raises(SystemExit) as info:
+        train.main([other_bin, *tiny_model_flags(), "--max-update", "2", "--save-dir", save])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "vocabulary differs" in err and "Traceback" not in err
+    assert sorted(os.listdir(save)) == before
+    with pytest.raises(SystemExit):
+        validate.main([other_bin, "--path", f"{save}/checkpoint_last.pt"])
+    assert "vocabulary differs" in capsys.readouterr().err
