@@ -80,3 +80,16 @@ def tiny_model_flags():
             "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2", "--tokens-per-sample", "32",
             "--batch-size", "8", "--log-format", "json", "--log-interval", "1", "--threads", "1"]
 
+
+
+def make_space_data_bin(directory: str, n_words: int = 8, train_tokens: int = 4000, valid_tokens: int = 400,
+                        line_len: int = 40, seed: int = 0) -> str:
+    """A small whitespace-tokenized data-bin of a Markov language."""
+    from shardtrain.cli import preprocess
+
+    paths = write_markov_corpus(os.path.join(directory, "text"), MarkovChain(n=n_words, seed=seed),
+                                train_tokens, valid_tokens, line_len=line_len)
+    dest = os.path.join(directory, "data-bin")
+    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
+                     "--destdir", dest, "--no-progress-bar"])
+    return dest

@@ -47,8 +47,8 @@ class Backend:
         return torch.nn.utils.get_total_norm(grads, foreach=True)
 
     def clip_grads(self, params, max_norm: float, total_norm: torch.Tensor) -> None:
-        grads = [p.grad for p in params if p.grad is not None]
-        torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total_norm, foreach=True)
+        # takes the parameters (it scales their .grad), unlike get_total_norm above
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm, foreach=True)
 
     def model_state_dict(self, module: nn.Module):
         return module.state_dict()

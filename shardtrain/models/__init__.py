@@ -1,0 +1,17 @@
+"""Models, their architecture presets and the registries they live in."""
+from shardtrain.models.registry import (
+    ARCH_REGISTRY,
+    MODEL_REGISTRY,
+    Architecture,
+    register_model,
+    register_model_architecture,
+)
+from shardtrain.models import transformer_lm, architectures  # noqa: F401 — registers built-ins
+
+__all__ = [
+    "ARCH_REGISTRY",
+    "MODEL_REGISTRY",
+    "Architecture",
+    "register_model",
+    "register_model_architecture",
+]

@@ -1,0 +1,122 @@
+"""Sampling continuations from a language model, the way fairseq samples.
+
+Filtering follows fairseq's ``Sampling`` search: logits are divided by the
+temperature before ``log_softmax``; ``topp > 0`` keeps the smallest set of
+most likely tokens whose probability reaches ``topp`` and then *ignores*
+``topk``; otherwise ``topk > 0`` keeps the ``topk`` most likely tokens. The
+padding symbol is never produced. With a KV cache the prompt is run once and
+each new token costs one position; generation stops at ``eos``, after
+``max_len`` new tokens, or when the model runs out of positions.
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from shardtrain.errors import ConfigError, ShardtrainError
+
+
+@torch.no_grad()
+def sample(
+    model,
+    prompt_ids: torch.Tensor,
+    max_len: int,
+    temperature: float = 1.0,
+    topk: int = 0,
+    topp: float = 0.0,
+    eos: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    greedy: bool = False,
+    use_cache: bool = True,
+) -> torch.Tensor:
+    """Continue ``prompt_ids`` [T]; return the new tokens (ending with ``eos``
+    if it was produced), at most ``max_len`` of them.
+
+    ``model`` is a :class:`~shardtrain.models.transformer_lm.TransformerLanguageModel`
+    (anything with ``forward(tokens, cache=None)``, ``new_kv_cache()``,
+    ``padding_idx`` and ``max_positions``). It runs in eval mode; its
+    train/eval mode is restored afterwards.
+    """
+    _check_sampling_args(prompt_ids, max_len, temperature, topk, topp, model.max_positions)
+    budget = min(max_len, model.max_positions - prompt_ids.numel())
+    tokens = prompt_ids.view(1, -1)
+    cache = model.new_kv_cache() if use_cache else None
+    new_tokens = []
+    was_training = model.training
+    model.eval()
+    try:
+        step_input = tokens
+        for _ in range(budget):
+            logits = model(step_input, cache=cache)[0, -1]
+            token = choose_next(logits, temperature, topk, topp, generator, greedy, model.padding_idx)
+            new_tokens.append(token)
+            if eos is not None and token.item() == eos:
+                break
+            if use_cache:
+                step_input = token.view(1, 1)
+            else:
+                step_input = torch.cat([tokens, torch.stack(new_tokens).view(1, -1)], dim=1)
+    finally:
+        model.train(was_training)
+    if not new_tokens:
+        return prompt_ids.new_empty(0)
+    return torch.stack(new_tokens)
+
+
+def choose_next(
+    logits: torch.Tensor,
+    temperature: float,
+    topk: int,
+    topp: float,
+    generator: Optional[torch.Generator],
+    greedy: bool,
+    padding_idx: Optional[int] = None,
+) -> torch.Tensor:
+    """Pick one token id (a 0-d LongTensor) from next-token ``logits`` [V]."""
+    logits = logits.float().clone()
+    if padding_idx is not None:
+        logits[padding_idx] = -float("inf")
+    if greedy:
+        return logits.argmax()
+    lprobs = F.log_softmax(logits / temperature, dim=-1)
+    indices = None
+    if topp > 0:
+        probs, indices = _top_p(lprobs.exp(), topp)
+    elif topk > 0:
+        lprobs, indices = lprobs.topk(min(topk, lprobs.numel()))
+        probs = lprobs.exp()
+    else:
+        probs = lprobs.exp()
+    choice = torch.multinomial(probs, 1, generator=generator)[0]
+    return choice if indices is None else indices[choice]
+
+
+def _top_p(probs: torch.Tensor, topp: float):
+    """The most likely tokens until their cumulative probability reaches
+    ``topp`` (the token that crosses it included, as fairseq does)."""
+    sorted_probs, indices = probs.sort(descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep = int(mass_before.lt(topp).sum().clamp(min=1))
+    return sorted_probs[:keep], indices[:keep]
+
+
+def _check_sampling_args(prompt_ids, max_len, temperature, topk, topp, max_positions) -> None:
+    if prompt_ids.dim() != 1 or prompt_ids.numel() == 0:
+        raise ShardtrainError(
+            f"The prompt must be a non-empty 1-D tensor of token ids (got shape {tuple(prompt_ids.shape)}); "
+            "start it with the end-of-sentence symbol if there is no text, as fairseq does."
+        )
+    if prompt_ids.numel() > max_positions:
+        raise ShardtrainError(
+            f"The prompt has {prompt_ids.numel()} tokens but the model has only {max_positions} "
+            "positions; shorten the prompt."
+        )
+    checks = [
+        (max_len >= 0, f"the maximum length must be >= 0 (got {max_len})"),
+        (temperature > 0, f"--temperature must be > 0 (got {temperature}); use greedy decoding instead of 0"),
+        (topk >= 0, f"--sampling-topk must be >= 0 (got {topk}); 0 disables it"),
+        (0 <= topp <= 1, f"--sampling-topp must be in [0, 1] (got {topp}); 0 disables it"),
+    ]
+    problems = [message for ok, message in checks if not ok]
+    if problems:
+        raise ConfigError("Invalid sampling settings: " + "; ".join(problems) + ".")
