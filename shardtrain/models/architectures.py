@@ -6,10 +6,11 @@ override them. Two deliberate differences from fairseq:
 * fairseq's ``base_lm_architecture`` *forces* ``decoder_normalize_before`` and
   ``base_gpt3_architecture`` forces shared embeddings and input/output dims;
   here they are defaults like everything else, so flags can still change them.
-* fairseq derives ``decoder_input_dim``/``decoder_output_dim`` (and, for GPT-3,
-  ``decoder_ffn_embed_dim = 4 * embed``) from the final ``decoder_embed_dim``.
-  A preset is a static dict, so the derived values are the preset's own: when
-  overriding ``--decoder-embed-dim``, override those too.
+* ``decoder_input_dim``/``decoder_output_dim`` default to the final
+  ``decoder_embed_dim`` (as fairseq derives them). fairseq also derives GPT-3's
+  ``decoder_ffn_embed_dim = 4 * embed``; a preset is a static dict, so that
+  one is the preset's own: when overriding ``--decoder-embed-dim``, override
+  ``--decoder-ffn-embed-dim`` too.
 
 ``transformer_lm_wiki103`` is absent: it needs adaptive input/softmax.
 """
@@ -22,8 +23,6 @@ def _base_lm(embed_dim: int, **values) -> Dict:
     """fairseq's ``base_lm_architecture`` on top of a preset's own values."""
     preset = {
         "decoder_embed_dim": embed_dim,
-        "decoder_input_dim": embed_dim,
-        "decoder_output_dim": embed_dim,
         # fairseq: "Model training is not stable without this".
         "decoder_normalize_before": True,
     }

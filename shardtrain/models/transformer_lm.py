@@ -60,8 +60,10 @@ class TransformerLanguageModelConfig:
     attention_dropout: float = field(0.0, help="dropout probability for attention weights")
     activation_dropout: float = field(0.0, help="dropout probability after activation in FFN")
     decoder_embed_dim: int = field(512, help="decoder embedding dimension")
-    decoder_output_dim: int = field(512, help="decoder output dimension")
-    decoder_input_dim: int = field(512, help="decoder input dimension")
+    # fairseq defaults these to 512 whatever --decoder-embed-dim is, so a smaller
+    # model silently grows 512-wide projections; None follows the embed dim.
+    decoder_output_dim: Optional[int] = field(None, help="decoder output dimension (default: --decoder-embed-dim)")
+    decoder_input_dim: Optional[int] = field(None, help="decoder input dimension (default: --decoder-embed-dim)")
     decoder_ffn_embed_dim: int = field(2048, help="decoder embedding dimension for FFN")
     decoder_layers: int = field(6, help="num decoder layers")
     decoder_attention_heads: int = field(8, help="num decoder attention heads")
@@ -83,9 +85,15 @@ class TransformerLanguageModelConfig:
     )
 
 
+def io_dims(cfg):
+    """(input dim, output dim); unset ones follow --decoder-embed-dim."""
+    return cfg.decoder_input_dim or cfg.decoder_embed_dim, cfg.decoder_output_dim or cfg.decoder_embed_dim
+
+
 def check_config(cfg, vocab_size: int, padding_idx: int, max_positions: int) -> None:
     """Reject invalid or incompatible model flags with a message naming them."""
     embed, heads = cfg.decoder_embed_dim, cfg.decoder_attention_heads
+    input_dim, output_dim = io_dims(cfg)
     sinusoidal = not cfg.no_token_positional_embeddings and not cfg.decoder_learned_pos
     checks = [
         (cfg.activation_fn in ACTIVATION_FNS,
@@ -93,9 +101,9 @@ def check_config(cfg, vocab_size: int, padding_idx: int, max_positions: int) -> 
         (heads > 0 and embed % heads == 0,
          f"--decoder-embed-dim ({embed}) must be a multiple of --decoder-attention-heads ({heads}); "
          "change one of them."),
-        (not cfg.share_decoder_input_output_embed or cfg.decoder_input_dim == cfg.decoder_output_dim,
-         f"--share-decoder-input-output-embed needs --decoder-input-dim ({cfg.decoder_input_dim}) equal "
-         f"to --decoder-output-dim ({cfg.decoder_output_dim}); make them equal or drop the sharing flag."),
+        (not cfg.share_decoder_input_output_embed or input_dim == output_dim,
+         f"--share-decoder-input-output-embed needs --decoder-input-dim ({input_dim}) equal "
+         f"to --decoder-output-dim ({output_dim}); make them equal or drop the sharing flag."),
         (not sinusoidal or embed >= 4,
          f"sinusoidal positions need --decoder-embed-dim of at least 4 (got {embed}); use a larger "
          "dimension or --decoder-learned-pos."),
@@ -109,9 +117,8 @@ def check_config(cfg, vocab_size: int, padding_idx: int, max_positions: int) -> 
         value = getattr(cfg, name)
         flag = "--" + name.replace("_", "-")
         checks.append((0.0 <= value < 1.0, f"{flag} must be in [0, 1) (got {value})."))
-    for name in ("decoder_embed_dim", "decoder_input_dim", "decoder_output_dim",
-                 "decoder_ffn_embed_dim"):
-        value = getattr(cfg, name)
+    for name, value in (("decoder_embed_dim", embed), ("decoder_input_dim", input_dim),
+                        ("decoder_output_dim", output_dim), ("decoder_ffn_embed_dim", cfg.decoder_ffn_embed_dim)):
         checks.append((value > 0, f"--{name.replace('_', '-')} must be positive (got {value})."))
     checks.append((cfg.decoder_layers >= 0, f"--decoder-layers must be >= 0 (got {cfg.decoder_layers})."))
     problems = [message for ok, message in checks if not ok]
@@ -132,7 +139,7 @@ class TransformerLanguageModel(nn.Module):
     def __init__(self, cfg, vocab_size: int, padding_idx: int, max_positions: int):
         super().__init__()
         check_config(cfg, vocab_size, padding_idx, max_positions)
-        embed_dim, input_dim, output_dim = cfg.decoder_embed_dim, cfg.decoder_input_dim, cfg.decoder_output_dim
+        embed_dim, (input_dim, output_dim) = cfg.decoder_embed_dim, io_dims(cfg)
         self.padding_idx = padding_idx
         self.max_positions = max_positions
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(embed_dim)

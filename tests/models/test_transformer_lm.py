@@ -51,7 +51,7 @@ def test_config_defaults_are_fairseqs():
     cfg = TransformerLanguageModelConfig()
     expected = dict(
         activation_fn="relu", dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
-        decoder_embed_dim=512, decoder_output_dim=512, decoder_input_dim=512,
+        decoder_embed_dim=512, decoder_output_dim=None, decoder_input_dim=None,  # None: follow embed dim
         decoder_ffn_embed_dim=2048, decoder_layers=6, decoder_attention_heads=8,
         decoder_normalize_before=False, no_decoder_final_norm=False,
         share_decoder_input_output_embed=False, decoder_learned_pos=False,
@@ -95,6 +95,8 @@ def test_projections_exist_only_when_dims_differ():
     same = tiny_model()
     assert same.project_in_dim is None and same.project_out_dim is None
     other = tiny_model(decoder_input_dim=12, decoder_output_dim=20)
+    default = tiny_model(decoder_input_dim=None, decoder_output_dim=None)
+    assert default.project_in_dim is None and default.project_out_dim is None  # follow the embed dim
     assert other.project_in_dim.weight.shape == (16, 12)
     assert other.project_out_dim.weight.shape == (20, 16)
     assert other.output_projection.weight.shape == (VOCAB, 20)
