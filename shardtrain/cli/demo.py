@@ -49,7 +49,7 @@ def main(argv):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="shardtrain-demo", help="where the corpus, data-bin and checkpoints go")
     parser.add_argument("--corpus-mb", type=float, default=4.0, help="size of the stdlib corpus in MB")
-    parser.add_argument("--max-update", type=int, default=600, help="updates in total (the demo resumes halfway)")
+    parser.add_argument("--max-update", type=int, default=1200, help="updates in total (the demo resumes halfway)")
     parser.add_argument("--log-format", default="tqdm", choices=("tqdm", "simple", "json", "none"))
     args = parser.parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)

@@ -85,3 +85,45 @@ def test_console_entry_points_exit_cleanly_on_bad_input(tmp_path):
     assert "does not exist" in result.stderr and "shard-preprocess" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "ck").exists() or not os.listdir(tmp_path / "ck")
+
+
+def test_finetune_reset_flags_and_tensorboard(data_bin, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    a = str(tmp_path / "a")
+    run_train(data_bin, a, "--max-update", "3")
+    # --finetune-from-model: the weights of A, counters and optimizer fresh (a tiny lr keeps weights ~A's)
+    b, tb = str(tmp_path / "b"), str(tmp_path / "tb")
+    run_train(data_bin, b, "--max-update", "2", "--finetune-from-model", f"{a}/checkpoint_last.pt",
+              "--lr", "1e-12", "--tensorboard-logdir", tb)
+    wa, wb = weights(f"{a}/checkpoint_last.pt"), weights(f"{b}/checkpoint_last.pt")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-8) for k in wa)
+    state_b = torch.load(f"{b}/checkpoint_last.pt", weights_only=True)
+    assert state_b["train_state"]["num_updates"] == 2
+    # tensorboard's own reader sees the train_inner and valid scalars
+    inner = EventAccumulator(os.path.join(tb, "train_inner"))
+    inner.Reload()
+    assert [e.step for e in inner.Scalars("loss")] == [1, 2]
+    valid = EventAccumulator(os.path.join(tb, "valid"))
+    valid.Reload()
+    assert {"loss", "ppl"} <= set(valid.Tags()["scalars"])
+
+    # resume A with --reset-optimizer/--reset-lr-scheduler/--reset-meters/--reset-dataloader
+    run_train(data_bin, a, "--max-update", "5", "--reset-optimizer", "--reset-lr-scheduler", "--reset-meters",
+              "--reset-dataloader")
+    state = torch.load(f"{a}/checkpoint_last.pt", weights_only=True)
+    assert state["train_state"]["num_updates"] == 5  # the update count continues
+    steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
+    assert steps == {2}  # a fresh Adam took two steps
+    assert state["train_iterator"]["iterations_in_epoch"] == 2  # the data restarted at the epoch's start
+
+
+def test_patience_and_stop_time_end_training_early(data_bin, tmp_path):
+    # a negligible lr keeps the valid loss flat: the first validation sets the best, two more do not beat it
+    log = run_train(data_bin, str(tmp_path / "p"), "--max-update", "50", "--lr", "1e-12", "--patience", "2",
+                    "--validate-interval-updates", "1", "--save-interval-updates", "1")
+    assert [int(r["valid_num_updates"]) for r in json_records(log, "valid")] == [1, 2, 3]
+    log = run_train(data_bin, str(tmp_path / "t"), "--max-update", "50", "--stop-time-hours", "1e-9")
+    assert len(json_records(log, "train_inner")) == 1
+    state = torch.load(str(tmp_path / "t" / "checkpoint_last.pt"), weights_only=True)
+    assert state["train_state"]["num_updates"] == 1  # stopping saved a checkpoint to resume from
