@@ -9,7 +9,7 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
-from shardtrain.data.indexed_dataset import atomic_write_bytes
+from shardtrain.fileio import atomic_write_bytes
 from shardtrain.data.tokenizers import tokenize_line
 from shardtrain.errors import DataError
 

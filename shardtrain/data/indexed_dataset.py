@@ -10,7 +10,6 @@ import itertools
 import os
 import shutil
 import struct
-import uuid
 from array import array
 from typing import List
 
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from shardtrain.errors import DataError
+from shardtrain.fileio import open_new, remove_quietly, temp_sibling
 
 _MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = struct.Struct("<9sQBQ")  # magic, version, dtype code, item count
@@ -243,13 +243,13 @@ class MMapIndexedDatasetBuilder:
             os.replace(self._tmp_bin, self._bin_path)
             os.replace(tmp_idx, idx_path)
         except BaseException:
-            _remove_quietly(tmp_idx)
+            remove_quietly(tmp_idx)
             self.abort()
             raise
 
     def abort(self) -> None:
         self._file.close()
-        _remove_quietly(self._tmp_bin)
+        remove_quietly(self._tmp_bin)
 
 
 def write_index(f, dtype, sizes: np.ndarray) -> None:
@@ -266,39 +266,7 @@ def write_index(f, dtype, sizes: np.ndarray) -> None:
         total += int(nbytes.sum())
 
 
-def temp_sibling(path: str) -> str:
-    """A unique temporary name in ``path``'s directory, so ``os.replace`` stays atomic."""
-    directory, name = os.path.split(os.path.abspath(path))
-    return os.path.join(directory, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-def open_new(path: str):
-    # os.open with 0o666 keeps the user's umask (mkstemp would force 0600).
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb")
-
-
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``path`` so readers see the old file or the whole new one, never a part."""
-    tmp = temp_sibling(path)
-    try:
-        with open_new(tmp) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-
-
 def _fsync_close(f) -> None:
     f.flush()
     os.fsync(f.fileno())
     f.close()
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass

@@ -17,7 +17,7 @@ from typing import Dict, Optional
 from shardtrain.config.fields import field
 from shardtrain.data.binarize import binarize_file, count_symbols, iter_lines
 from shardtrain.data.dictionary import Dictionary
-from shardtrain.data.indexed_dataset import atomic_write_bytes
+from shardtrain.fileio import atomic_write_bytes
 from shardtrain.data.tokenizers import (PREPROCESS_JSON, SPM_MODEL_FILE, SPM_MODEL_TYPES, TOKENIZERS,
                                         SentencePieceTokenizer, SpaceTokenizer, load_tokenizer, tokenizer_spec,
                                         train_sentencepiece)

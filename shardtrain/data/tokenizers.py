@@ -14,7 +14,7 @@ from typing import Iterable, List, Optional
 
 import sentencepiece as spm
 
-from shardtrain.data.indexed_dataset import atomic_write_bytes
+from shardtrain.fileio import atomic_write_bytes
 from shardtrain.errors import ConfigError, DataError
 
 PREPROCESS_JSON = "preprocess.json"

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 import torch
 
 from shardtrain.errors import CheckpointError
+from shardtrain.fileio import atomic_open, fsync_dir, remove_quietly, temp_sibling
 
 logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -84,7 +85,7 @@ class CheckpointManager:
         _atomic_torch_save({"version": FORMAT_VERSION, **state}, paths[0])
         for path in paths[1:]:
             _atomic_link_or_copy(paths[0], path)
-        _fsync_dir(self.cfg.save_dir)
+        fsync_dir(self.cfg.save_dir)
         self.prune()
         return paths
 
@@ -124,20 +125,12 @@ def load_checkpoint(path: str) -> Dict:
 
 
 def _atomic_torch_save(obj, path: str) -> None:
-    tmp = _tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
+    with atomic_open(path) as f:
+        torch.save(obj, f)
 
 
 def _atomic_link_or_copy(src: str, dst: str) -> None:
-    tmp = _tmp_name(dst)
+    tmp = temp_sibling(dst)
     try:
         try:
             os.link(src, tmp)
@@ -145,25 +138,5 @@ def _atomic_link_or_copy(src: str, dst: str) -> None:
             shutil.copyfile(src, tmp)
         os.replace(tmp, dst)
     except BaseException:
-        _remove_quietly(tmp)
+        remove_quietly(tmp)
         raise
-
-
-def _tmp_name(path: str) -> str:
-    directory, name = os.path.split(path)
-    return os.path.join(directory, f".{name}.tmp-{os.getpid()}")
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -5,18 +5,14 @@ import shutil
 
 import pytest
 
-from shardtrain.cli import preprocess, train, validate
-from st_testutils import MarkovChain, tiny_model_flags, write_markov_corpus
+from shardtrain.cli import train, validate
+from st_testutils import make_space_data_bin, tiny_model_flags
 
 
 @pytest.fixture(scope="module")
 def good_bin(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bad-input")
-    paths = write_markov_corpus(str(root / "text"), MarkovChain(n=6, seed=4), 3000, 300, line_len=30)
-    dest = str(root / "data-bin")
-    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
-                     "--destdir", dest, "--no-progress-bar"])
-    return dest
+    return make_space_data_bin(str(tmp_path_factory.mktemp("bad-input")), n_words=6, train_tokens=3000,
+                               valid_tokens=300, line_len=30, seed=4)
 
 
 def copy_bin(good_bin, tmp_path, mutate=None):
@@ -82,11 +78,8 @@ def test_bad_train_input(name, good_bin, tmp_path, capsys):
 def test_checkpoint_from_another_vocabulary_is_refused(good_bin, tmp_path, capsys):
     save = str(tmp_path / "ck")
     train.main([good_bin, *tiny_model_flags(), "--max-update", "1", "--save-dir", save])
-    other = tmp_path / "other-text"
-    paths = write_markov_corpus(str(other), MarkovChain(n=9, seed=5), 3000, 300, line_len=30)
-    other_bin = str(tmp_path / "other-bin")
-    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
-                     "--destdir", other_bin, "--no-progress-bar"])
+    other_bin = make_space_data_bin(str(tmp_path / "other"), n_words=9, train_tokens=3000, valid_tokens=300,
+                                    line_len=30, seed=5)
     before = sorted(os.listdir(save))
     with pytest.raises(SystemExit) as info:
         train.main([other_bin, *tiny_model_flags(), "--max-update", "2", "--save-dir", save])

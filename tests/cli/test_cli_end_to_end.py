@@ -6,18 +6,14 @@ import sys
 import pytest
 import torch
 
-from shardtrain.cli import generate, preprocess, train, validate
-from st_testutils import MarkovChain, json_records, tiny_model_flags, write_markov_corpus
+from shardtrain.cli import generate, train, validate
+from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    paths = write_markov_corpus(str(root / "text"), MarkovChain(n=12, seed=1), 20000, 2000, line_len=50)
-    dest = str(root / "data-bin")
-    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
-                     "--destdir", dest, "--no-progress-bar"])
-    return dest
+    return make_space_data_bin(str(tmp_path_factory.mktemp("e2e")), n_words=12, train_tokens=20000,
+                               valid_tokens=2000, line_len=50, seed=1)
 
 
 def run_train(data_bin, save_dir, *extra):
