@@ -66,8 +66,10 @@ class Run:
         return self.trainer.state.prev_training_time + time.time() - self.run_start
 
     def checkpoint_state(self, epoch_itr) -> Dict:
-        return {"cfg": to_dict(self.cfg), "task_fingerprint": self.task.fingerprint(), **self.trainer.state_dict(),
-                "train_iterator": epoch_itr.state_dict(), "meters": self.metrics.state_dict()}
+        state = {"cfg": to_dict(self.cfg), "task_fingerprint": self.task.fingerprint(), **self.trainer.state_dict(),
+                 "train_iterator": epoch_itr.state_dict(), "meters": self.metrics.state_dict()}
+        state["train_state"]["prev_training_time"] = self.training_seconds()  # for --stop-time-hours on resume
+        return state
 
     def close(self) -> None:
         if self.tensorboard is not None:
@@ -150,8 +152,7 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
         state.num_bad_validations = 0 if is_best else state.num_bad_validations + 1
         state.best = valid_loss if is_best else state.best
     if do_save and not ck.no_save:
-        state.prev_training_time, start = run.training_seconds(), time.time()
-        run.run_start = start
+        start = time.time()
         names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)
         paths = run.checkpoints.save(run.checkpoint_state(epoch_itr), names)
         logger.info(f"saved checkpoint {paths[0] if paths else '-'} (epoch {epoch} @ {updates} updates, "
