@@ -14,7 +14,8 @@ from shardtrain.errors import ConfigError
 
 _TITLES = {
     "components": "components", "common": "common", "dataset": "dataset and batching",
-    "optimization": "optimization", "checkpoint": "checkpointing", "task": "task ({})",
+    "optimization": "optimization", "checkpoint": "checkpointing", "distributed": "distributed training",
+    "task": "task ({})",
     "model": "model ({})", "criterion": "criterion ({})", "optimizer": "optimizer ({})",
     "lr_scheduler": "lr scheduler ({})",
 }

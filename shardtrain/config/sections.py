@@ -35,6 +35,8 @@ class CommonConfig:
     user_dir: Optional[str] = field(None, help="path to a Python package with custom tasks/models/... to import")
     no_progress_bar: bool = field(False, help="disable the progress bar (log with the simple format)")
     threads: int = field(0, help="CPU threads for torch (0: torch's default)")
+    bf16: bool = field(False, help="compute in bfloat16 (fp32 master weights)")
+    fp16: bool = field(False, help="compute in float16 (fp32 master weights)")
 
 
 @dataclasses.dataclass
@@ -86,12 +88,47 @@ class CheckpointConfig:
     patience: int = field(-1, help="stop after N validations without improvement (-1: never)")
 
 
+DDP_BACKENDS = ("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d", "fully_sharded")
+SHARDING_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2")
+
+
+@dataclasses.dataclass
+class DistributedConfig:
+    distributed_world_size: Optional[int] = field(
+        None, help="number of processes (default: all visible GPUs, or 1 on a CPU-only machine); under torchrun "
+                   "or SLURM the launcher's world size is used")
+    distributed_backend: Optional[str] = field(
+        None, help="torch.distributed backend (default: nccl on CUDA, gloo on CPU)", choices=("nccl", "gloo"))
+    distributed_init_method: Optional[str] = field(
+        None, help="rendezvous URL, e.g. tcp://host:port or file:///shared/path (default: from the launcher's "
+                   "environment, or a file in a temporary directory when shard-train spawns the processes)")
+    heartbeat_timeout: int = field(
+        -1, help="seconds a collective may wait before the job fails (-1: 1800); a dead rank ends the job after this")
+    ddp_backend: str = field("pytorch_ddp", help="data-parallel backend", choices=DDP_BACKENDS)
+    bucket_cap_mb: int = field(25, help="DDP gradient bucket size in MB")
+    find_unused_parameters: bool = field(False, help="DDP: allow parameters that get no gradient")
+    gradient_as_bucket_view: bool = field(False, help="DDP: gradients are views into the all-reduce buckets")
+    fsdp_sharding_strategy: str = field("full_shard", help="fully_sharded: how parameters, gradients and optimizer "
+                                        "state are sharded (hybrid_*: shard within --shard-group-size ranks, "
+                                        "replicate across groups)", choices=SHARDING_STRATEGIES)
+    shard_group_size: Optional[int] = field(None, help="ranks per shard group for hybrid_* (default: ranks per node)")
+    no_reshard_after_forward: bool = field(False, help="fully_sharded: keep gathered parameters from forward to "
+                                           "backward (more memory, less communication; ZeRO-2 like)")
+    cpu_offload: bool = field(False, help="fully_sharded: keep parameter shards, gradients and optimizer state in "
+                              "CPU memory")
+    min_params_to_wrap: int = field(100_000_000, help="fully_sharded, for models without blocks: group modules into "
+                                    "FSDP units of at least this many parameters")
+    reduce_in_low_precision: bool = field(False, help="with --bf16/--fp16: reduce gradients in that precision "
+                                          "instead of fp32")
+
+
 SECTIONS = {
     "components": ComponentsConfig,
     "common": CommonConfig,
     "dataset": DatasetConfig,
     "optimization": OptimizationConfig,
     "checkpoint": CheckpointConfig,
+    "distributed": DistributedConfig,
 }
 
 # component slot -> the ComponentsConfig field that names it
@@ -113,6 +150,7 @@ class ShardtrainConfig:
     dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)
     optimization: OptimizationConfig = dataclasses.field(default_factory=OptimizationConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     task: Any = None
     model: Any = None
     criterion: Any = None
