@@ -24,6 +24,7 @@ from make_data import random_data_bin  # noqa: E402
 from shardtrain.config.build import parse_train_args  # noqa: E402
 from shardtrain.trainer import build  # noqa: E402
 from shardtrain.trainer.backends import build_backend  # noqa: E402
+from shardtrain.trainer.launch import make_context  # noqa: E402
 from shardtrain.trainer.precision import build_precision  # noqa: E402
 from shardtrain.trainer.run_metrics import RunMetrics  # noqa: E402
 from shardtrain.trainer.trainer import Trainer  # noqa: E402
@@ -44,8 +45,8 @@ def setup(data: str, threads: int):
 
 class Ours:
     def __init__(self, cfg, task, model, criterion):
-        backend = build_backend("single_process", torch.device("cpu"))
-        self.trainer = Trainer(cfg, task, model, criterion, backend, build_precision(cfg))
+        backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None))
+        self.trainer = Trainer(cfg, task, model, criterion, backend, build_precision(cfg, backend))
         self.metrics = RunMetrics(torch.device("cpu"))
 
     def step(self, batch):

@@ -1,15 +1,13 @@
-"""``shard-train DATA --task ... --arch ...``: train a model."""
+"""``shard-train DATA --task ... --arch ...``: train a model (on one or many processes)."""
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer import loop
-from shardtrain.trainer.logging_setup import setup_logging
+from shardtrain.trainer import launch, loop
 
 
 @cli_entry("shard-train")
 def main(argv):
     cfg = parse_train_args(argv)
-    setup_logging(cfg.common.log_file)
-    loop.main(cfg)
+    return launch.call_main(cfg, loop.main)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,15 @@ RULES: List[Tuple[Callable, str]] = [
         or c.checkpoint.reset_dataloader),
      "--finetune-from-model already resets optimizer, lr scheduler, meters and data position; "
      "drop the --reset-* flags."),
+    (lambda c: c.common.fp16 and c.common.bf16, "--fp16 and --bf16 both pick the compute precision. Use one."),
+    (lambda c: c.common.fp16 and not c.common.bf16,
+     "--fp16 needs dynamic loss scaling, which this version does not have yet; use --bf16 (the same memory "
+     "savings, no loss scaling needed) or fp32."),
+    (lambda c: c.distributed.cpu_offload and c.distributed.ddp_backend != "fully_sharded",
+     "--cpu-offload needs --ddp-backend fully_sharded (it offloads the parameter shards); "
+     "add --ddp-backend fully_sharded or drop --cpu-offload."),
+    (lambda c: c.distributed.distributed_world_size is not None and c.distributed.distributed_world_size < 1,
+     "--distributed-world-size must be at least 1."),
     (lambda c: c.checkpoint.no_save and c.checkpoint.save_interval_updates > 0,
      "--no-save and --save-interval-updates contradict each other. Drop one of them."),
 ]

@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from shardtrain.models.init import init_
+
 
 def make_positions(tokens: torch.Tensor, padding_idx: int, offset: int = 0) -> torch.Tensor:
     """Positions of ``tokens`` [B, T]: non-pad tokens are numbered
@@ -43,9 +45,12 @@ def sinusoidal_table(
     return table
 
 
-@torch.no_grad()
 def init_embedding(weight: torch.Tensor, padding_idx: int) -> None:
     """fairseq's ``Embedding`` init: normal(0, dim**-0.5), zero padding row."""
+    init_(weight, _embedding_init, padding_idx)
+
+
+def _embedding_init(weight: torch.Tensor, padding_idx: int) -> None:
     nn.init.normal_(weight, mean=0.0, std=weight.size(1) ** -0.5)
     weight[padding_idx].zero_()
 

@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from shardtrain.models.init import init_
+
 # fairseq's --activation-fn names. gelu_fast is fairseq's deprecated alias of
 # gelu_accurate (the tanh approximation); swish is fairseq's name for silu.
 ACTIVATION_FNS = {
@@ -80,9 +82,9 @@ class SelfAttention(nn.Module):
         # distribution, without slicing (awkward on sharded parameters).
         gain = 1 / math.sqrt(2)
         bound = gain * math.sqrt(6.0 / (self.embed_dim + self.embed_dim))
-        nn.init.uniform_(self.qkv_proj.weight, -bound, bound)
+        init_(self.qkv_proj.weight, nn.init.uniform_, -bound, bound)
         nn.init.zeros_(self.qkv_proj.bias)
-        nn.init.xavier_uniform_(self.out_proj.weight)
+        init_(self.out_proj.weight, nn.init.xavier_uniform_)
         nn.init.zeros_(self.out_proj.bias)
 
     def forward(self, x: torch.Tensor, cache: Optional[LayerKVCache] = None) -> torch.Tensor:
@@ -153,7 +155,7 @@ class TransformerDecoderBlock(nn.Module):
         for fc in (self.fc1, self.fc2):
             # fairseq's fc1/fc2 are plain nn.Linear, so their weights get
             # PyTorch's default (kaiming_uniform with a=sqrt(5)); biases zero.
-            nn.init.kaiming_uniform_(fc.weight, a=math.sqrt(5))
+            init_(fc.weight, nn.init.kaiming_uniform_, a=math.sqrt(5))
             nn.init.zeros_(fc.bias)
 
     def forward(self, x: torch.Tensor, cache: Optional[LayerKVCache] = None) -> torch.Tensor:

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from shardtrain.config.fields import field
 from shardtrain.errors import ConfigError
+from shardtrain.models.init import init_
 from shardtrain.models.positions import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEmbedding,
@@ -186,7 +187,7 @@ class TransformerLanguageModel(nn.Module):
         """
         init_embedding(self.embed_tokens.weight, self.padding_idx)
         if self.project_in_dim is not None:
-            nn.init.xavier_uniform_(self.project_in_dim.weight)
+            init_(self.project_in_dim.weight, nn.init.xavier_uniform_)
         if self.embed_positions is not None:
             self.embed_positions.init_weights()
         for norm in (self.layernorm_embedding, self.layer_norm):
@@ -196,10 +197,10 @@ class TransformerLanguageModel(nn.Module):
         for block in self.blocks:
             block.init_weights()
         if self.project_out_dim is not None:
-            nn.init.xavier_uniform_(self.project_out_dim.weight)
+            init_(self.project_out_dim.weight, nn.init.xavier_uniform_)
         if self.output_projection is not None:
             weight = self.output_projection.weight
-            nn.init.normal_(weight, mean=0.0, std=weight.size(1) ** -0.5)
+            init_(weight, nn.init.normal_, mean=0.0, std=weight.size(1) ** -0.5)
 
     def output_weight(self) -> torch.Tensor:
         """The [V, output_dim] matrix that maps features to logits."""

@@ -24,6 +24,17 @@ def build_model(cfg, task):
     return task.build_model(info.obj, cfg.model)
 
 
+def init_weights(model, seed: int) -> None:
+    """The canonical initialisation: ``model.init_weights()`` from a freshly seeded
+    RNG. Every backend ends with it (FSDP after materialising its shards), so a
+    seed gives the same weights whatever the backend or world size. Models
+    without ``init_weights`` keep their constructor's initialisation."""
+    if hasattr(model, "init_weights"):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            model.init_weights()
+
+
 def build_criterion(cfg, task):
     info = resolve(cfg.components)["criterion"]
     return task.build_criterion(info.obj, cfg.criterion, sentence_avg=cfg.optimization.sentence_avg)

@@ -4,6 +4,7 @@ fairseq_cli/train.py in shape: ``main`` builds everything, then runs epochs;
 ``validate_and_save`` decides, after every update, whether to validate and
 which checkpoints to write.
 """
+import contextlib
 import itertools
 import logging
 import time
@@ -15,6 +16,7 @@ from omegaconf import OmegaConf
 from shardtrain.config.build import to_dict
 from shardtrain.trainer import build
 from shardtrain.trainer.backends import build_backend
+from shardtrain.trainer.logging_setup import setup_logging
 from shardtrain.trainer.checkpoints import CheckpointManager
 from shardtrain.trainer.meters import MetricsLogger
 from shardtrain.trainer.precision import build_precision
@@ -29,21 +31,23 @@ logger = logging.getLogger(__name__)
 class Run:
     """Everything one training run holds; the functions below drive it."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, ctx):
         self.cfg = cfg
         if cfg.common.threads > 0:
             torch.set_num_threads(cfg.common.threads)
         torch.manual_seed(cfg.common.seed)
-        device = build.select_device(cfg)
-        self.backend = build_backend("single_process", device)
+        self.backend = build_backend(cfg, ctx)
         self.task = build.build_task(cfg)
         self.checkpoints = CheckpointManager(cfg.checkpoint, is_master=self.backend.is_master)
         self.checkpoints.check_writable()
-        model = build.build_model(cfg, self.task)
+        with torch.device("meta") if self.backend.init_on_meta else contextlib.nullcontext():
+            model = build.build_model(cfg, self.task)
+        if not self.backend.init_on_meta:
+            build.init_weights(model, cfg.common.seed)
         build.log_model_size(model)
         criterion = build.build_criterion(cfg, self.task)
-        self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, build_precision(cfg))
-        self.metrics = RunMetrics(device)
+        self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, build_precision(cfg, self.backend))
+        self.metrics = RunMetrics(ctx.device)
         tb_dir = cfg.common.tensorboard_logdir
         self.tensorboard = TensorboardWriter(tb_dir) if tb_dir and self.backend.is_master else None
         self.run_start = time.time()
@@ -74,13 +78,15 @@ class Run:
     def close(self) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
+        self.backend.close()
 
 
-def main(cfg) -> Optional[float]:
-    """Train until a stopping rule fires; return the last validation loss."""
+def main(cfg, ctx) -> Optional[float]:
+    """Train until a stopping rule fires; return the last validation loss. Runs on every rank."""
+    setup_logging(cfg.common.log_file, ctx.rank)
     logger.info("config:\n" + OmegaConf.to_yaml(cfg))
     start = time.time()
-    run = Run(cfg)
+    run = Run(cfg, ctx)
     try:
         epoch_itr = restore(run)
         opt = cfg.optimization
@@ -101,6 +107,7 @@ def main(cfg) -> Optional[float]:
 def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
     cfg, trainer = run.cfg, run.trainer
     itr = epoch_itr.next_epoch_itr(shuffle=True)
+    trainer.set_dummy_batch(epoch_itr.first_batch)
     update_freq = cfg.optimization.update_freq
     progress = run.progress(itr, epoch_itr.epoch, prefix=None)
     trainer.lr_step_begin_epoch(epoch_itr.epoch)

@@ -4,6 +4,7 @@ import os
 from typing import Dict
 
 from shardtrain.errors import CheckpointError
+from shardtrain.trainer.backends import unwrap
 from shardtrain.trainer.checkpoints import load_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def load_model_weights(trainer, state: Dict, path: str, cfg, load: bool = True) 
     saved = state["cfg"]
     saved_arch = saved.get("components", {}).get("arch")
     model = state["model"]
-    own = trainer.model.state_dict()
+    own = unwrap(trainer.model).state_dict()
     mismatched = [k for k, v in model.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
     missing = sorted(set(own) - set(model))
     unexpected = sorted(set(model) - set(own))

@@ -28,15 +28,22 @@ class Trainer:
         self.backend = backend
         self.precision = precision
         self.device = backend.device
-        self.model = backend.wrap(model.to(self.device))
+        self.model = backend.wrap(model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build.build_optimizer(cfg, self.params, self.device)
+        self.optimizer = build.build_optimizer(cfg, self.params, backend.optimizer_device)
+        self.dummy_batch = None  # stands in for an empty filler batch (see set_dummy_batch)
         self.lr_scheduler = build.build_lr_scheduler(cfg, self.optimizer)
         self.state = TrainState()
 
     @property
     def num_updates(self) -> int:
         return self.state.num_updates
+
+    def set_dummy_batch(self, batch: Dict) -> None:
+        """A real batch to run, with zero weight, when this rank's share of an
+        update is an empty filler: collectives in forward/backward (DDP, FSDP)
+        must run on every rank the same number of times."""
+        self.dummy_batch = self._to_device(batch)
 
     def get_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
@@ -54,13 +61,13 @@ class Trainer:
         logs = []
         for i, sample in enumerate(samples):
             last = i == len(samples) - 1
+            weight = scale if sample else 0.0
             with contextlib.nullcontext() if last else self.backend.no_sync(self.model):
-                if not sample:
-                    continue
                 with self.precision.autocast():
-                    loss, _, log = self.criterion(self.model, sample)
-                self.precision.backward(loss * scale)
-                logs.append(log)
+                    loss, _, log = self.criterion(self.model, sample or self.dummy_batch)
+                self.precision.backward(loss * weight)
+            logs.append(log if sample else {k: 0 * v for k, v in log.items()})
+        self.backend.reduce_grads(self.params)
         return self._update(logs, sample_size)
 
     def _update(self, logs: List[Dict], sample_size: float) -> Dict:
@@ -87,12 +94,9 @@ class Trainer:
     def valid_step(self, sample: Dict) -> List[Dict]:
         self.model.eval()
         sample = self._to_device(sample)
-        logs = []
-        if sample:
-            with self.precision.autocast():
-                _, _, log = self.criterion(self.model, sample)
-            logs.append(log)
-        return self._reduce_logs(logs)
+        with self.precision.autocast():
+            _, _, log = self.criterion(self.model, sample or self.dummy_batch)
+        return self._reduce_logs([log if sample else {k: 0 * v for k, v in log.items()}])
 
     def criterion_sample_size(self, sample: Dict) -> int:
         return sample["target"].size(0) if self.criterion.sentence_avg else sample["ntokens"]
@@ -121,7 +125,7 @@ class Trainer:
     def state_dict(self) -> Dict:
         return {
             "model": self.backend.model_state_dict(self.model),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.backend.optimizer_state_dict(self.model, self.optimizer),
             "lr_scheduler": self.lr_scheduler.state_dict(),
             "precision": self.precision.state_dict(),
             "train_state": self.state.state_dict(),
@@ -133,7 +137,7 @@ class Trainer:
     def load_state_dict(self, state: Dict, *, reset_optimizer=False, reset_lr_scheduler=False) -> None:
         self.load_model(state["model"])
         if not reset_optimizer:
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.backend.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
             self.precision.load_state_dict(state.get("precision", {}))
         self.state.load_state_dict(state["train_state"])
         if not reset_lr_scheduler:

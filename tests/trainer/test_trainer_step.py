@@ -8,6 +8,7 @@ from shardtrain.config.build import parse_train_args
 from shardtrain.data.collate import collate
 from shardtrain.trainer import build
 from shardtrain.trainer.backends import build_backend
+from shardtrain.trainer.launch import make_context
 from shardtrain.trainer.precision import build_precision
 from shardtrain.trainer.trainer import Trainer, TrainingDivergedError
 from st_testutils import make_space_data_bin
@@ -26,8 +27,9 @@ def make_trainer(data_bin, *extra):
     torch.manual_seed(0)
     task = build.build_task(cfg)
     model = build.build_model(cfg, task)
-    trainer = Trainer(cfg, task, model, build.build_criterion(cfg, task),
-                      build_backend("single_process", torch.device("cpu")), build_precision(cfg))
+    build.init_weights(model, cfg.common.seed)
+    backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None))
+    trainer = Trainer(cfg, task, model, build.build_criterion(cfg, task), backend, build_precision(cfg, backend))
     return trainer, task
 
 

@@ -2,14 +2,15 @@
 
 The trainer holds one backend and never branches on which it is. A backend
 wraps the model, says how gradients are reduced, skips communication on
-accumulation steps, computes the global gradient norm and reduces scalars.
-Backends are registered by name (``--ddp-backend`` picks one); each lives in
-its own file.
+accumulation steps, computes the global gradient norm, reduces scalars and
+produces state dicts. Backends are registered by name (``--ddp-backend``
+picks one); each lives in its own file.
 """
 import contextlib
-from typing import Iterable, Optional
+from typing import Dict, Iterable, List
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from shardtrain.registry import Registry
@@ -18,30 +19,49 @@ BACKEND_REGISTRY = Registry("ddp_backend", flag="--ddp-backend")
 
 
 class Backend:
-    rank: int = 0
-    world_size: int = 1
-    #: True when the wrapped model averages gradients over ranks (DDP), so the
-    #: loss must be multiplied by world_size to get a sum.
+    #: True when the wrapped model averages gradients over ranks (DDP, FSDP),
+    #: so the loss is multiplied by world_size to turn that mean into a sum.
     grads_are_averaged: bool = False
+    #: True when the backend builds the model on the meta device and
+    #: materialises it itself (no rank ever holds the full model).
+    init_on_meta: bool = False
+    #: True when the backend casts parameters to --bf16/--fp16 itself (FSDP's
+    #: MixedPrecisionPolicy), so the precision component must not autocast.
+    casts_params: bool = False
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, ctx, cfg):
+        """``ctx``: this rank's DistributedContext; ``cfg``: the run config (the
+        backend reads its own section, ``cfg.distributed``)."""
+        self.ctx = ctx
+        self.cfg = cfg.distributed
+
+    rank = property(lambda self: self.ctx.rank)
+    world_size = property(lambda self: self.ctx.world_size)
+    device = property(lambda self: self.ctx.device)
+    is_master = property(lambda self: self.ctx.rank == 0)
 
     @property
-    def is_master(self) -> bool:
-        return self.rank == 0
+    def optimizer_device(self) -> torch.device:
+        """Where the optimizer state and step live (the CPU under --cpu-offload)."""
+        return self.device
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        return model
+        return model.to(self.device)
 
     def no_sync(self, module: nn.Module):
         """Context for accumulation steps: no gradient communication."""
         return contextlib.nullcontext()
 
+    def reduce_grads(self, params: List[nn.Parameter]) -> None:
+        """Called after the last backward of an update; backends that reduce
+        during backward (DDP, FSDP) have nothing left to do."""
+
     def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(values)
         return values
 
-    def grad_norm(self, params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+    def grad_norm(self, params: Iterable[nn.Parameter]) -> torch.Tensor:
         """Norm of the full (unsharded) gradient."""
         grads = [p.grad for p in params if p.grad is not None]
         return torch.nn.utils.get_total_norm(grads, foreach=True)
@@ -50,18 +70,25 @@ class Backend:
         # takes the parameters (it scales their .grad), unlike get_total_norm above
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm, foreach=True)
 
-    def model_state_dict(self, module: nn.Module):
-        return module.state_dict()
+    def model_state_dict(self, module: nn.Module) -> Dict:
+        return unwrap(module).state_dict()
 
-    def load_model_state_dict(self, module: nn.Module, state_dict, strict: bool = True):
-        return module.load_state_dict(state_dict, strict=strict)
+    def load_model_state_dict(self, module: nn.Module, state_dict: Dict) -> None:
+        unwrap(module).load_state_dict(state_dict)
+
+    def optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> Dict:
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, module: nn.Module, optimizer, state_dict: Dict) -> None:
+        optimizer.load_state_dict(state_dict)
 
     def barrier(self) -> None:
-        pass
+        if self.world_size > 1:
+            dist.barrier()
 
     def close(self) -> None:
         pass
 
 
-def unwrap(module: nn.Module) -> Optional[nn.Module]:
+def unwrap(module: nn.Module) -> nn.Module:
     return getattr(module, "module", module)

@@ -1,0 +1,93 @@
+"""Building blocks of the fully_sharded backend, each with explicit arguments."""
+import os
+import tempfile
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from shardtrain.errors import ConfigError
+
+
+def ensure_process_group(ctx) -> bool:
+    """FSDP needs a process group even on one rank (e.g. one GPU with --cpu-offload);
+    create a 1-rank group if the launcher made none. Returns True if we made it."""
+    if dist.is_initialized():
+        return False
+    path = os.path.join(tempfile.mkdtemp(prefix="shardtrain-pg-"), "rendezvous")
+    dist.init_process_group("nccl" if ctx.device.type == "cuda" else "gloo", init_method=f"file://{path}",
+                            rank=0, world_size=1)
+    return True
+
+
+def shard_group_size(world_size: int, requested: Optional[int]) -> int:
+    if requested is not None:
+        return requested
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or torch.cuda.device_count() or world_size
+    return min(per_node, world_size)
+
+
+def build_mesh(ctx, strategy: str, group_size: Optional[int]):
+    """1-D mesh for full_shard/shard_grad_op; 2-D (replicate, shard) for the others."""
+    world = ctx.world_size
+    if strategy in ("full_shard", "shard_grad_op"):
+        return init_device_mesh(ctx.device.type, (world,), mesh_dim_names=("shard",))
+    size = 1 if strategy == "no_shard" else shard_group_size(world, group_size)
+    if size < 1 or world % size != 0:
+        raise ConfigError(f"--fsdp-sharding-strategy {strategy} shards within groups of --shard-group-size "
+                          f"{size} ranks, which does not divide the world size {world}. Choose a group size "
+                          f"that divides {world}, or change --distributed-world-size.")
+    return init_device_mesh(ctx.device.type, (world // size, size), mesh_dim_names=("replicate", "shard"))
+
+
+def mixed_precision(param_dtype: Optional[torch.dtype], reduce_in_low_precision: bool) -> MixedPrecisionPolicy:
+    """Compute in ``param_dtype`` from fp32 sharded master weights; reduce gradients in fp32
+    unless asked otherwise."""
+    if param_dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=param_dtype,
+                                reduce_dtype=param_dtype if reduce_in_low_precision else torch.float32)
+
+
+def size_based_units(model: nn.Module, min_params: int) -> List[nn.Module]:
+    """For models without ``blocks``: post-order, a module becomes an FSDP unit once
+    the parameters not yet in a unit below it reach ``min_params`` (fairseq's policy)."""
+    units = []
+
+    def visit(module: nn.Module) -> int:
+        remaining = sum(p.numel() for p in module.parameters(recurse=False))
+        for child in module.children():
+            remaining += visit(child)
+        if module is not model and remaining >= min_params:
+            units.append(module)
+            return 0
+        return remaining
+
+    visit(model)
+    return units
+
+
+def apply_fsdp(model: nn.Module, mesh, mp_policy: MixedPrecisionPolicy, *, reshard_after_forward: bool,
+               cpu_offload: bool, min_params_to_wrap: int) -> nn.Module:
+    """fully_shard every block (or size-based unit), then the root; set up prefetching.
+
+    Order matters: inner units first, so the root's unit holds only what is
+    left (embeddings, final norm, output projection).
+    """
+    blocks = getattr(model, "blocks", None)
+    units = list(blocks) if blocks is not None and len(blocks) else size_based_units(model, min_params_to_wrap)
+    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
+    kwargs = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
+    for unit in units:
+        fully_shard(unit, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+    # Explicit prefetch: gather the next unit's parameters while this one computes.
+    for i, unit in enumerate(units):
+        if i + 1 < len(units):
+            unit.set_modules_to_forward_prefetch([units[i + 1]])
+        if i > 0:
+            unit.set_modules_to_backward_prefetch([units[i - 1]])
+    return model

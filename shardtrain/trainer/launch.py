@@ -1,0 +1,321 @@
+"""Start the ranks of a run and give each its torch.distributed process group.
+
+fairseq's ``call_main``, on torch.distributed's own launch conventions:
+
+1. started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT):
+   join its group through ``env://``; main runs once, in this process;
+2. started by ``srun`` with several tasks: rank and world size from SLURM's
+   variables, ``tcp://`` to the first node of the step; main runs once, here;
+3. otherwise, world size > 1: spawn the ranks on this machine; they meet
+   through a file in a fresh temporary directory (no TCP port to collide on);
+4. world size 1: no process group at all; main runs in this process.
+"""
+import dataclasses
+import datetime
+import logging
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from shardtrain.errors import ConfigError, ShardtrainError
+from shardtrain.fileio import atomic_write_bytes
+from shardtrain.trainer import rendezvous
+from shardtrain.trainer.logging_setup import setup_logging
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 1800  # torch's own default for gloo and nccl
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedContext:
+    """Where this rank sits: what main needs to place its model and shard its data."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device  # cuda:<local_rank> when training on CUDA, else cpu
+    backend: Optional[str]  # None when world_size == 1: there is no process group
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+
+class RankFailedError(RuntimeError):
+    """A spawned rank raised an exception that is not a user error: a bug, so its traceback is kept."""
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank
+
+
+def call_main(cfg, main: Callable[[Any, DistributedContext], Any]) -> Any:
+    """Run ``main(cfg, ctx)`` on every rank and return rank 0's result (in the process that called it).
+
+    ``main`` must be a module-level function (it is pickled when ranks are
+    spawned); its result must be picklable.
+    """
+    use_cuda = training_on_cuda(cfg)
+    launched = rendezvous.from_environment(os.environ, cfg.distributed.distributed_init_method)
+    if launched is not None:
+        return _run_launched(cfg, main, launched, use_cuda)
+    gpu_count = torch.cuda.device_count() if use_cuda else 0
+    world_size = resolve_world_size(cfg.distributed.distributed_world_size, use_cuda, gpu_count)
+    if world_size == 1:
+        return main(cfg, make_context(0, 0, 1, use_cuda, backend=None))
+    return _spawn(cfg, main, world_size, use_cuda)
+
+
+def training_on_cuda(cfg) -> bool:
+    return torch.cuda.is_available() and not cfg.common.cpu
+
+
+def resolve_world_size(requested: Optional[int], use_cuda: bool, gpu_count: int) -> int:
+    """``--distributed-world-size``, defaulting to every visible GPU (1 on the CPU)."""
+    if requested is None:
+        return gpu_count if use_cuda else 1
+    if requested < 1:
+        raise ConfigError(f"--distributed-world-size must be at least 1, got {requested}. "
+                          "Pass the number of processes to train with, or leave it out.")
+    if use_cuda and requested > gpu_count:
+        raise ConfigError(
+            f"--distributed-world-size {requested} asks for one process per GPU, but only {gpu_count} "
+            f"GPU{'' if gpu_count == 1 else 's'} {'is' if gpu_count == 1 else 'are'} visible. Pass "
+            f"--distributed-world-size {gpu_count} or less, check CUDA_VISIBLE_DEVICES, or add --cpu to "
+            "train on the CPU with gloo.")
+    return requested
+
+
+def resolve_backend(requested: Optional[str], use_cuda: bool) -> str:
+    """``--distributed-backend``, defaulting to nccl on CUDA and gloo on the CPU."""
+    if not dist.is_available():
+        raise ConfigError("This torch build has no torch.distributed, so it cannot train with several "
+                          "processes. Install a torch build with distributed support, or train with "
+                          "--distributed-world-size 1.")
+    backend = requested or ("nccl" if use_cuda else "gloo")
+    if backend == "nccl" and not (use_cuda and dist.is_nccl_available()):
+        raise ConfigError(
+            "--distributed-backend nccl needs CUDA and a torch build with NCCL, but this run trains on the "
+            "CPU (--cpu, or no GPU visible) or torch has no NCCL. Pass --distributed-backend gloo, or "
+            "leave the flag out to get gloo on the CPU.")
+    return backend
+
+
+def process_group_timeout(heartbeat_timeout: int) -> datetime.timedelta:
+    """How long a collective may wait for a lost rank before the job fails."""
+    return datetime.timedelta(seconds=heartbeat_timeout if heartbeat_timeout > 0 else DEFAULT_TIMEOUT_S)
+
+
+def make_context(rank: int, local_rank: int, world_size: int, use_cuda: bool,
+                 backend: Optional[str]) -> DistributedContext:
+    if not use_cuda:
+        return DistributedContext(rank, local_rank, world_size, torch.device("cpu"), backend)
+    gpu_count = torch.cuda.device_count()
+    if local_rank >= gpu_count:
+        raise ConfigError(
+            f"Rank {rank} has local rank {local_rank}, but only {gpu_count} GPU(s) are visible to it, so it "
+            "has no GPU of its own. Start at most one process per visible GPU on each node "
+            "(--nproc-per-node, --ntasks-per-node, CUDA_VISIBLE_DEVICES), or add --cpu.")
+    return DistributedContext(rank, local_rank, world_size, torch.device("cuda", local_rank), backend)
+
+
+def _run_launched(cfg, main, launched: rendezvous.LaunchedRank, use_cuda: bool) -> Any:
+    setup_logging(cfg.common.log_file, launched.rank)
+    requested = cfg.distributed.distributed_world_size
+    if requested is not None and requested != launched.world_size:
+        logger.warning("%s started %d processes; --distributed-world-size %d is ignored",
+                       launched.launcher, launched.world_size, requested)
+    if launched.launcher == "torchrun" and cfg.distributed.distributed_init_method:
+        logger.warning("under torchrun the group is joined through env://; --distributed-init-method is ignored")
+    backend = resolve_backend(cfg.distributed.distributed_backend, use_cuda) if launched.world_size > 1 else None
+    ctx = make_context(launched.rank, launched.local_rank, launched.world_size, use_cuda, backend)
+    return _run_rank(cfg, main, ctx, launched.init_method)
+
+
+def _run_rank(cfg, main, ctx: DistributedContext, init_method: str) -> Any:
+    """Call main inside this rank's process group (none for a single rank)."""
+    if ctx.backend is None:
+        return main(cfg, ctx)
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+    dist.init_process_group(backend=ctx.backend, init_method=init_method, rank=ctx.rank,
+                            world_size=ctx.world_size,
+                            timeout=process_group_timeout(cfg.distributed.heartbeat_timeout))
+    result = main(cfg, ctx)
+    # Only on success: after a failure the process is ending anyway, and shutting
+    # down a group whose peers still wait in a collective can block.
+    dist.destroy_process_group()
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _SpawnPlan:
+    """What every spawned rank needs besides cfg and main (pickled to each child)."""
+
+    world_size: int
+    backend: str
+    init_method: str
+    use_cuda: bool
+    run_dir: str  # results and failure reports; also the rendezvous file by default
+    threads_per_rank: int
+
+
+def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
+    backend = resolve_backend(cfg.distributed.distributed_backend, use_cuda)
+    with tempfile.TemporaryDirectory(prefix="shardtrain-ranks-") as run_dir:
+        init_method = cfg.distributed.distributed_init_method or "file://" + os.path.join(run_dir, "rendezvous")
+        plan = _SpawnPlan(world_size, backend, init_method, use_cuda, run_dir,
+                          threads_per_rank=max(1, _cpu_count() // world_size))
+        context = mp.start_processes(_spawned_rank, args=(cfg, main, plan), nprocs=world_size,
+                                     join=False, start_method="spawn")
+        _supervise(context, run_dir)
+        return _read_result(run_dir)
+
+
+def _spawned_rank(rank: int, cfg, main, plan: _SpawnPlan) -> None:
+    """Body of each spawned process (torch.multiprocessing passes the rank first)."""
+    try:
+        setup_logging(cfg.common.log_file, rank)
+        if not plan.use_cuda and cfg.common.threads <= 0:
+            # N ranks each using every core would oversubscribe the CPU; torchrun
+            # makes the same call by setting OMP_NUM_THREADS.
+            torch.set_num_threads(plan.threads_per_rank)
+        ctx = make_context(rank, rank, plan.world_size, plan.use_cuda, plan.backend)
+        result = _run_rank(cfg, main, ctx, plan.init_method)
+        if rank == 0:
+            atomic_write_bytes(_result_path(plan.run_dir), pickle.dumps(result))
+    except Exception as e:
+        _report_failure(plan.run_dir, rank, e)
+        raise  # torch.multiprocessing then exits non-zero and the parent stops the other ranks
+
+
+def _report_failure(run_dir: str, rank: int, error: Exception) -> None:
+    error_class = None
+    if isinstance(error, ShardtrainError):
+        try:
+            error_class = pickle.dumps(type(error))  # bytes: the parent may fail to import the class
+        except Exception:  # noqa: BLE001 - a class pickle cannot find by name; the base class will do
+            error_class = pickle.dumps(ShardtrainError)
+    report = {"time": time.time(), "error_class": error_class, "message": str(error),
+              "traceback": traceback.format_exc()}
+    atomic_write_bytes(_report_path(run_dir, rank), pickle.dumps(report))
+
+
+def _supervise(context, run_dir: str) -> None:
+    """Wait for every rank; on the first failure stop the others and raise that failure."""
+    failed: List[int] = []
+    try:
+        failed = _wait_until_failure_or_done(context.processes)
+        while not context.join():  # after a failure: terminates the other ranks and raises
+            pass
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+        raise _failure(run_dir, context.processes, failed or [e.error_index]) from None
+    except BaseException:  # Ctrl-C in the parent: never leave ranks behind
+        _stop(context.processes)
+        raise
+
+
+def _wait_until_failure_or_done(processes) -> List[int]:
+    """Indices of the ranks that failed on their own, before any rank was stopped by us."""
+    while True:
+        failed = [i for i, p in enumerate(processes) if p.exitcode not in (None, 0)]
+        running = [p.sentinel for p in processes if p.exitcode is None]
+        if failed or not running:
+            return failed
+        multiprocessing.connection.wait(running)
+
+
+def _failure(run_dir: str, processes, failed: List[int]) -> Exception:
+    """The error to raise for the root cause among ranks that failed at about the same time.
+
+    A rank that dies takes its peers' collectives down with it, so several ranks
+    may have failed before we looked: prefer a user error, then a rank that died
+    without a Python exception, then the earliest exception.
+    """
+    reports = {rank: _read_report(run_dir, rank) for rank in failed}
+    raised = sorted((r["time"], rank) for rank, r in reports.items() if r is not None)
+    user_errors = [rank for _, rank in raised if reports[rank]["error_class"] is not None]
+    silent = [rank for rank in failed if reports[rank] is None]
+    if user_errors:
+        return _user_error(user_errors[0], reports[user_errors[0]])
+    if silent:
+        rank = silent[0]
+        return ShardtrainError(
+            f"rank {rank} (pid {processes[rank].pid}) stopped without raising an exception: "
+            f"{describe_exit(processes[rank].exitcode)}. The other ranks were stopped. Look for the cause in "
+            f"rank {rank}'s output above; SIGKILL usually means the system ran out of memory (lower "
+            "--batch-size/--max-tokens or --distributed-world-size).")
+    rank = raised[0][1]
+    return RankFailedError(f"rank {rank} failed; the other ranks were stopped. Its traceback:\n\n"
+                           f"{reports[rank]['traceback']}", rank)
+
+
+def _user_error(rank: int, report: dict) -> ShardtrainError:
+    message = f"rank {rank}: {report['message']}"
+    try:
+        error = pickle.loads(report["error_class"])(message)
+    except Exception:  # noqa: BLE001 - a class the parent cannot import, or another constructor
+        error = ShardtrainError(message)
+    return error if isinstance(error, ShardtrainError) else ShardtrainError(message)
+
+
+def describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode} (os._exit or sys.exit, a crash in native code, or a failure while starting)"
+
+
+def _stop(processes) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _read_result(run_dir: str) -> Any:
+    try:
+        with open(_result_path(run_dir), "rb") as f:
+            return pickle.load(f)
+    except FileNotFoundError:
+        raise RankFailedError("rank 0 ended without an error but returned no result (was it interrupted, or "
+                              "did main call sys.exit?)", 0) from None
+
+
+def _read_report(run_dir: str, rank: int) -> Optional[dict]:
+    try:
+        with open(_report_path(run_dir, rank), "rb") as f:
+            return pickle.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _result_path(run_dir: str) -> str:
+    return os.path.join(run_dir, "result-rank0.pkl")
+
+
+def _report_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"failure-rank{rank}.pkl")
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -1,0 +1,195 @@
+"""Where a process started by a launcher learns its rank: torchrun's or SLURM's environment.
+
+Pure functions of an environment mapping (plus, for SLURM, one optional call to
+``scontrol``), so every rule here is tested without starting processes.
+"""
+import dataclasses
+import re
+import shutil
+import subprocess
+from typing import Callable, List, Mapping, Optional
+
+from shardtrain.errors import ConfigError
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+SLURM_NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+# fairseq's choice: a port that differs between jobs sharing a node, inside the unprivileged range.
+SLURM_BASE_PORT = 10000
+SLURM_PORT_RANGE = 20000
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchedRank:
+    """This process's place in a job whose processes a launcher started."""
+
+    launcher: str  # "torchrun" or "slurm": only for messages
+    rank: int
+    local_rank: int
+    world_size: int
+    init_method: str
+
+
+def from_environment(env: Mapping[str, str], init_method: Optional[str] = None,
+                     hostnames: Optional[Callable[[str], List[str]]] = None) -> Optional[LaunchedRank]:
+    """The rank a launcher gave this process, or None when no launcher started it.
+
+    torchrun's variables win over SLURM's: torchrun inside an ``srun`` step is
+    the usual way to run several GPUs per SLURM task.
+    """
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return from_torchrun_env(env)
+    if "SLURM_PROCID" in env and _int_var(env, "SLURM_NTASKS", default=1) > 1:
+        return from_slurm_env(env, init_method, hostnames or slurm_hostnames)
+    return None
+
+
+def from_torchrun_env(env: Mapping[str, str]) -> LaunchedRank:
+    missing = [name for name in TORCHRUN_VARS if not env.get(name)]
+    if missing:
+        raise ConfigError(
+            f"RANK/WORLD_SIZE are set in the environment but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not, so this process cannot join a process group. "
+            "Start the job with torchrun (`python -m torch.distributed.run --nproc-per-node N ...`), which "
+            "sets all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, or unset RANK and "
+            "WORLD_SIZE to let shard-train start the processes itself (--distributed-world-size).")
+    rank = _int_var(env, "RANK")
+    world_size = _int_var(env, "WORLD_SIZE")
+    local_rank = _int_var(env, "LOCAL_RANK")
+    _check_ranks("torchrun", "RANK", rank, "WORLD_SIZE", world_size, "LOCAL_RANK", local_rank)
+    return LaunchedRank("torchrun", rank, local_rank, world_size, "env://")
+
+
+def from_slurm_env(env: Mapping[str, str], init_method: Optional[str],
+                   hostnames: Callable[[str], List[str]]) -> LaunchedRank:
+    """Rank from SLURM's task variables; rendezvous at the first node of the step."""
+    for name in ("SLURM_PROCID", "SLURM_LOCALID"):
+        if not env.get(name):
+            raise ConfigError(
+                f"SLURM_NTASKS is {env.get('SLURM_NTASKS')} but {name} is not set, so the rank of this task "
+                "is unknown. Start each task with `srun` (not only `sbatch`/`salloc`), or launch with torchrun.")
+    rank = _int_var(env, "SLURM_PROCID")
+    world_size = _int_var(env, "SLURM_NTASKS")
+    local_rank = _int_var(env, "SLURM_LOCALID")
+    _check_ranks("SLURM", "SLURM_PROCID", rank, "SLURM_NTASKS", world_size, "SLURM_LOCALID", local_rank)
+    if not init_method:
+        init_method = f"tcp://{_slurm_master(env, hostnames)}:{_slurm_port(env)}"
+    return LaunchedRank("slurm", rank, local_rank, world_size, init_method)
+
+
+def _slurm_master(env: Mapping[str, str], hostnames: Callable[[str], List[str]]) -> str:
+    # The step's node list first: a step may run on a subset of the job's nodes,
+    # and SLURM gives task 0 to the first node of the step.
+    nodelist = next((env[name] for name in SLURM_NODELIST_VARS if env.get(name)), None)
+    if nodelist is None:
+        raise ConfigError(
+            "Running under SLURM with several tasks, but none of "
+            f"{', '.join(SLURM_NODELIST_VARS)} is set, so the host of rank 0 is unknown. "
+            "Pass --distributed-init-method tcp://HOST:PORT with the first node's host name.")
+    hosts = hostnames(nodelist)
+    if not hosts:
+        raise ConfigError(f"The SLURM node list {nodelist!r} names no host. "
+                          "Pass --distributed-init-method tcp://HOST:PORT with the first node's host name.")
+    return hosts[0]
+
+
+def _slurm_port(env: Mapping[str, str]) -> int:
+    if not env.get("SLURM_JOB_ID"):
+        raise ConfigError("Running under SLURM with several tasks, but SLURM_JOB_ID is not set, so no "
+                          "rendezvous port can be derived from it. Pass --distributed-init-method "
+                          "tcp://HOST:PORT with the first node's host name and a free port.")
+    return SLURM_BASE_PORT + _int_var(env, "SLURM_JOB_ID") % SLURM_PORT_RANGE
+
+
+def slurm_hostnames(nodelist: str) -> List[str]:
+    """Host names of a SLURM node list: ``scontrol`` knows every form; our parser the common ones."""
+    scontrol = shutil.which("scontrol")
+    if scontrol:
+        try:
+            done = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True,
+                                  text=True, timeout=60, check=True)
+            hosts = done.stdout.split()
+            if hosts:
+                return hosts
+        except (OSError, subprocess.SubprocessError):
+            pass  # a broken scontrol should not stop a run whose node list we can parse ourselves
+    return expand_hostlist(nodelist)
+
+
+def expand_hostlist(nodelist: str) -> List[str]:
+    """Expand SLURM's compressed host list: ``"gpu[01-03,7],login"`` -> gpu01 gpu02 gpu03 gpu7 login.
+
+    Several bracket groups in one name expand as their product
+    (``"r[1-2]n[1-2]"`` -> r1n1 r1n2 r2n1 r2n2); numbers keep the zero padding of
+    the range's first bound, as SLURM writes them.
+    """
+    hosts: List[str] = []
+    for item in _split_outside_brackets(nodelist.strip(), nodelist):
+        hosts.extend(_expand_name(item, nodelist))
+    return hosts
+
+
+def _split_outside_brackets(text: str, nodelist: str) -> List[str]:
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise _bad_hostlist(nodelist)
+        if char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise _bad_hostlist(nodelist)
+    items.append(text[start:])
+    if any(not item.strip() for item in items):
+        raise _bad_hostlist(nodelist)
+    return [item.strip() for item in items]
+
+
+def _expand_name(name: str, nodelist: str) -> List[str]:
+    match = re.search(r"\[([^\[\]]*)\]", name)
+    if match is None:
+        if "[" in name or "]" in name:
+            raise _bad_hostlist(nodelist)
+        return [name]
+    prefix, rest = name[:match.start()], name[match.end():]
+    tails = _expand_name(rest, nodelist) if rest else [""]
+    return [prefix + number + tail for number in _expand_ranges(match.group(1), nodelist) for tail in tails]
+
+
+def _expand_ranges(ranges: str, nodelist: str) -> List[str]:
+    numbers = []
+    for part in ranges.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if match is None:
+            raise _bad_hostlist(nodelist)
+        low, high = match.group(1), match.group(2) or match.group(1)
+        if int(high) < int(low):
+            raise _bad_hostlist(nodelist)
+        numbers.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
+    return numbers
+
+
+def _bad_hostlist(nodelist: str) -> ConfigError:
+    return ConfigError(
+        f"Cannot parse the SLURM node list {nodelist!r} (and `scontrol show hostnames` is not available "
+        "or failed). Pass --distributed-init-method tcp://HOST:PORT with the first node's host name.")
+
+
+def _int_var(env: Mapping[str, str], name: str, default: Optional[int] = None) -> int:
+    value = env.get(name)
+    if value is None and default is not None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"The environment variable {name}={value!r} is not an integer. "
+                          "Unset it, or let the launcher (torchrun, srun) set it.") from None
+
+
+def _check_ranks(launcher: str, rank_var: str, rank: int, size_var: str, world_size: int,
+                 local_var: str, local_rank: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
+        raise ConfigError(
+            f"{launcher} set {rank_var}={rank}, {size_var}={world_size}, {local_var}={local_rank}, but a rank must "
+            f"lie in [0, {size_var}) and {local_var} must not be negative. Relaunch the job with the launcher "
+            "instead of setting these variables by hand (or unset them to let shard-train start the processes).")
