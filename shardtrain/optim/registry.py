@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Dict, Type
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from shardtrain.registry import Registry
 
@@ -26,7 +27,18 @@ class OptimizerSpec:
     kwargs: Dict[str, Any]
 
     def build(self, params, lr: float) -> torch.optim.Optimizer:
-        return self.cls(params, lr=lr, **self.kwargs)
+        params = list(params)
+        kwargs = dict(self.kwargs)
+        if kwargs.get("fused") and self.cls not in _FUSED_ON_DTENSOR and any(isinstance(p, DTensor) for p in params):
+            kwargs.pop("fused")
+            kwargs["foreach"] = True
+        return self.cls(params, lr=lr, **kwargs)
+
+
+# Fused kernels with a DTensor sharding rule in torch 2.13 (checked: SGD's and
+# Adagrad's fused kernels raise NotImplementedError on FSDP2's sharded params,
+# so those fall back to foreach there).
+_FUSED_ON_DTENSOR = (torch.optim.Adam, torch.optim.AdamW)
 
 
 def register_optimizer(name: str, dataclass=None):

@@ -11,7 +11,6 @@ fairseq's ``call_main``, on torch.distributed's own launch conventions:
 4. world size 1: no process group at all; main runs in this process.
 """
 import dataclasses
-import datetime
 import logging
 import multiprocessing.connection
 import os
@@ -32,9 +31,6 @@ from shardtrain.trainer import rendezvous
 from shardtrain.trainer.logging_setup import setup_logging
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_TIMEOUT_S = 1800  # torch's own default for gloo and nccl
-
 
 @dataclasses.dataclass(frozen=True)
 class DistributedContext:
@@ -63,7 +59,8 @@ def call_main(cfg, main: Callable[[Any, DistributedContext], Any]) -> Any:
     """Run ``main(cfg, ctx)`` on every rank and return rank 0's result (in the process that called it).
 
     ``main`` must be a module-level function (it is pickled when ranks are
-    spawned); its result must be picklable.
+    spawned) and return something picklable. Under torchrun or SLURM this
+    process is one rank, and gets its own rank's result.
     """
     use_cuda = training_on_cuda(cfg)
     launched = rendezvous.from_environment(os.environ, cfg.distributed.distributed_init_method)
@@ -96,26 +93,6 @@ def resolve_world_size(requested: Optional[int], use_cuda: bool, gpu_count: int)
     return requested
 
 
-def resolve_backend(requested: Optional[str], use_cuda: bool) -> str:
-    """``--distributed-backend``, defaulting to nccl on CUDA and gloo on the CPU."""
-    if not dist.is_available():
-        raise ConfigError("This torch build has no torch.distributed, so it cannot train with several "
-                          "processes. Install a torch build with distributed support, or train with "
-                          "--distributed-world-size 1.")
-    backend = requested or ("nccl" if use_cuda else "gloo")
-    if backend == "nccl" and not (use_cuda and dist.is_nccl_available()):
-        raise ConfigError(
-            "--distributed-backend nccl needs CUDA and a torch build with NCCL, but this run trains on the "
-            "CPU (--cpu, or no GPU visible) or torch has no NCCL. Pass --distributed-backend gloo, or "
-            "leave the flag out to get gloo on the CPU.")
-    return backend
-
-
-def process_group_timeout(heartbeat_timeout: int) -> datetime.timedelta:
-    """How long a collective may wait for a lost rank before the job fails."""
-    return datetime.timedelta(seconds=heartbeat_timeout if heartbeat_timeout > 0 else DEFAULT_TIMEOUT_S)
-
-
 def make_context(rank: int, local_rank: int, world_size: int, use_cuda: bool,
                  backend: Optional[str]) -> DistributedContext:
     if not use_cuda:
@@ -125,7 +102,8 @@ def make_context(rank: int, local_rank: int, world_size: int, use_cuda: bool,
         raise ConfigError(
             f"Rank {rank} has local rank {local_rank}, but only {gpu_count} GPU(s) are visible to it, so it "
             "has no GPU of its own. Start at most one process per visible GPU on each node "
-            "(--nproc-per-node, --ntasks-per-node, CUDA_VISIBLE_DEVICES), or add --cpu.")
+            "(--nproc-per-node, --ntasks-per-node, CUDA_VISIBLE_DEVICES; under SLURM every task must see all "
+            "GPUs of its node, so use --gres=gpu:N rather than --gpus-per-task), or add --cpu.")
     return DistributedContext(rank, local_rank, world_size, torch.device("cuda", local_rank), backend)
 
 
@@ -137,7 +115,9 @@ def _run_launched(cfg, main, launched: rendezvous.LaunchedRank, use_cuda: bool) 
                        launched.launcher, launched.world_size, requested)
     if launched.launcher == "torchrun" and cfg.distributed.distributed_init_method:
         logger.warning("under torchrun the group is joined through env://; --distributed-init-method is ignored")
-    backend = resolve_backend(cfg.distributed.distributed_backend, use_cuda) if launched.world_size > 1 else None
+    backend = None
+    if launched.world_size > 1:
+        backend = rendezvous.resolve_backend(cfg.distributed.distributed_backend, use_cuda)
     ctx = make_context(launched.rank, launched.local_rank, launched.world_size, use_cuda, backend)
     return _run_rank(cfg, main, ctx, launched.init_method)
 
@@ -150,7 +130,7 @@ def _run_rank(cfg, main, ctx: DistributedContext, init_method: str) -> Any:
         torch.cuda.set_device(ctx.device)
     dist.init_process_group(backend=ctx.backend, init_method=init_method, rank=ctx.rank,
                             world_size=ctx.world_size,
-                            timeout=process_group_timeout(cfg.distributed.heartbeat_timeout))
+                            timeout=rendezvous.process_group_timeout(cfg.distributed.heartbeat_timeout))
     result = main(cfg, ctx)
     # Only on success: after a failure the process is ending anyway, and shutting
     # down a group whose peers still wait in a collective can block.
@@ -171,7 +151,7 @@ class _SpawnPlan:
 
 
 def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
-    backend = resolve_backend(cfg.distributed.distributed_backend, use_cuda)
+    backend = rendezvous.resolve_backend(cfg.distributed.distributed_backend, use_cuda)
     with tempfile.TemporaryDirectory(prefix="shardtrain-ranks-") as run_dir:
         init_method = cfg.distributed.distributed_init_method or "file://" + os.path.join(run_dir, "rendezvous")
         plan = _SpawnPlan(world_size, backend, init_method, use_cuda, run_dir,
@@ -186,7 +166,7 @@ def _spawned_rank(rank: int, cfg, main, plan: _SpawnPlan) -> None:
     """Body of each spawned process (torch.multiprocessing passes the rank first)."""
     try:
         setup_logging(cfg.common.log_file, rank)
-        if not plan.use_cuda and cfg.common.threads <= 0:
+        if not plan.use_cuda and cfg.common.threads <= 0 and "OMP_NUM_THREADS" not in os.environ:
             # N ranks each using every core would oversubscribe the CPU; torchrun
             # makes the same call by setting OMP_NUM_THREADS.
             torch.set_num_threads(plan.threads_per_rank)

@@ -88,20 +88,26 @@ def main(cfg, ctx) -> Optional[float]:
     start = time.time()
     run = Run(cfg, ctx)
     try:
-        epoch_itr = restore(run)
-        opt = cfg.optimization
-        max_epoch = opt.max_epoch or float("inf")
-        valid_loss, lr = None, run.trainer.get_lr()
-        while epoch_itr.next_epoch_idx <= max_epoch and lr > opt.stop_min_lr:
-            valid_loss, should_stop = train_epoch(run, epoch_itr)
-            if should_stop:
-                break
-            lr = run.trainer.lr_step(epoch_itr.epoch, valid_loss)
-            epoch_itr = run.batch_iterator(cfg.dataset.train_subset, epoch_itr.next_epoch_idx, shuffle=True)
+        valid_loss = train(run)
         logger.info(f"done training in {time.time() - start:.1f} seconds")
         return valid_loss
     finally:
         run.close()
+
+
+def train(run: Run) -> Optional[float]:
+    """Resume (if there is a checkpoint), then run epochs until a stopping rule fires."""
+    cfg = run.cfg
+    epoch_itr = restore(run)
+    max_epoch = cfg.optimization.max_epoch or float("inf")
+    valid_loss, lr = None, run.trainer.get_lr()
+    while epoch_itr.next_epoch_idx <= max_epoch and lr > cfg.optimization.stop_min_lr:
+        valid_loss, should_stop = train_epoch(run, epoch_itr)
+        if should_stop:
+            break
+        lr = run.trainer.lr_step(epoch_itr.epoch, valid_loss)
+        epoch_itr = run.batch_iterator(cfg.dataset.train_subset, epoch_itr.next_epoch_idx, shuffle=True)
+    return valid_loss
 
 
 def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:

@@ -1,13 +1,16 @@
-"""Where a process started by a launcher learns its rank: torchrun's or SLURM's environment.
+"""How ranks meet: backend, timeout, and the rank a launcher (torchrun, SLURM) gave this process.
 
-Pure functions of an environment mapping (plus, for SLURM, one optional call to
-``scontrol``), so every rule here is tested without starting processes.
+Pure functions of flags and an environment mapping (plus, for SLURM, one
+optional call to ``scontrol``), so every rule here is tested without processes.
 """
 import dataclasses
+import datetime
 import re
 import shutil
 import subprocess
 from typing import Callable, List, Mapping, Optional
+
+import torch.distributed as dist
 
 from shardtrain.errors import ConfigError
 
@@ -16,6 +19,7 @@ SLURM_NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODEL
 # fairseq's choice: a port that differs between jobs sharing a node, inside the unprivileged range.
 SLURM_BASE_PORT = 10000
 SLURM_PORT_RANGE = 20000
+DEFAULT_TIMEOUT_S = 1800  # torch's own default for gloo and nccl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +31,26 @@ class LaunchedRank:
     local_rank: int
     world_size: int
     init_method: str
+
+
+def resolve_backend(requested: Optional[str], use_cuda: bool) -> str:
+    """``--distributed-backend``, defaulting to nccl on CUDA and gloo on the CPU."""
+    if not dist.is_available():
+        raise ConfigError("This torch build has no torch.distributed, so it cannot train with several "
+                          "processes. Install a torch build with distributed support, or train with "
+                          "--distributed-world-size 1.")
+    backend = requested or ("nccl" if use_cuda else "gloo")
+    if backend == "nccl" and not (use_cuda and dist.is_nccl_available()):
+        raise ConfigError(
+            "--distributed-backend nccl needs CUDA and a torch build with NCCL, but this run trains on the "
+            "CPU (--cpu, or no GPU visible) or torch has no NCCL. Pass --distributed-backend gloo, or "
+            "leave the flag out to get gloo on the CPU.")
+    return backend
+
+
+def process_group_timeout(heartbeat_timeout: int) -> datetime.timedelta:
+    """How long a collective may wait for a lost rank before the job fails."""
+    return datetime.timedelta(seconds=heartbeat_timeout if heartbeat_timeout > 0 else DEFAULT_TIMEOUT_S)
 
 
 def from_environment(env: Mapping[str, str], init_method: Optional[str] = None,

@@ -1,0 +1,22 @@
+"""Entry points run on every rank by the equivalence tests (importable by spawned children)."""
+from shardtrain.trainer.loop import Run, train
+
+
+def train_and_record(cfg, ctx):
+    """Train through the real loop; rank 0 returns (per-update losses, full final weights)."""
+    run = Run(cfg, ctx)
+    losses = []
+    step = run.trainer.train_step
+
+    def recording_step(samples):
+        out = step(samples)
+        losses.append(out["logs"][0]["loss"] / out["sample_size"])  # unrounded, summed over ranks
+        return out
+
+    run.trainer.train_step = recording_step
+    try:
+        train(run)
+        weights = run.backend.model_state_dict(run.trainer.model)  # a collective under FSDP
+    finally:
+        run.close()
+    return (losses, {k: v.float().numpy() for k, v in weights.items()}) if ctx.is_master else None
