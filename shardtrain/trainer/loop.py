@@ -47,7 +47,9 @@ class Run:
         build.log_model_size(model)
         criterion = build.build_criterion(cfg, self.task)
         self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, build_precision(cfg, self.backend))
-        self.metrics = RunMetrics(ctx.device)
+        self.metrics = RunMetrics(ctx.device, self.trainer)
+        logger.info(f"rank {ctx.rank} holds {self.metrics.state_memory()} (parameters, gradients, optimizer state) "
+                    f"with --ddp-backend {cfg.distributed.ddp_backend}")
         tb_dir = cfg.common.tensorboard_logdir
         self.tensorboard = TensorboardWriter(tb_dir) if tb_dir and self.backend.is_master else None
         self.run_start = time.time()

@@ -4,14 +4,16 @@ from typing import Dict
 
 import torch
 
+from shardtrain.trainer.memory import state_gb
 from shardtrain.trainer.meters import MetricsLogger, cuda_gb_free, resident_memory_gb
 
 
 class RunMetrics:
     """The run's meters: ``inner`` resets every --log-interval, ``epoch`` every epoch."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, trainer=None):
         self.device = device
+        self.trainer = trainer
         self.start = time.perf_counter()
         self.inner = MetricsLogger()
         self.epoch = MetricsLogger()
@@ -40,9 +42,13 @@ class RunMetrics:
         return stats
 
     def memory(self) -> Dict:
-        if self.device.type == "cuda":
-            return {"gb_free": round(cuda_gb_free(self.device), 1)}
-        return {"gb_rss": round(resident_memory_gb(), 2)}
+        process = ({"gb_free": round(cuda_gb_free(self.device), 1)} if self.device.type == "cuda"
+                   else {"gb_rss": round(resident_memory_gb(), 2)})
+        return {**process, **self.state_memory()}
+
+    def state_memory(self) -> Dict:
+        """This rank's parameter/gradient/optimizer-state GB (local shards only)."""
+        return state_gb(self.trainer.params, self.trainer.optimizer) if self.trainer is not None else {}
 
     def state_dict(self) -> Dict:
         return {"inner": self.inner.state_dict(), "epoch": self.epoch.state_dict()}

@@ -1,9 +1,11 @@
 """Entry points run on every rank by the equivalence tests (importable by spawned children)."""
 from shardtrain.trainer.loop import Run, train
+from shardtrain.trainer.memory import state_bytes
 
 
 def train_and_record(cfg, ctx):
-    """Train through the real loop; rank 0 returns (per-update losses, full final weights)."""
+    """Train through the real loop; rank 0 returns (per-update losses, full final weights,
+    the bytes of training state rank 0 holds)."""
     run = Run(cfg, ctx)
     losses = []
     step = run.trainer.train_step
@@ -16,7 +18,8 @@ def train_and_record(cfg, ctx):
     run.trainer.train_step = recording_step
     try:
         train(run)
+        held = state_bytes(run.trainer.params, run.trainer.optimizer)
         weights = run.backend.model_state_dict(run.trainer.model)  # a collective under FSDP
     finally:
         run.close()
-    return (losses, {k: v.float().numpy() for k, v in weights.items()}) if ctx.is_master else None
+    return (losses, {k: v.float().numpy() for k, v in weights.items()}, held) if ctx.is_master else None

@@ -37,8 +37,8 @@ def run(data_bin, tmp_path, world_size, *extra):
 
 
 def assert_same(result, reference, rtol=1e-5, atol=1e-5):
-    losses, weights = result
-    ref_losses, ref_weights = reference
+    losses, weights, _ = result
+    ref_losses, ref_weights, _ = reference
     assert len(losses) == len(ref_losses) == UPDATES
     np.testing.assert_allclose(losses, ref_losses, rtol=rtol)
     assert weights.keys() == ref_weights.keys()
@@ -54,12 +54,18 @@ def reference(data_bin, tmp_path_factory):
 
 @pytest.mark.parametrize("backend", ["pytorch_ddp", "legacy_ddp", "fully_sharded"])
 def test_two_ranks_equal_one_process(backend, data_bin, reference, tmp_path):
-    assert_same(run(data_bin, tmp_path, 2, "--ddp-backend", backend), reference[2])
+    result = run(data_bin, tmp_path, 2, "--ddp-backend", backend)
+    assert_same(result, reference[2])
+    held, single = result[2], reference[2][2]
+    for key in ("param_bytes", "grad_bytes", "optim_bytes"):
+        expected = single[key] / 2 if backend == "fully_sharded" else single[key]
+        assert abs(held[key] - expected) <= 0.05 * single[key], (key, held, single)
 
 
 def test_fully_sharded_variants(data_bin, reference, tmp_path):
     assert_same(run(data_bin, tmp_path, 2, "--ddp-backend", "fully_sharded", "--no-reshard-after-forward"),
                 reference[2])
+    assert_same(run(data_bin, tmp_path, 2, "--ddp-backend", "fully_sharded", "--cpu-offload"), reference[2])
     assert_same(run(data_bin, tmp_path, 2, "--ddp-backend", "fully_sharded", "--update-freq", "2"), reference[4])
     assert_same(run(data_bin, tmp_path, 2, "--ddp-backend", "pytorch_ddp", "--update-freq", "2"), reference[4])
 
@@ -70,6 +76,6 @@ def test_hybrid_shard_on_a_2x2_mesh(data_bin, reference, tmp_path):
 
 
 def test_bf16_stays_close_to_fp32(data_bin, reference, tmp_path):
-    losses, _ = run(data_bin, tmp_path, 2, "--ddp-backend", "fully_sharded", "--bf16")
+    losses, _, _ = run(data_bin, tmp_path, 2, "--ddp-backend", "fully_sharded", "--bf16")
     # bf16 keeps ~3 significant digits; over 20 updates the loss curve stays within 2%
     np.testing.assert_allclose(losses, reference[2][0], rtol=2e-2)
