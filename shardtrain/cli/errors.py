@@ -9,7 +9,11 @@ EXIT_USER_ERROR = 2
 
 def cli_entry(prog: str):
     """Decorate a ``main(argv)``: a ShardtrainError prints ``PROG: error: ...``
-    (no traceback) and exits 2; anything else is a bug and keeps its traceback."""
+    (no traceback) and exits 2; anything else is a bug and keeps its traceback.
+
+    Called with an explicit ``argv`` (from Python), the wrapper returns main's
+    result; called as a console script (``argv=None``) it returns None, since
+    a console script passes its return value to ``sys.exit``."""
     return functools.partial(_wrap, prog=prog)
 
 
@@ -17,7 +21,8 @@ def _wrap(fn, prog: str):
     @functools.wraps(fn)
     def wrapper(argv=None):
         try:
-            return fn(sys.argv[1:] if argv is None else list(argv))
+            result = fn(sys.argv[1:] if argv is None else list(argv))
+            return None if argv is None else result
         except ShardtrainError as e:
             print(f"{prog}: error: {e}", file=sys.stderr)
             sys.exit(EXIT_USER_ERROR)

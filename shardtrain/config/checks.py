@@ -13,8 +13,6 @@ def _positive_or_none(value) -> bool:
 
 
 RULES: List[Tuple[Callable, str]] = [
-    (lambda c: c.dataset.max_tokens is None and c.dataset.batch_size is None,
-     "Neither --max-tokens nor --batch-size is set. Set at least one, e.g. --max-tokens 4096."),
     (lambda c: not _positive_or_none(c.dataset.max_tokens),
      "--max-tokens must be a positive number of tokens."),
     (lambda c: not _positive_or_none(c.dataset.batch_size),

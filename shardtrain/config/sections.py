@@ -20,7 +20,9 @@ class ComponentsConfig:
     # fairseq has no default optimizer and --lr 0.25 (tuned for NAG); adam with a
     # sensible lr is what people actually run, so that is the default here.
     optimizer: str = field("adam", help="optimizer")
-    lr_scheduler: str = field("fixed", help="learning-rate scheduler")
+    # fairseq's LM recipe (inverse_sqrt, 4000 warmup updates) rather than a
+    # fixed lr, so a run with no schedule flags trains stably out of the box.
+    lr_scheduler: str = field("inverse_sqrt", help="learning-rate scheduler")
 
 
 @dataclasses.dataclass
@@ -41,7 +43,8 @@ class CommonConfig:
 
 @dataclasses.dataclass
 class DatasetConfig:
-    max_tokens: Optional[int] = field(None, help="maximum number of tokens in a batch")
+    max_tokens: Optional[int] = field(None, help="maximum number of tokens in a batch (default, when "
+                                      "--batch-size is not set either: 4096 or one sample, whichever is larger)")
     batch_size: Optional[int] = field(None, help="maximum number of sequences in a batch")
     required_batch_size_multiple: int = field(8, help="batch size will be a multiple of this value")
     train_subset: str = field("train", help="data subset to train on")

@@ -42,7 +42,11 @@ def build_criterion(cfg, task):
 
 def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
     info = resolve(cfg.components)["optimizer"]
-    return info.obj(cfg.optimizer, device).build(params, cfg.optimization.lr)
+    optimizer = info.obj(cfg.optimizer, device).build(params, cfg.optimization.lr)
+    group = optimizer.param_groups[0]
+    kernel = "fused" if group.get("fused") else "foreach" if group.get("foreach") else "for-loop"
+    logger.info(f"optimizer: {type(optimizer).__name__} ({kernel}) stepping on {device.type}")
+    return optimizer
 
 
 def build_lr_scheduler(cfg, optimizer):

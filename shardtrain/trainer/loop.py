@@ -26,6 +26,7 @@ from shardtrain.trainer.run_metrics import RunMetrics
 from shardtrain.trainer.trainer import Trainer
 
 logger = logging.getLogger(__name__)
+DEFAULT_MAX_TOKENS = 4096  # batch size when neither --max-tokens nor --batch-size is given
 
 
 class Run:
@@ -56,8 +57,11 @@ class Run:
 
     def batch_iterator(self, split: str, epoch: int, shuffle: bool, valid: bool = False):
         d = self.cfg.dataset
+        max_tokens = d.max_tokens
+        if max_tokens is None and d.batch_size is None:
+            max_tokens = max(DEFAULT_MAX_TOKENS, self.task.max_positions() or 0)
         return self.task.get_batch_iterator(
-            split, max_tokens=(d.max_tokens_valid or d.max_tokens) if valid else d.max_tokens,
+            split, max_tokens=(d.max_tokens_valid or max_tokens) if valid else max_tokens,
             max_sentences=(d.batch_size_valid or d.batch_size) if valid else d.batch_size,
             required_batch_size_multiple=d.required_batch_size_multiple, seed=self.cfg.common.seed,
             num_shards=self.backend.world_size, shard_id=self.backend.rank, epoch=epoch, shuffle=shuffle)

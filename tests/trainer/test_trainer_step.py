@@ -22,7 +22,7 @@ def data_bin(tmp_path_factory):
 def make_trainer(data_bin, *extra):
     cfg = parse_train_args([data_bin, "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim",
                             "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
-                            "--tokens-per-sample", "16", "--batch-size", "4", "--dropout", "0", "--optimizer", "sgd",
+                            "--tokens-per-sample", "16", "--batch-size", "4", "--dropout", "0", "--optimizer", "sgd", "--lr-scheduler", "fixed",
                             "--lr", "0.1", *extra])
     torch.manual_seed(0)
     task = build.build_task(cfg)

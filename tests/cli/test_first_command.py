@@ -1,0 +1,25 @@
+"""The command users type first starts sensible training with nothing else given."""
+import shutil
+import subprocess
+
+import torch
+
+from st_testutils import make_space_data_bin
+
+
+def test_fully_sharded_cpu_offload_with_defaults_only(tmp_path):
+    make_space_data_bin(str(tmp_path), n_words=50, train_tokens=12000, valid_tokens=1500, line_len=60)
+    command = [shutil.which("shard-train") or "shard-train", "data-bin", "--ddp-backend", "fully_sharded",
+               "--cpu-offload", "--max-update", "3"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout
+    assert "optimizer: AdamW (fused) stepping on cpu" in log  # adam on the CPU shards, fused kernel
+    assert "fully_sharded: materialised this rank's shards" in log
+    state = torch.load(tmp_path / "checkpoints" / "checkpoint_last.pt", weights_only=True)
+    cfg = state["cfg"]
+    assert (cfg["components"]["task"], cfg["components"]["arch"], cfg["components"]["criterion"]) == \
+        ("language_modeling", "transformer_lm", "cross_entropy")
+    assert cfg["components"]["lr_scheduler"] == "inverse_sqrt" and state["train_state"]["num_updates"] == 3
+    assert state["train_iterator"]["num_shards"] == (torch.cuda.device_count() or 1)  # all GPUs, or 1 process
+    assert result.stderr == ""
