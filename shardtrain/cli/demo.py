@@ -1,8 +1,9 @@
 """``shard-demo``: the whole product on text already on this machine.
 
 Builds a data-bin from the Python standard library's own ``.py`` files (no
-download), trains a small transformer LM with a progress bar, stops halfway
-and resumes from its checkpoint, validates, and prints a generated sample.
+download), trains a small transformer LM on 2 processes with
+``--ddp-backend fully_sharded`` and a progress bar, stops halfway and resumes
+from its checkpoint, validates, and prints a generated sample.
 """
 import argparse
 import os
@@ -51,6 +52,7 @@ def main(argv):
     parser.add_argument("--corpus-mb", type=float, default=4.0, help="size of the stdlib corpus in MB")
     parser.add_argument("--max-update", type=int, default=1200, help="updates in total (the demo resumes halfway)")
     parser.add_argument("--log-format", default="tqdm", choices=("tqdm", "simple", "json", "none"))
+    parser.add_argument("--ranks", type=int, default=2, help="data-parallel processes (fully_sharded)")
     args = parser.parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)
     corpus = write_corpus(args.workdir, int(args.corpus_mb * 1e6))
@@ -65,7 +67,10 @@ def main(argv):
               "--batch-size", "16", "--optimizer", "adam", "--lr", "0.002", "--lr-scheduler", "inverse_sqrt",
               "--warmup-updates", "100", "--clip-norm", "1.0", "--save-dir", save_dir,
               "--log-format", args.log_format, "--log-interval", "50", "--validate-interval-updates", "200",
-              "--save-interval-updates", "100", "--keep-interval-updates", "2", "--max-tokens-valid", "8192"]
+              "--save-interval-updates", "100", "--keep-interval-updates", "2", "--max-tokens-valid", "8192",
+              # two data-parallel ranks with sharded parameters, gradients and optimizer state
+              "--distributed-world-size", str(args.ranks), "--ddp-backend", "fully_sharded",
+              "--threads", str(max(1, (os.cpu_count() or 1) // args.ranks))]
     half = args.max_update // 2
     print(f"== shard-demo: training for {half} updates, then stopping")
     train.main(common + ["--max-update", str(half)])
