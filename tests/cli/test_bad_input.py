@@ -51,6 +51,13 @@ CASES = {
     "save dir is under a file": (lambda b, t: [b, "--save-dir", f"{b}/dict.txt/ck"], ["--save-dir", "writable"]),
     "restore file missing": (lambda b, t: [b, "--restore-file", "nope.pt"], ["--restore-file", "does not exist"]),
     "zero update freq": (lambda b, t: [b, "--update-freq", "0"], ["--update-freq"]),
+    "cpu offload without fully_sharded": (lambda b, t: [b, "--cpu-offload"],
+                                          ["--cpu-offload", "--ddp-backend fully_sharded"]),
+    "fp16 with bf16": (lambda b, t: [b, "--fp16", "--bf16"], ["--fp16 and --bf16"]),
+    "hybrid group does not divide the world": (
+        lambda b, t: [b, "--cpu", "--distributed-world-size", "2", "--ddp-backend", "fully_sharded",
+                      "--fsdp-sharding-strategy", "hybrid_shard", "--shard-group-size", "3"],
+        ["--shard-group-size", "does not divide the world size 2"]),
 }
 
 
