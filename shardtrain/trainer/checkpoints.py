@@ -17,15 +17,19 @@ import torch
 
 from shardtrain.errors import CheckpointError
 from shardtrain.fileio import atomic_open, fsync_dir, remove_quietly, temp_sibling
+from shardtrain.trainer.sharded_checkpoints import marker, save_sharded
 
 logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 
 
 class CheckpointManager:
-    def __init__(self, cfg, is_master: bool = True):
+    def __init__(self, cfg, is_master: bool = True, sharded: bool = False):
+        """``sharded``: write one DCP directory per checkpoint from all ranks
+        (fully_sharded) instead of one file from rank 0."""
         self.cfg = cfg
         self.is_master = is_master
+        self.sharded = sharded
 
     # -- where -----------------------------------------------------------------
     def check_writable(self) -> None:
@@ -55,6 +59,7 @@ class CheckpointManager:
         """The checkpoint to resume from, or None for a fresh start."""
         name = self.cfg.restore_file
         path = name if os.path.isabs(name) else os.path.join(self.cfg.save_dir, name)
+        path = resolve_checkpoint_path(path)  # a file, or a sharded directory
         if os.path.exists(path):
             return path
         if name != "checkpoint_last.pt":
@@ -77,8 +82,14 @@ class CheckpointManager:
             names.append("checkpoint_last.pt")
         return names
 
-    def save(self, state: Dict, names: List[str]) -> List[str]:
-        if self.cfg.no_save or not self.is_master or not names:
+    def save(self, trainer, extra: Dict, epoch: int, updates: int, names: List[str]) -> List[str]:
+        """Write ``trainer``'s state plus ``extra`` under ``names``. Called on every rank."""
+        if self.cfg.no_save or not names:
+            return []
+        if self.sharded:
+            return self._save_sharded(trainer, extra, epoch, updates, names)
+        state = {**extra, **trainer.state_dict()}
+        if not self.is_master:
             return []
         os.makedirs(self.cfg.save_dir, exist_ok=True)
         paths = [os.path.join(self.cfg.save_dir, n) for n in names]
@@ -88,6 +99,34 @@ class CheckpointManager:
         fsync_dir(self.cfg.save_dir)
         self.prune()
         return paths
+
+    def _save_sharded(self, trainer, extra, epoch, updates, names) -> List[str]:
+        storage = f"checkpoint_{epoch}_{updates}"
+        aliases = [n[:-3] for n in names if n[:-3] != storage]
+        if self.is_master:
+            os.makedirs(self.cfg.save_dir, exist_ok=True)
+        path = save_sharded(self.cfg.save_dir, storage, trainer.model, trainer.optimizer,
+                            {"version": FORMAT_VERSION, **extra, **trainer.extra_state()}, aliases,
+                            interval=f"{storage}.pt" in names)
+        if self.is_master:
+            self.prune_sharded()
+        return [path]
+
+    def prune_sharded(self) -> None:
+        """Drop epoch aliases beyond --keep-last-epochs, interval checkpoints beyond
+        --keep-interval-updates, and directories no name points to any more."""
+        c, root = self.cfg, self.cfg.save_dir
+        if c.keep_last_epochs > 0:
+            for link in self._matching(re.compile(r"checkpoint(\d+)"))[c.keep_last_epochs:]:
+                os.remove(link)
+        referenced = {os.readlink(os.path.join(root, e)) for e in os.listdir(root)
+                      if os.path.islink(os.path.join(root, e))}
+        directories = self._matching(re.compile(r"checkpoint_\d+_(\d+)"))
+        interval = [p for p in directories if marker(p).get("interval")]
+        keep = set(interval[:c.keep_interval_updates] if c.keep_interval_updates > 0 else interval)
+        for path in directories:
+            if os.path.basename(path) not in referenced and path not in keep:
+                shutil.rmtree(path, ignore_errors=True)
 
     def prune(self) -> None:
         c = self.cfg
@@ -107,6 +146,13 @@ class CheckpointManager:
             if m:
                 found.append((int(m.group(1)), os.path.join(self.cfg.save_dir, name)))
         return [p for _, p in sorted(found, reverse=True)]
+
+
+def resolve_checkpoint_path(path: str) -> str:
+    """``path`` itself, or the sharded directory of that name without ``.pt``."""
+    if not os.path.exists(path) and path.endswith(".pt") and os.path.isdir(path[:-3]):
+        return path[:-3]
+    return path
 
 
 def load_checkpoint(path: str) -> Dict:

@@ -6,7 +6,8 @@ import torch
 
 from shardtrain.config.build import from_dict
 from shardtrain.trainer import build
-from shardtrain.trainer.checkpoints import load_checkpoint
+from shardtrain.trainer.checkpoints import load_checkpoint, resolve_checkpoint_path
+from shardtrain.trainer.sharded_checkpoints import is_sharded, load_extra, load_sharded_into
 from shardtrain.trainer.resume import check_fingerprint
 from shardtrain.errors import CheckpointError
 
@@ -17,9 +18,12 @@ def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False)
     """-> (cfg, task, model in eval mode, device).
 
     The checkpoint's config is enough to rebuild the model; ``data`` points the
-    task at another copy of the data-bin (its dictionary must match).
+    task at another copy of the data-bin (its dictionary must match). Either
+    form works: a single file, or a sharded directory (``checkpoint_last.pt``
+    finds the directory ``checkpoint_last`` when there is no such file).
     """
-    state = load_checkpoint(path)
+    path = resolve_checkpoint_path(path)
+    state = load_extra(path) if is_sharded(path) else load_checkpoint(path)
     values = dict(state["cfg"])
     if data is not None:
         values["task"] = {**values.get("task", {}), "data": data}
@@ -29,7 +33,10 @@ def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False)
     check_fingerprint(task, state, path)
     model = build.build_model(cfg, task)
     try:
-        model.load_state_dict(state["model"])
+        if is_sharded(path):
+            load_sharded_into(path, model, None)  # DCP assembles the full tensors from the shards
+        else:
+            model.load_state_dict(state["model"])
     except RuntimeError as e:
         raise CheckpointError(f"The model in {path} does not fit the data-bin {cfg.task.data!r}: "
                               f"{str(e).splitlines()[1][:200] if len(str(e).splitlines()) > 1 else e}. "

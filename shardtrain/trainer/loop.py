@@ -39,7 +39,8 @@ class Run:
         torch.manual_seed(cfg.common.seed)
         self.backend = build_backend(cfg, ctx)
         self.task = build.build_task(cfg)
-        self.checkpoints = CheckpointManager(cfg.checkpoint, is_master=self.backend.is_master)
+        self.checkpoints = CheckpointManager(cfg.checkpoint, is_master=self.backend.is_master,
+                                             sharded=self.backend.sharded_checkpoints)
         self.checkpoints.check_writable()
         with torch.device("meta") if self.backend.init_on_meta else contextlib.nullcontext():
             model = build.build_model(cfg, self.task)
@@ -75,11 +76,11 @@ class Run:
     def training_seconds(self) -> float:
         return self.trainer.state.prev_training_time + time.time() - self.run_start
 
-    def checkpoint_state(self, epoch_itr) -> Dict:
-        state = {"cfg": to_dict(self.cfg), "task_fingerprint": self.task.fingerprint(), **self.trainer.state_dict(),
-                 "train_iterator": epoch_itr.state_dict(), "meters": self.metrics.state_dict()}
-        state["train_state"]["prev_training_time"] = self.training_seconds()  # for --stop-time-hours on resume
-        return state
+    def checkpoint_extra(self, epoch_itr) -> Dict:
+        """What a checkpoint holds besides the trainer's own state."""
+        return {"cfg": to_dict(self.cfg), "task_fingerprint": self.task.fingerprint(),
+                "train_iterator": epoch_itr.state_dict(), "meters": self.metrics.state_dict(),
+                "training_seconds": self.training_seconds()}  # for --stop-time-hours on resume
 
     def close(self) -> None:
         if self.tensorboard is not None:
@@ -173,7 +174,7 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
     if do_save and not ck.no_save:
         start = time.time()
         names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)
-        paths = run.checkpoints.save(run.checkpoint_state(epoch_itr), names)
+        paths = run.checkpoints.save(run.trainer, run.checkpoint_extra(epoch_itr), epoch, updates, names)
         logger.info(f"saved checkpoint {paths[0] if paths else '-'} (epoch {epoch} @ {updates} updates, "
                     f"score {valid_loss}) (writing took {time.time() - start:.2f} seconds)")
     if ck.patience > 0 and state.num_bad_validations >= ck.patience:

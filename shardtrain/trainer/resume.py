@@ -5,7 +5,11 @@ from typing import Dict
 
 from shardtrain.errors import CheckpointError
 from shardtrain.trainer.backends import unwrap
-from shardtrain.trainer.checkpoints import load_checkpoint
+from shardtrain.config.build import to_dict
+from shardtrain.trainer.checkpoints import load_checkpoint, resolve_checkpoint_path
+from shardtrain.trainer.sharded_checkpoints import (
+    is_sharded, load_extra, load_sharded_into, rng_for_this_rank,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -17,22 +21,24 @@ def restore(run):
     if path is None and ck.finetune_from_model:
         # fairseq's rule: --finetune-from-model applies only to a fresh run;
         # once checkpoint_last exists, the run resumes from it instead.
-        state = load_checkpoint(ck.finetune_from_model)
-        load_model_weights(run.trainer, state, ck.finetune_from_model, cfg)
-        logger.info(f"loaded model weights from {ck.finetune_from_model} (optimizer, lr scheduler, meters and "
+        source = resolve_checkpoint_path(ck.finetune_from_model)
+        if is_sharded(source):
+            check_same_model(run.trainer, load_extra(source), source, cfg)
+            load_sharded_into(source, run.trainer.model, None)
+        else:
+            load_model_weights(run.trainer, load_checkpoint(source), source, cfg)
+        logger.info(f"loaded model weights from {source} (optimizer, lr scheduler, meters and "
                     "data position reset)")
         path = None
     if path is None:
         return run.batch_iterator(cfg.dataset.train_subset, epoch=1, shuffle=True)
-    state = load_checkpoint(path)
-    load_model_weights(run.trainer, state, path, cfg, load=False)
     try:
-        run.trainer.load_state_dict(state, reset_optimizer=ck.reset_optimizer,
-                                    reset_lr_scheduler=ck.reset_lr_scheduler)
+        state = _load_trainer_state(run.trainer, path, cfg)
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"Cannot resume from {path}: {str(e).splitlines()[0][:300]}. Its optimizer or "
                               "scheduler does not match this run; pass --reset-optimizer / "
                               "--reset-lr-scheduler to keep only the weights.") from None
+    run.trainer.state.prev_training_time = state.get("training_seconds", 0.0)
     if not ck.reset_meters and "meters" in state:
         run.metrics.load_state_dict(state["meters"])
     iterator_state = state["train_iterator"]
@@ -42,6 +48,39 @@ def restore(run):
         epoch_itr.load_state_dict(iterator_state)
     logger.info(f"loaded checkpoint {path} (epoch {iterator_state['epoch']} @ {run.trainer.num_updates} updates)")
     return epoch_itr
+
+
+def _load_trainer_state(trainer, path: str, cfg) -> Dict:
+    """Load a single-file or sharded checkpoint into ``trainer``; return its other state."""
+    ck = cfg.checkpoint
+    if not is_sharded(path):
+        state = load_checkpoint(path)
+        load_model_weights(trainer, state, path, cfg, load=False)
+        trainer.load_state_dict(state, reset_optimizer=ck.reset_optimizer, reset_lr_scheduler=ck.reset_lr_scheduler)
+        return state
+    state = load_extra(path)
+    check_same_model(trainer, state, path, cfg)
+    load_sharded_into(path, trainer.model, None if ck.reset_optimizer else trainer.optimizer)
+    # each rank's own RNG stream, when the world size is the one that saved it
+    state["train_state"]["rng"] = rng_for_this_rank(state)
+    trainer.load_extra_state(state, reset_optimizer=ck.reset_optimizer, reset_lr_scheduler=ck.reset_lr_scheduler)
+    return state
+
+
+def check_same_model(trainer, state: Dict, path: str, cfg) -> None:
+    """A sharded checkpoint's shapes are only known to DCP, so compare the config fields that set
+    them (sizes and switches; float fields such as dropouts may change)."""
+    check_fingerprint(trainer.task, state, path)
+    saved = state["cfg"]
+
+    def shape_fields(model_cfg):
+        return {k: v for k, v in (model_cfg or {}).items() if not isinstance(v, float)}
+
+    if shape_fields(saved.get("model")) != shape_fields(to_dict(cfg)["model"]):
+        raise CheckpointError(
+            f"Checkpoint {path} was saved with another model (--arch {saved['components']['arch']} and its size "
+            f"flags); this run uses --arch {cfg.components.arch}. Use the same architecture, or start a new "
+            "--save-dir.")
 
 
 def check_fingerprint(task, state: Dict, path: str) -> None:

@@ -122,13 +122,19 @@ class Trainer:
         self.lr_scheduler.step(epoch, val_loss)
         return self.lr_scheduler.step_update(self.num_updates)
 
+    def extra_state(self) -> Dict:
+        """Everything but the model and optimizer (which sharded checkpoints store apart)."""
+        return {
+            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "precision": self.precision.state_dict(),
+            "train_state": self.state.state_dict(),
+        }
+
     def state_dict(self) -> Dict:
         return {
             "model": self.backend.model_state_dict(self.model),
             "optimizer": self.backend.optimizer_state_dict(self.model, self.optimizer),
-            "lr_scheduler": self.lr_scheduler.state_dict(),
-            "precision": self.precision.state_dict(),
-            "train_state": self.state.state_dict(),
+            **self.extra_state(),
         }
 
     def load_model(self, model_state: Dict) -> None:
@@ -138,8 +144,12 @@ class Trainer:
         self.load_model(state["model"])
         if not reset_optimizer:
             self.backend.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        self.load_extra_state(state, reset_optimizer=reset_optimizer, reset_lr_scheduler=reset_lr_scheduler)
+
+    def load_extra_state(self, state: Dict, *, reset_optimizer=False, reset_lr_scheduler=False) -> None:
+        if not reset_optimizer:
             self.precision.load_state_dict(state.get("precision", {}))
-        self.state.load_state_dict(state["train_state"])
+        self.state.load_state_dict(state["train_state"], restore_rng=state["train_state"].get("rng") is not None)
         if not reset_lr_scheduler:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.lr_scheduler.step_update(self.num_updates)

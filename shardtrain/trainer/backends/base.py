@@ -28,6 +28,9 @@ class Backend:
     #: True when the backend casts parameters to --bf16/--fp16 itself (FSDP's
     #: MixedPrecisionPolicy), so the precision component must not autocast.
     casts_params: bool = False
+    #: True when checkpoints are saved sharded (one DCP directory, every rank
+    #: writing its own shards) rather than as one file written by rank 0.
+    sharded_checkpoints: bool = False
 
     def __init__(self, ctx, cfg):
         """``ctx``: this rank's DistributedContext; ``cfg``: the run config (the

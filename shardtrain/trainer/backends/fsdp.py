@@ -31,6 +31,7 @@ class FullyShardedBackend(Backend):
     grads_are_averaged = True
     init_on_meta = True
     casts_params = True
+    sharded_checkpoints = True
 
     def __init__(self, ctx, cfg):
         super().__init__(ctx, cfg)

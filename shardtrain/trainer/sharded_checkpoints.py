@@ -1,0 +1,156 @@
+"""Sharded checkpoints (fully_sharded): one directory per checkpoint, written by all ranks.
+
+Layout of ``checkpoint_{epoch}_{updates}/``: torch.distributed.checkpoint (DCP)
+files holding the model and optimizer, each rank writing its own shards in
+parallel (no rank gathers the full model); ``extra.pt`` with everything else
+(config, scheduler, data position, meters, every rank's RNG states), written
+by rank 0; and ``COMPLETE``, written last.
+
+Atomicity: the directory is written under a hidden ``.NAME.partial`` name and
+renamed into place only after ``COMPLETE`` is on disk, so a crash at any
+moment leaves no directory under a checkpoint name that is not whole. The
+other names (``checkpoint_last``, ``checkpoint_best``, ``checkpoint{epoch}``)
+are symlinks to it, swapped atomically with ``os.replace``. DCP reshards on
+load, so a checkpoint saved on N ranks resumes on any number of ranks.
+"""
+import json
+import os
+import shutil
+import warnings
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+)
+
+from shardtrain.errors import CheckpointError
+from shardtrain.fileio import atomic_open, atomic_write_bytes, fsync_dir, remove_quietly, temp_sibling
+from shardtrain.trainer.train_state import rng_state
+
+COMPLETE = "COMPLETE"
+EXTRA = "extra.pt"
+FORMAT = "shardtrain-dcp-1"
+
+
+def is_sharded(path: str) -> bool:
+    return os.path.isdir(path)
+
+
+def check_complete(path: str) -> None:
+    if not os.path.isfile(os.path.join(path, COMPLETE)):
+        raise CheckpointError(
+            f"Checkpoint directory {path!r} is incomplete (no {COMPLETE} marker): its save was interrupted. "
+            "Resume from an earlier checkpoint (e.g. checkpoint_last, which always points to a complete one).")
+
+
+def save_sharded(save_dir: str, name: str, model, optimizer, extra: Dict, aliases: List[str],
+                 interval: bool = False) -> str:
+    """Collective: every rank calls it. Returns the checkpoint directory."""
+    rank, world = _rank(), _world()
+    final = os.path.join(save_dir, name)
+    partial = os.path.join(save_dir, f".{name}.partial")
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # left by a crashed save of the same update
+        os.makedirs(partial)
+    _barrier()
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.save(state, checkpoint_id=partial, no_dist=world == 1 and not dist.is_initialized())
+    rngs = _gather(rng_state())
+    if rank == 0:
+        with atomic_open(os.path.join(partial, EXTRA)) as f:
+            torch.save({**extra, "rng_per_rank": rngs}, f)
+        info = {"format": FORMAT, "world_size": world, "name": name, "interval": interval}
+        atomic_write_bytes(os.path.join(partial, COMPLETE), json.dumps(info).encode())
+        fsync_dir(partial)
+        _replace_dir(partial, final)
+        for alias in aliases:
+            _point(os.path.join(save_dir, alias), name)
+        fsync_dir(save_dir)
+    _barrier()
+    return final
+
+
+def marker(path: str) -> Dict:
+    """The COMPLETE marker's contents ({} when there is none)."""
+    try:
+        with open(os.path.join(path, COMPLETE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def load_extra(path: str) -> Dict:
+    check_complete(path)
+    try:
+        return torch.load(os.path.join(path, EXTRA), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
+        raise CheckpointError(f"Cannot read {os.path.join(path, EXTRA)}: {type(e).__name__}: {e}. The "
+                              "checkpoint is damaged; resume from an earlier one.") from None
+
+
+def load_sharded_into(path: str, model, optimizer: Optional[torch.optim.Optimizer]) -> None:
+    """Load model (and optimizer) shards into this run's layout, whatever world size saved them."""
+    check_complete(path)
+    state = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    try:
+        with warnings.catch_warnings():  # loading in one process without a group is intended here
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+    except Exception as e:  # noqa: BLE001 - DCP wraps storage errors in several types
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"Cannot load the sharded checkpoint {path!r}: {first}. A shard file is missing "
+                              "or damaged; resume from an earlier checkpoint.") from None
+    set_model_state_dict(model, state["model"])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def rng_for_this_rank(extra: Dict) -> Optional[Dict]:
+    """This rank's saved RNG state when the world size is unchanged, else None."""
+    rngs = extra.get("rng_per_rank") or []
+    return rngs[_rank()] if len(rngs) == _world() else None
+
+
+def _replace_dir(src: str, dst: str) -> None:
+    if os.path.lexists(dst):  # saving the same update twice (a rerun): swap the old one out
+        old = temp_sibling(dst)
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else remove_quietly(old)
+    else:
+        os.replace(src, dst)
+
+
+def _point(link: str, target_name: str) -> None:
+    """Atomically make ``link`` a relative symlink to ``target_name``."""
+    if os.path.isdir(link) and not os.path.islink(link):
+        raise CheckpointError(f"{link} is a directory, not a checkpoint alias; move it out of --save-dir.")
+    tmp = temp_sibling(link)
+    os.symlink(target_name, tmp)
+    os.replace(tmp, link)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _gather(obj) -> List:
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
