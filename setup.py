@@ -23,6 +23,7 @@ setup(
             "shard-validate = shardtrain.cli.validate:main",
             "shard-generate = shardtrain.cli.generate:main",
             "shard-demo = shardtrain.cli.demo:main",
+            "shard-consolidate = shardtrain.cli.consolidate:main",
         ]
     },
 )

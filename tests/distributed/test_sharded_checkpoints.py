@@ -25,7 +25,7 @@ def data_bin(tmp_path_factory):
                                valid_tokens=200, line_len=40)
 
 
-def run(data_bin, save_dir, world_size, max_update, backend="fully_sharded", dropout="0"):
+def run(data_bin, save_dir, world_size, max_update, backend="fully_sharded", dropout="0", *extra):
     cfg = parse_train_args([
         data_bin, "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "16",
         "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
@@ -33,7 +33,7 @@ def run(data_bin, save_dir, world_size, max_update, backend="fully_sharded", dro
         "--momentum", "0.9", "--lr", "0.5", "--lr-scheduler", "fixed", "--max-update", str(max_update),
         "--disable-validation", "--cpu", "--threads", "1", "--log-format", "none", "--save-dir", str(save_dir),
         "--ddp-backend", backend, "--distributed-world-size", str(world_size),
-        "--update-freq", str(6 // world_size), "--heartbeat-timeout", "60"])
+        "--update-freq", str(6 // world_size), "--heartbeat-timeout", "60", *extra])
     return call_main(cfg, train_and_record)
 
 

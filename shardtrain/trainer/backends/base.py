@@ -12,6 +12,7 @@ from typing import Dict, Iterable, List
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from shardtrain.registry import Registry
 
@@ -80,10 +81,12 @@ class Backend:
         unwrap(module).load_state_dict(state_dict)
 
     def optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> Dict:
-        return optimizer.state_dict()
+        # Keyed by parameter name (not position), as every backend and DCP key it,
+        # so one checkpoint's optimizer state loads under any backend.
+        return get_optimizer_state_dict(module, optimizer)
 
     def load_optimizer_state_dict(self, module: nn.Module, optimizer, state_dict: Dict) -> None:
-        optimizer.load_state_dict(state_dict)
+        set_optimizer_state_dict(module, optimizer, state_dict)
 
     def barrier(self) -> None:
         if self.world_size > 1:
