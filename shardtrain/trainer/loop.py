@@ -20,6 +20,7 @@ from shardtrain.trainer.logging_setup import setup_logging
 from shardtrain.trainer.checkpoints import CheckpointManager
 from shardtrain.trainer.meters import MetricsLogger
 from shardtrain.trainer.precision import build_precision
+from shardtrain.trainer.preemption import PreemptionWatcher
 from shardtrain.trainer.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.resume import restore
 from shardtrain.trainer.run_metrics import RunMetrics
@@ -55,6 +56,7 @@ class Run:
         tb_dir = cfg.common.tensorboard_logdir
         self.tensorboard = TensorboardWriter(tb_dir) if tb_dir and self.backend.is_master else None
         self.run_start = time.time()
+        self.preemption = PreemptionWatcher()
 
     def batch_iterator(self, split: str, epoch: int, shuffle: bool, valid: bool = False):
         d = self.cfg.dataset
@@ -83,6 +85,7 @@ class Run:
                 "training_seconds": self.training_seconds()}  # for --stop-time-hours on resume
 
     def close(self) -> None:
+        self.preemption.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
         self.backend.close()
@@ -156,9 +159,11 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
     if opt.max_update > 0 and updates >= opt.max_update:
         should_stop = True
         logger.info(f"stopping training: num_updates {updates} >= --max-update {opt.max_update}")
-    if opt.stop_time_hours > 0 and run.training_seconds() > opt.stop_time_hours * 3600:
+    time_up = opt.stop_time_hours > 0 and run.training_seconds() > opt.stop_time_hours * 3600
+    if run.preemption.agreed(run.backend, also=time_up):  # every rank stops at the same update
         should_stop = True
-        logger.info(f"stopping training: --stop-time-hours {opt.stop_time_hours} elapsed")
+        reason = f"--stop-time-hours {opt.stop_time_hours} elapsed" if time_up else "SIGTERM/SIGUSR1 received"
+        logger.info(f"stopping training at update {updates}: {reason}; saving checkpoint_last")
     on_interval = ck.save_interval_updates > 0 and updates % ck.save_interval_updates == 0
     do_save = ((end_of_epoch and epoch % ck.save_interval == 0) or should_stop
                or (on_interval and updates >= ds.validate_after_updates))

@@ -1,0 +1,36 @@
+"""SIGTERM/SIGUSR1: finish the update, save checkpoint_last, exit 0; relaunching resumes."""
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from st_testutils import make_space_data_bin
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_signal_saves_and_exits_zero_then_resumes(sig, tmp_path):
+    data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=20000, valid_tokens=200, line_len=40)
+    save = tmp_path / "ck"
+    command = [sys.executable, "-m", "shardtrain.cli.train", data, "--arch", "transformer_lm", "--decoder-layers",
+               "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
+               "--tokens-per-sample", "32", "--batch-size", "4", "--disable-validation", "--max-update", "100000",
+               "--cpu", "--threads", "1", "--log-format", "json", "--log-interval", "1", "--save-dir", str(save)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    for line in proc.stdout:  # wait until training is under way
+        if '"num_updates": "3"' in line or time.time() > deadline:
+            break
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    state = torch.load(save / "checkpoint_last.pt", weights_only=True)
+    stopped_at = state["train_state"]["num_updates"]
+    assert stopped_at >= 3
+    resumed = subprocess.run(command[:command.index("100000")] + [str(stopped_at + 2)]
+                             + command[command.index("100000") + 1:], capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"@ {stopped_at} updates" in resumed.stdout  # loaded checkpoint ... (epoch 1 @ N updates)
+    assert torch.load(save / "checkpoint_last.pt", weights_only=True)["train_state"]["num_updates"] == stopped_at + 2
