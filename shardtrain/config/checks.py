@@ -46,6 +46,9 @@ RULES: List[Tuple[Callable, str]] = [
     (lambda c: c.distributed.cpu_offload and c.distributed.ddp_backend != "fully_sharded",
      "--cpu-offload needs --ddp-backend fully_sharded (it offloads the parameter shards); "
      "add --ddp-backend fully_sharded or drop --cpu-offload."),
+    (lambda c: c.checkpoint.async_save and c.distributed.ddp_backend != "fully_sharded",
+     "--async-save writes sharded checkpoints with torch.distributed.checkpoint and needs --ddp-backend "
+     "fully_sharded; add it or drop --async-save."),
     (lambda c: c.distributed.distributed_world_size is not None and c.distributed.distributed_world_size < 1,
      "--distributed-world-size must be at least 1."),
     (lambda c: c.checkpoint.no_save and c.checkpoint.save_interval_updates > 0,

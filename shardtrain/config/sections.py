@@ -89,6 +89,8 @@ class CheckpointConfig:
     best_checkpoint_metric: str = field("loss", help="validation metric that decides checkpoint_best")
     maximize_best_checkpoint_metric: bool = field(False, help="a higher --best-checkpoint-metric is better")
     patience: int = field(-1, help="stop after N validations without improvement (-1: never)")
+    async_save: bool = field(False, help="fully_sharded: write checkpoints in the background while training "
+                             "continues (same atomicity)")
 
 
 DDP_BACKENDS = ("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d", "fully_sharded")

@@ -17,7 +17,7 @@ import torch
 
 from shardtrain.errors import CheckpointError
 from shardtrain.fileio import atomic_open, fsync_dir, remove_quietly, temp_sibling
-from shardtrain.trainer.sharded_checkpoints import marker, save_sharded
+from shardtrain.trainer.sharded_checkpoints import ShardedSaver, marker
 
 logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -30,6 +30,7 @@ class CheckpointManager:
         self.cfg = cfg
         self.is_master = is_master
         self.sharded = sharded
+        self.sharded_saver = ShardedSaver(async_save=cfg.async_save) if sharded else None
 
     # -- where -----------------------------------------------------------------
     def check_writable(self) -> None:
@@ -105,12 +106,15 @@ class CheckpointManager:
         aliases = [n[:-3] for n in names if n[:-3] != storage]
         if self.is_master:
             os.makedirs(self.cfg.save_dir, exist_ok=True)
-        path = save_sharded(self.cfg.save_dir, storage, trainer.model, trainer.optimizer,
-                            {"version": FORMAT_VERSION, **extra, **trainer.extra_state()}, aliases,
-                            interval=f"{storage}.pt" in names)
-        if self.is_master:
-            self.prune_sharded()
+        path = self.sharded_saver.save(self.cfg.save_dir, storage, trainer.model, trainer.optimizer,
+                                       {"version": FORMAT_VERSION, **extra, **trainer.extra_state()}, aliases,
+                                       interval=f"{storage}.pt" in names, after=self.prune_sharded)
         return [path]
+
+    def wait(self) -> None:
+        """Finish a background save (--async-save); called before exit."""
+        if self.sharded_saver is not None:
+            self.sharded_saver.wait()
 
     def prune_sharded(self) -> None:
         """Drop epoch aliases beyond --keep-last-epochs, interval checkpoints beyond

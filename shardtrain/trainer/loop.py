@@ -85,6 +85,7 @@ class Run:
                 "training_seconds": self.training_seconds()}  # for --stop-time-hours on resume
 
     def close(self) -> None:
+        self.checkpoints.wait()  # a background save must land before the process exits
         self.preemption.close()
         if self.tensorboard is not None:
             self.tensorboard.close()

@@ -16,8 +16,9 @@ load, so a checkpoint saved on N ranks resumes on any number of ranks.
 import json
 import os
 import shutil
+import threading
 import warnings
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -46,31 +47,89 @@ def check_complete(path: str) -> None:
             "Resume from an earlier checkpoint (e.g. checkpoint_last, which always points to a complete one).")
 
 
-def save_sharded(save_dir: str, name: str, model, optimizer, extra: Dict, aliases: List[str],
-                 interval: bool = False) -> str:
-    """Collective: every rank calls it. Returns the checkpoint directory."""
-    rank, world = _rank(), _world()
-    final = os.path.join(save_dir, name)
-    partial = os.path.join(save_dir, f".{name}.partial")
-    if rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)  # left by a crashed save of the same update
-        os.makedirs(partial)
-    _barrier()
-    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
-    dcp.save(state, checkpoint_id=partial, no_dist=world == 1 and not dist.is_initialized())
-    rngs = _gather(rng_state())
-    if rank == 0:
-        with atomic_open(os.path.join(partial, EXTRA)) as f:
-            torch.save({**extra, "rng_per_rank": rngs}, f)
-        info = {"format": FORMAT, "world_size": world, "name": name, "interval": interval}
-        atomic_write_bytes(os.path.join(partial, COMPLETE), json.dumps(info).encode())
-        fsync_dir(partial)
-        _replace_dir(partial, final)
-        for alias in aliases:
-            _point(os.path.join(save_dir, alias), name)
-        fsync_dir(save_dir)
-    _barrier()
-    return final
+class ShardedSaver:
+    """Writes sharded checkpoints, synchronously or in the background (``--async-save``).
+
+    With async saves, DCP stages the state (copies it off the live tensors)
+    and returns; the shards are written by a background thread, and rank 0
+    then writes the marker and renames the directory into place, still
+    atomically. One save is in flight at a time; ``wait()`` finishes it.
+    """
+
+    def __init__(self, async_save: bool = False):
+        self.async_save = async_save
+        self._pending: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._group = None
+
+    def save(self, save_dir: str, name: str, model, optimizer, extra: Dict, aliases: List[str],
+             interval: bool = False, after: Optional[Callable[[], None]] = None) -> str:
+        """Collective: every rank calls it. ``after`` runs on rank 0 once the checkpoint is in place."""
+        self.wait()
+        rank = _rank()
+        final = os.path.join(save_dir, name)
+        partial = os.path.join(save_dir, f".{name}.partial")
+        if rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)  # left by a crashed save of the same update
+            os.makedirs(partial)
+        _barrier()
+        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        rngs = _gather(rng_state())
+        info = {"format": FORMAT, "world_size": _world(), "name": name, "interval": interval}
+
+        def finish():
+            if rank == 0:
+                _finalize(save_dir, name, partial, final, {**extra, "rng_per_rank": rngs}, info, aliases)
+                if after is not None:
+                    after()
+
+        if not self.async_save:
+            dcp.save(state, checkpoint_id=partial, no_dist=not dist.is_initialized())
+            finish()
+            _barrier()
+            return final
+        future = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group())
+        self._pending = threading.Thread(target=self._complete, args=(future, finish), daemon=True)
+        self._pending.start()
+        return final
+
+    def _complete(self, future, finish) -> None:
+        try:
+            future.result()
+            finish()
+        except BaseException as e:  # noqa: BLE001 - reported by wait() on the training thread
+            self._error = e
+
+    def wait(self) -> None:
+        """Block until the background save (if any) is on disk under its name."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+            _barrier()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"A background checkpoint save failed: {type(error).__name__}: {error}. "
+                                  "The previous checkpoints are intact; check --save-dir (space, "
+                                  "permissions).") from error
+
+    def _async_group(self):
+        # Background collectives get their own gloo group so they never interleave
+        # with the training step's collectives (which may be NCCL on the GPU).
+        if self._group is None and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+
+def _finalize(save_dir, name, partial, final, extra, info, aliases) -> None:
+    """Rank 0, after every shard is written: extra state, marker, rename, aliases."""
+    with atomic_open(os.path.join(partial, EXTRA)) as f:
+        torch.save(extra, f)
+    atomic_write_bytes(os.path.join(partial, COMPLETE), json.dumps(info).encode())
+    fsync_dir(partial)
+    _replace_dir(partial, final)
+    for alias in aliases:
+        _point(os.path.join(save_dir, alias), name)
+    fsync_dir(save_dir)
 
 
 def marker(path: str) -> Dict:

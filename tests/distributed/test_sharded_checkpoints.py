@@ -83,3 +83,13 @@ def test_two_rank_resume_is_exact_with_dropout(data_bin, tmp_path):
     first = run(data_bin, split, 2, HALF, dropout="0.2")[0]
     second = run(data_bin, split, 2, TOTAL, dropout="0.2")[0]
     assert first + second == straight  # bit-identical
+
+
+def test_async_save_resumes_exactly(data_bin, reference, tmp_path):
+    """--async-save (saving after every update, in the background) keeps resume exact and atomic."""
+    save = tmp_path / "ck"
+    run(data_bin, save, 2, HALF, "fully_sharded", "0", "--async-save", "--save-interval-updates", "1")
+    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_1_1", "checkpoint_1_2", "checkpoint_1_3",
+                                                      "checkpoint_1_4", "checkpoint_last"]
+    np.testing.assert_allclose(run(data_bin, save, 2, TOTAL, "fully_sharded", "0", "--async-save")[0],
+                               reference[HALF:], rtol=1e-5)
