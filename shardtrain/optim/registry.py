@@ -9,6 +9,7 @@ An lr scheduler entry is a class ``(cfg, optimizer, lr, max_update)`` with
 ``step_begin_epoch``, ``step_update``, ``step``, ``state_dict`` and
 ``load_state_dict`` (see ``shardtrain.optim.lr_scheduler.base``).
 """
+import contextlib
 import dataclasses
 from typing import Any, Dict, Type
 
@@ -47,3 +48,14 @@ def register_optimizer(name: str, dataclass=None):
 
 def register_lr_scheduler(name: str, dataclass=None):
     return LR_SCHEDULER_REGISTRY.register(name, dataclass)
+
+
+@contextlib.contextmanager
+def kernel_choice_kept(optimizer: torch.optim.Optimizer):
+    """Loading an optimizer state dict also loads the saved run's fused/foreach
+    flags, which may not suit this run (another device type, or DTensor shards
+    that a fused kernel cannot take); keep this run's choice."""
+    kept = [{k: group.get(k) for k in ("fused", "foreach")} for group in optimizer.param_groups]
+    yield
+    for group, flags in zip(optimizer.param_groups, kept):
+        group.update(flags)

@@ -23,11 +23,13 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
 
 from shardtrain.errors import CheckpointError
+from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.fileio import atomic_open, atomic_write_bytes, fsync_dir, remove_quietly, temp_sibling
 from shardtrain.trainer.train_state import rng_state
 
@@ -160,13 +162,14 @@ def load_sharded_into(path: str, model, optimizer: Optional[torch.optim.Optimize
         with warnings.catch_warnings():  # loading in one process without a group is intended here
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
-    except Exception as e:  # noqa: BLE001 - DCP wraps storage errors in several types
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's exception is a BaseException
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"Cannot load the sharded checkpoint {path!r}: {first}. A shard file is missing "
                               "or damaged; resume from an earlier checkpoint.") from None
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        with kernel_choice_kept(optimizer):
+            set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def rng_for_this_rank(extra: Dict) -> Optional[Dict]:

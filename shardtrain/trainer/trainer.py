@@ -10,6 +10,7 @@ from typing import Dict, List
 import torch
 
 from shardtrain.errors import ShardtrainError
+from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.trainer import build
 from shardtrain.trainer.backends import Backend
 from shardtrain.trainer.precision import Precision
@@ -143,7 +144,8 @@ class Trainer:
     def load_state_dict(self, state: Dict, *, reset_optimizer=False, reset_lr_scheduler=False) -> None:
         self.load_model(state["model"])
         if not reset_optimizer:
-            self.backend.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+            with kernel_choice_kept(self.optimizer):
+                self.backend.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         self.load_extra_state(state, reset_optimizer=reset_optimizer, reset_lr_scheduler=reset_lr_scheduler)
 
     def load_extra_state(self, state: Dict, *, reset_optimizer=False, reset_lr_scheduler=False) -> None:

@@ -93,3 +93,30 @@ def test_async_save_resumes_exactly(data_bin, reference, tmp_path):
                                                       "checkpoint_1_4", "checkpoint_last"]
     np.testing.assert_allclose(run(data_bin, save, 2, TOTAL, "fully_sharded", "0", "--async-save")[0],
                                reference[HALF:], rtol=1e-5)
+
+
+def test_every_form_resumes_under_another_backend(data_bin, reference, saved_on_two_ranks, tmp_path):
+    # sharded (fully_sharded) -> pytorch_ddp
+    sharded = tmp_path / "sharded"
+    shutil.copytree(saved_on_two_ranks[0], sharded, symlinks=True)
+    np.testing.assert_allclose(run(data_bin, sharded, 2, TOTAL, "pytorch_ddp")[0], reference[HALF:], rtol=1e-5)
+    # single file (pytorch_ddp) -> fully_sharded
+    single = tmp_path / "single"
+    run(data_bin, single, 2, HALF, "pytorch_ddp")
+    assert (single / "checkpoint_last.pt").is_file()
+    np.testing.assert_allclose(run(data_bin, single, 2, TOTAL)[0], reference[HALF:], rtol=1e-5)
+
+
+def test_missing_shard_is_a_clear_error(data_bin, saved_on_two_ranks, tmp_path, capsys):
+    from shardtrain.cli import train
+
+    broken = tmp_path / "ck"
+    shutil.copytree(saved_on_two_ranks[0], broken, symlinks=True)
+    os.remove(broken / "checkpoint_last" / "__1_0.distcp")
+    with pytest.raises(SystemExit) as info:
+        train.main([data_bin, "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "16",
+                    "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
+                    "--batch-size", "4", "--optimizer", "sgd", "--momentum", "0.9", "--lr-scheduler", "fixed",
+                    "--ddp-backend", "fully_sharded", "--cpu", "--save-dir", str(broken), "--max-update", "6"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "shard file is missing or damaged" in err and "Traceback" not in err
