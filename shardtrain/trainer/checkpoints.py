@@ -14,6 +14,7 @@ import tempfile
 from typing import Dict, List, Optional
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from shardtrain.errors import CheckpointError
 from shardtrain.fileio import atomic_open, fsync_dir, remove_quietly, temp_sibling
@@ -87,8 +88,18 @@ class CheckpointManager:
         """Write ``trainer``'s state plus ``extra`` under ``names``. Called on every rank."""
         if self.cfg.no_save or not names:
             return []
-        if self.sharded:
-            return self._save_sharded(trainer, extra, epoch, updates, names)
+        try:
+            if self.sharded:
+                return self._save_sharded(trainer, extra, epoch, updates, names)
+            return self._save_file(trainer, extra, names)
+        except (OSError, CheckpointException) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0][:200]
+            raise CheckpointError(
+                f"Saving the checkpoint of update {updates} to {self.cfg.save_dir!r} failed: {reason}. The "
+                "previous checkpoints are intact and resume as before; free space in --save-dir (or choose "
+                "another one) and relaunch the same command.") from None
+
+    def _save_file(self, trainer, extra: Dict, names: List[str]) -> List[str]:
         state = {**extra, **trainer.state_dict()}
         if not self.is_master:
             return []

@@ -86,8 +86,13 @@ class ShardedSaver:
                     after()
 
         if not self.async_save:
-            dcp.save(state, checkpoint_id=partial, no_dist=not dist.is_initialized())
-            finish()
+            try:
+                dcp.save(state, checkpoint_id=partial, no_dist=not dist.is_initialized())
+                finish()
+            except BaseException:
+                if rank == 0:
+                    shutil.rmtree(partial, ignore_errors=True)
+                raise
             _barrier()
             return final
         future = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group())

@@ -1,0 +1,40 @@
+"""A save that fails for lack of space: a clear error, non-zero exit, previous checkpoints untouched."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from st_testutils import make_space_data_bin, tiny_model_flags
+
+# Runs training with a file-size limit, the same failure a full disk gives a
+# writer (EFBIG instead of ENOSPC; SIGXFSZ ignored so the write returns the error).
+LIMITED = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+from shardtrain.cli import train
+train.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("backend", ["pytorch_ddp", "fully_sharded"])
+def test_failed_save_leaves_previous_checkpoints_intact(backend, tmp_path):
+    data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=4000, valid_tokens=200, line_len=40)
+    save = tmp_path / "ck"
+    args = [data, *tiny_model_flags(), "--save-dir", str(save), "--ddp-backend", backend, "--cpu",
+            "--disable-validation"]
+    first = subprocess.run([sys.executable, "-m", "shardtrain.cli.train", *args, "--max-update", "2"],
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = {p.name: p.stat().st_mtime for p in save.iterdir()}
+    second = subprocess.run([sys.executable, "-c", LIMITED, *args, "--max-update", "4"],
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert "Saving the checkpoint of update 4" in second.stderr and "previous checkpoints are intact" in \
+        second.stderr.replace("\n", " ")
+    assert "Traceback" not in second.stderr
+    assert {p.name: p.stat().st_mtime for p in save.iterdir()} == before  # nothing new, nothing touched
+    last = save / ("checkpoint_last" if backend == "fully_sharded" else "checkpoint_last.pt")
+    extra = torch.load(last / "extra.pt" if last.is_dir() else last, weights_only=True)
+    assert extra["train_state"]["num_updates"] == 2
