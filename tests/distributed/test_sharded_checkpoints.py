@@ -120,3 +120,17 @@ def test_missing_shard_is_a_clear_error(data_bin, saved_on_two_ranks, tmp_path, 
                     "--ddp-backend", "fully_sharded", "--cpu", "--save-dir", str(broken), "--max-update", "6"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "shard file is missing or damaged" in err and "Traceback" not in err
+
+
+def test_finetune_from_a_sharded_checkpoint(data_bin, saved_on_two_ranks, tmp_path):
+    """--finetune-from-model takes a sharded directory too: its weights, fresh counters."""
+    source = saved_on_two_ranks[0] / "checkpoint_last"
+    losses, weights, _ = run(data_bin, tmp_path / "ft", 1, 1, "pytorch_ddp", "0",
+                             "--finetune-from-model", str(source), "--lr", "1e-9")
+    # a negligible lr: the finetuned weights are the source's, which DCP assembles from both ranks' shards
+    from shardtrain.trainer.consolidate import sharded_to_file
+
+    source_weights = sharded_to_file(str(source), str(tmp_path / "source.pt"), model_only=True)
+    for k, v in source_weights.items():
+        np.testing.assert_allclose(weights[k], v.numpy(), atol=1e-6)
+    assert len(losses) == 1  # one update: the counters started from zero
