@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from shardtrain.errors import ConfigError, ShardtrainError
-from shardtrain.fileio import atomic_write_bytes
+from shardtrain.fileio import atomic_write_bytes, remove_quietly
 from shardtrain.trainer import rendezvous
 from shardtrain.trainer.logging_setup import setup_logging
 
@@ -172,11 +172,12 @@ def _spawned_rank(rank: int, cfg, main, plan: _SpawnPlan) -> None:
             torch.set_num_threads(plan.threads_per_rank)
         ctx = make_context(rank, rank, plan.world_size, plan.use_cuda, plan.backend)
         result = _run_rank(cfg, main, ctx, plan.init_method)
-        if rank == 0:
-            atomic_write_bytes(_result_path(plan.run_dir), pickle.dumps(result))
+        # Every rank marks that main returned: a rank that exits 0 without it was
+        # cut short (torch.multiprocessing turns Ctrl-C into exit code 0).
+        atomic_write_bytes(_result_path(plan.run_dir, rank), pickle.dumps(result if rank == 0 else None))
     except Exception as e:
         _report_failure(plan.run_dir, rank, e)
-        raise  # torch.multiprocessing then exits non-zero and the parent stops the other ranks
+        raise  # torch.multiprocessing then exits non-zero
 
 
 def _report_failure(run_dir: str, rank: int, error: Exception) -> None:
@@ -193,26 +194,31 @@ def _report_failure(run_dir: str, rank: int, error: Exception) -> None:
 
 def _supervise(context, run_dir: str) -> None:
     """Wait for every rank; on the first failure stop the others and raise that failure."""
-    failed: List[int] = []
     try:
-        failed = _wait_until_failure_or_done(context.processes)
-        while not context.join():  # after a failure: terminates the other ranks and raises
-            pass
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-        raise _failure(run_dir, context.processes, failed or [e.error_index]) from None
-    except BaseException:  # Ctrl-C in the parent: never leave ranks behind
+        failed = _wait_until_failure_or_done(context.processes, run_dir)
+    finally:
+        # After a failure the others may wait in a collective for the failed rank,
+        # and after Ctrl-C here nobody would end them: never leave ranks behind.
         _stop(context.processes)
-        raise
+        for path in context.error_files:  # torch.multiprocessing's tracebacks; ours are in run_dir
+            remove_quietly(path)
+    if failed:
+        raise _failure(run_dir, context.processes, failed)
 
 
-def _wait_until_failure_or_done(processes) -> List[int]:
+def _wait_until_failure_or_done(processes, run_dir: str) -> List[int]:
     """Indices of the ranks that failed on their own, before any rank was stopped by us."""
     while True:
-        failed = [i for i, p in enumerate(processes) if p.exitcode not in (None, 0)]
-        running = [p.sentinel for p in processes if p.exitcode is None]
+        codes = [p.exitcode for p in processes]  # read once: a rank may exit while we look
+        failed = [rank for rank, code in enumerate(codes)
+                  if code is not None and (code != 0 or not os.path.exists(_result_path(run_dir, rank)))]
+        running = [p for p, code in zip(processes, codes) if code is None]
         if failed or not running:
             return failed
-        multiprocessing.connection.wait(running)
+        ready = multiprocessing.connection.wait([p.sentinel for p in running])
+        for process in running:
+            if process.sentinel in ready:  # it closed its end of the pipe: it is exiting; reap it
+                process.join()
 
 
 def _failure(run_dir: str, processes, failed: List[int]) -> Exception:
@@ -250,6 +256,8 @@ def _user_error(rank: int, report: dict) -> ShardtrainError:
 
 
 def describe_exit(exitcode: int) -> str:
+    if exitcode == 0:
+        return "exit code 0 before its main returned (sys.exit(0), os._exit(0) or Ctrl-C in that process)"
     if exitcode < 0:
         try:
             return f"killed by signal {signal.Signals(-exitcode).name}"
@@ -258,24 +266,22 @@ def describe_exit(exitcode: int) -> str:
     return f"exit code {exitcode} (os._exit or sys.exit, a crash in native code, or a failure while starting)"
 
 
-def _stop(processes) -> None:
+def _stop(processes, grace_s: float = 30.0) -> None:
+    """SIGTERM (a rank blocked in a collective dies at once), then SIGKILL after a grace period."""
     for process in processes:
         if process.is_alive():
             process.terminate()
+    deadline = time.monotonic() + grace_s
     for process in processes:
-        process.join(timeout=30)
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
         if process.is_alive():
             process.kill()
             process.join()
 
 
 def _read_result(run_dir: str) -> Any:
-    try:
-        with open(_result_path(run_dir), "rb") as f:
-            return pickle.load(f)
-    except FileNotFoundError:
-        raise RankFailedError("rank 0 ended without an error but returned no result (was it interrupted, or "
-                              "did main call sys.exit?)", 0) from None
+    with open(_result_path(run_dir, 0), "rb") as f:  # present: _supervise checked every rank's
+        return pickle.load(f)
 
 
 def _read_report(run_dir: str, rank: int) -> Optional[dict]:
@@ -286,8 +292,8 @@ def _read_report(run_dir: str, rank: int) -> Optional[dict]:
         return None
 
 
-def _result_path(run_dir: str) -> str:
-    return os.path.join(run_dir, "result-rank0.pkl")
+def _result_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"result-rank{rank}.pkl")
 
 
 def _report_path(run_dir: str, rank: int) -> str:
