@@ -29,6 +29,7 @@ from shardtrain.errors import ConfigError, ShardtrainError
 from shardtrain.fileio import atomic_write_bytes, remove_quietly
 from shardtrain.trainer import rendezvous
 from shardtrain.trainer.logging_setup import setup_logging
+from shardtrain.trainer.preemption import forwarding_signals
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +159,8 @@ def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
                           threads_per_rank=max(1, _cpu_count() // world_size))
         context = mp.start_processes(_spawned_rank, args=(cfg, main, plan), nprocs=world_size,
                                      join=False, start_method="spawn")
-        _supervise(context, run_dir)
+        with forwarding_signals(context.processes):
+            _supervise(context, run_dir)
         return _read_result(run_dir)
 
 

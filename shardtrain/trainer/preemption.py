@@ -2,6 +2,8 @@
 training cleanly. The handler only sets a flag; after the current update every
 rank agrees on it (one tiny all-reduce), a checkpoint_last is saved and the job
 exits 0, so relaunching the same command resumes where it stopped."""
+import contextlib
+import os
 import signal
 import threading
 
@@ -35,3 +37,24 @@ class PreemptionWatcher:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+@contextlib.contextmanager
+def forwarding_signals(processes):
+    """In a launcher that spawned the ranks: pass SIGTERM/SIGUSR1 on to every rank,
+    which then saves checkpoint_last and exits 0, instead of dying and orphaning them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum, frame):
+        for process in processes:
+            if process.is_alive():
+                os.kill(process.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -10,14 +10,15 @@ import torch
 from st_testutils import make_space_data_bin
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
-def test_signal_saves_and_exits_zero_then_resumes(sig, tmp_path):
+@pytest.mark.parametrize("sig,ranks", [(signal.SIGTERM, 1), (signal.SIGUSR1, 1), (signal.SIGTERM, 2)])
+def test_signal_saves_and_exits_zero_then_resumes(sig, ranks, tmp_path):
     data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=20000, valid_tokens=200, line_len=40)
     save = tmp_path / "ck"
     command = [sys.executable, "-m", "shardtrain.cli.train", data, "--arch", "transformer_lm", "--decoder-layers",
                "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
                "--tokens-per-sample", "32", "--batch-size", "4", "--disable-validation", "--max-update", "100000",
-               "--cpu", "--threads", "1", "--log-format", "json", "--log-interval", "1", "--save-dir", str(save)]
+               "--cpu", "--threads", "1", "--log-format", "json", "--log-interval", "1", "--save-dir", str(save),
+               "--distributed-world-size", str(ranks), "--ddp-backend", "fully_sharded" if ranks > 1 else "c10d"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     for line in proc.stdout:  # wait until training is under way
@@ -26,11 +27,16 @@ def test_signal_saves_and_exits_zero_then_resumes(sig, tmp_path):
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
-    state = torch.load(save / "checkpoint_last.pt", weights_only=True)
-    stopped_at = state["train_state"]["num_updates"]
+    stopped_at = updates_in(save)
     assert stopped_at >= 3
     resumed = subprocess.run(command[:command.index("100000")] + [str(stopped_at + 2)]
                              + command[command.index("100000") + 1:], capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"@ {stopped_at} updates" in resumed.stdout  # loaded checkpoint ... (epoch 1 @ N updates)
-    assert torch.load(save / "checkpoint_last.pt", weights_only=True)["train_state"]["num_updates"] == stopped_at + 2
+    assert updates_in(save) == stopped_at + 2
+
+
+def updates_in(save) -> int:
+    last = save / "checkpoint_last"  # sharded (a directory) with 2 ranks, else checkpoint_last.pt
+    state = torch.load(last / "extra.pt" if last.is_dir() else save / "checkpoint_last.pt", weights_only=True)
+    return state["train_state"]["num_updates"]
