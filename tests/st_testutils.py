@@ -93,3 +93,14 @@ def make_space_data_bin(directory: str, n_words: int = 8, train_tokens: int = 40
     preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
                      "--destdir", dest, "--no-progress-bar"])
     return dest
+
+
+def last_checkpoint_state(save_dir) -> dict:
+    """checkpoint_last's non-tensor state, in either form: a sharded directory
+    (fully_sharded) or a single file."""
+    import torch
+
+    save_dir = str(save_dir)
+    sharded = os.path.join(save_dir, "checkpoint_last")
+    path = os.path.join(sharded, "extra.pt") if os.path.isdir(sharded) else sharded + ".pt"
+    return torch.load(path, weights_only=True)

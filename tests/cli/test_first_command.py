@@ -4,7 +4,7 @@ import subprocess
 
 import torch
 
-from st_testutils import make_space_data_bin
+from st_testutils import last_checkpoint_state, make_space_data_bin
 
 
 def test_fully_sharded_cpu_offload_with_defaults_only(tmp_path):
@@ -16,7 +16,8 @@ def test_fully_sharded_cpu_offload_with_defaults_only(tmp_path):
     log = result.stdout
     assert "optimizer: AdamW (fused) stepping on cpu" in log  # adam on the CPU shards, fused kernel
     assert "fully_sharded: materialised this rank's shards" in log
-    state = torch.load(tmp_path / "checkpoints" / "checkpoint_last.pt", weights_only=True)
+    assert (tmp_path / "checkpoints" / "checkpoint_last" / "COMPLETE").exists()  # fully_sharded: a sharded directory
+    state = last_checkpoint_state(tmp_path / "checkpoints")
     cfg = state["cfg"]
     assert (cfg["components"]["task"], cfg["components"]["arch"], cfg["components"]["criterion"]) == \
         ("language_modeling", "transformer_lm", "cross_entropy")

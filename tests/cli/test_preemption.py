@@ -5,9 +5,8 @@ import sys
 import time
 
 import pytest
-import torch
 
-from st_testutils import make_space_data_bin
+from st_testutils import last_checkpoint_state, make_space_data_bin
 
 
 @pytest.mark.parametrize("sig,ranks", [(signal.SIGTERM, 1), (signal.SIGUSR1, 1), (signal.SIGTERM, 2)])
@@ -37,6 +36,4 @@ def test_signal_saves_and_exits_zero_then_resumes(sig, ranks, tmp_path):
 
 
 def updates_in(save) -> int:
-    last = save / "checkpoint_last"  # sharded (a directory) with 2 ranks, else checkpoint_last.pt
-    state = torch.load(last / "extra.pt" if last.is_dir() else save / "checkpoint_last.pt", weights_only=True)
-    return state["train_state"]["num_updates"]
+    return last_checkpoint_state(save)["train_state"]["num_updates"]
