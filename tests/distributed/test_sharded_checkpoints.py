@@ -88,9 +88,11 @@ def test_two_rank_resume_is_exact_with_dropout(data_bin, tmp_path):
 def test_async_save_resumes_exactly(data_bin, reference, tmp_path):
     """--async-save (saving after every update, in the background) keeps resume exact and atomic."""
     save = tmp_path / "ck"
-    run(data_bin, save, 2, HALF, "fully_sharded", "0", "--async-save", "--save-interval-updates", "1")
-    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_1_1", "checkpoint_1_2", "checkpoint_1_3",
-                                                      "checkpoint_1_4", "checkpoint_last"]
+    run(data_bin, save, 2, HALF, "fully_sharded", "0", "--async-save", "--save-interval-updates", "1",
+        "--keep-interval-updates", "2")
+    # --keep-interval-updates 2 pruned the older directories; checkpoint_last points to the newest
+    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_1_3", "checkpoint_1_4", "checkpoint_last"]
+    assert os.readlink(save / "checkpoint_last") == "checkpoint_1_4"
     np.testing.assert_allclose(run(data_bin, save, 2, TOTAL, "fully_sharded", "0", "--async-save")[0],
                                reference[HALF:], rtol=1e-5)
 
@@ -134,3 +136,19 @@ def test_finetune_from_a_sharded_checkpoint(data_bin, saved_on_two_ranks, tmp_pa
     for k, v in source_weights.items():
         np.testing.assert_allclose(weights[k], v.numpy(), atol=1e-6)
     assert len(losses) == 1  # one update: the counters started from zero
+
+
+def test_sharded_checkpoint_of_another_architecture_is_refused(data_bin, saved_on_two_ranks, tmp_path, capsys):
+    from shardtrain.cli import train
+
+    copy = tmp_path / "ck"
+    shutil.copytree(saved_on_two_ranks[0], copy, symlinks=True)
+    before = sorted(p.name for p in copy.iterdir())
+    with pytest.raises(SystemExit) as info:
+        train.main([data_bin, "--arch", "transformer_lm", "--decoder-layers", "3", "--decoder-embed-dim", "16",
+                    "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
+                    "--batch-size", "4", "--ddp-backend", "fully_sharded", "--cpu", "--save-dir", str(copy),
+                    "--max-update", "6"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "saved with another model" in err and "Traceback" not in err
+    assert sorted(p.name for p in copy.iterdir()) == before
