@@ -30,9 +30,7 @@ class ConsolidateConfig:
 
 @cli_entry("shard-consolidate")
 def main(argv):
-    parser = flags.new_parser("shard-consolidate", __doc__)
-    flags.add_sections(parser, [("consolidate", ConsolidateConfig, None)])
-    args = ConsolidateConfig(**flags.section_values(parser.parse_args(argv), "consolidate"))
+    args = flags.parse_dataclass(ConsolidateConfig, argv, "shard-consolidate", __doc__)
     setup_logging()
     source = resolve_checkpoint_path(args.input)
     if not os.path.exists(source):

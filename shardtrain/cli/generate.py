@@ -31,9 +31,7 @@ class GenerateConfig:
 
 @cli_entry("shard-generate")
 def main(argv):
-    parser = flags.new_parser("shard-generate", __doc__)
-    flags.add_sections(parser, [("generate", GenerateConfig, None)])
-    args = GenerateConfig(**flags.section_values(parser.parse_args(argv), "generate"))
+    args = flags.parse_dataclass(GenerateConfig, argv, "shard-generate", __doc__)
     if args.beam != 1:
         raise ConfigError(f"--beam {args.beam} is not supported: shard-generate decodes greedily (--beam 1) or "
                           "samples (--sampling). Drop --beam or pass --beam 1.")

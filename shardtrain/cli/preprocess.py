@@ -6,9 +6,7 @@ from shardtrain.trainer.logging_setup import setup_logging
 
 
 def parse_args(argv) -> PreprocessConfig:
-    parser = flags.new_parser("shard-preprocess", __doc__)
-    flags.add_sections(parser, [("preprocess", PreprocessConfig, None)], {"preprocess": "preprocessing"})
-    return PreprocessConfig(**flags.section_values(parser.parse_args(argv), "preprocess"))
+    return flags.parse_dataclass(PreprocessConfig, argv, "shard-preprocess", __doc__, title="preprocessing")
 
 
 @cli_entry("shard-preprocess")

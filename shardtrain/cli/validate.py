@@ -29,9 +29,7 @@ class ValidateConfig:
 
 @cli_entry("shard-validate")
 def main(argv):
-    parser = flags.new_parser("shard-validate", __doc__)
-    flags.add_sections(parser, [("validate", ValidateConfig, None)])
-    args = ValidateConfig(**flags.section_values(parser.parse_args(argv), "validate"))
+    args = flags.parse_dataclass(ValidateConfig, argv, "shard-validate", __doc__)
     setup_logging()
     cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu)
     criterion = build.build_criterion(cfg, task)

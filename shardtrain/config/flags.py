@@ -83,6 +83,8 @@ def add_dataclass_flags(group, section: str, cls, overrides: Optional[Dict] = No
             kwargs["type"] = tp if tp in (int, float, str) else str
             if f.metadata.get("choices"):
                 kwargs["choices"] = f.metadata["choices"]
+            else:
+                kwargs["metavar"] = f.name.upper()  # not the "section.field" dest
         try:
             group.add_argument(flag_name(f.name), **kwargs)
         except argparse.ArgumentError as e:
@@ -120,3 +122,10 @@ def add_sections(parser, sections: Iterable, titles: Optional[Dict[str, str]] = 
     for section, cls, overrides in sections:
         group = parser.add_argument_group(titles.get(section, section))
         add_dataclass_flags(group, section, cls, overrides)
+
+
+def parse_dataclass(cls, argv: Sequence[str], prog: str, description: str, title: str = "options"):
+    """A whole command line that is one config dataclass (shard-validate, -generate, ...)."""
+    parser = new_parser(prog, description)
+    add_sections(parser, [("args", cls, None)], {"args": title})
+    return cls(**section_values(parser.parse_args(list(argv)), "args"))
