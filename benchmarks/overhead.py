@@ -7,10 +7,18 @@ loop's per-update metrics logging; the bare loop is forward, loss, backward,
 step, zero_grad.
 
     python benchmarks/overhead.py [--steps 30 --rounds 4 --threads 2]
+
+With ``--ranks 2``: shard-train's ``--ddp-backend fully_sharded`` against a
+bare FSDP2 loop (``fully_shard`` per block, then the root, on the same mesh),
+both inside the same spawned ranks, 1 thread per rank; see bench_ranks.py.
+
+    python benchmarks/overhead.py --ranks 2 [--steps 3 --rounds 20 --threads 1]
 """
 import argparse
 import copy
+import functools
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -20,11 +28,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_data import random_data_bin  # noqa: E402
+from bench_ranks import fsdp_overhead  # noqa: E402
 
 from shardtrain.config.build import parse_train_args  # noqa: E402
 from shardtrain.trainer import build  # noqa: E402
 from shardtrain.trainer.backends import build_backend  # noqa: E402
-from shardtrain.trainer.launch import make_context  # noqa: E402
+from shardtrain.trainer.launch import call_main, make_context  # noqa: E402
 from shardtrain.trainer.precision import build_precision  # noqa: E402
 from shardtrain.trainer.run_metrics import RunMetrics  # noqa: E402
 from shardtrain.trainer.trainer import Trainer  # noqa: E402
@@ -76,12 +85,46 @@ def timed(runner, batches, steps: int) -> float:
     return time.perf_counter() - start
 
 
+def run_ranks(args):
+    """shard-train fully_sharded vs a bare FSDP2 loop on ``args.ranks`` CPU ranks (gloo)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = parse_train_args([
+            random_data_bin(os.path.join(tmp, "data-bin")), "--arch", "transformer_lm", "--decoder-layers", "4",
+            "--decoder-embed-dim", "256", "--decoder-ffn-embed-dim", "1024", "--decoder-attention-heads", "4",
+            "--decoder-normalize-before", "--tokens-per-sample", "256", "--batch-size", str(args.batch_size),
+            # no dropout and a fixed lr: both loops then compute bit-identical weights, which the ranks check
+            "--dropout", "0", "--optimizer", "adam", "--lr", "1e-4", "--lr-scheduler", "fixed", "--clip-norm", "0",
+            "--ddp-backend", "fully_sharded", "--distributed-world-size", str(args.ranks), "--cpu",
+            "--threads", str(args.threads), "--no-save", "--disable-validation", "--log-format", "none",
+            "--save-dir", os.path.join(tmp, "unused")])
+        r = call_main(cfg, functools.partial(fsdp_overhead, steps=args.steps, rounds=args.rounds))
+    steps = r["steps"] * len(r["t_ours"])
+    wps_ours, wps_bare = (steps * r["tokens_per_step"] / sum(r[t]) for t in ("t_ours", "t_bare"))
+    # Paired rounds ran back to back, so a burst of load from another process hits one pair;
+    # the median over pairs ignores it where the totals would not.
+    pair_ratios = sorted(b / o for o, b in zip(r["t_ours"], r["t_bare"]))
+    print(f"ranks={args.ranks} threads/rank={r['threads']} steps={steps} global tokens/step="
+          f"{r['tokens_per_step']:.0f} params={r['params']:,}")
+    print(f"identical weights before training: {r['same_init']}, after: {r['same_final']}")
+    print(f"bare FSDP2 loop         : {wps_bare:10.0f} words/s  ({1000 * sum(r['t_bare']) / steps:.1f} ms/step)")
+    print(f"shardtrain fully_sharded: {wps_ours:10.0f} words/s  ({1000 * sum(r['t_ours']) / steps:.1f} ms/step)")
+    print(f"ratio of totals {wps_ours / wps_bare:.3f}; per pair of rounds: "
+          + " ".join(f"{x:.3f}" for x in pair_ratios))
+    print(f"RESULT fsdp_overhead_ratio={statistics.median(pair_ratios):.3f} target>=0.95")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30, help="steps per round")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=None, help="steps per round (default: 30; 3 with --ranks)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per loop (default: 4; 20 with --ranks)")
+    parser.add_argument("--threads", type=int, default=None, help="threads (default: 2; per rank with --ranks: 1)")
+    parser.add_argument("--ranks", type=int, default=1, help="> 1: fully_sharded vs bare FSDP2 on that many ranks")
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per rank per step (with --ranks)")
     args = parser.parse_args()
+    if args.ranks > 1:
+        args.steps, args.rounds, args.threads = args.steps or 3, args.rounds or 20, args.threads or 1
+        return run_ranks(args)
+    args.steps, args.rounds, args.threads = args.steps or 30, args.rounds or 4, args.threads or 2
     with tempfile.TemporaryDirectory() as tmp:
         cfg, task, model, criterion, batches = setup(random_data_bin(os.path.join(tmp, "data-bin")), args.threads)
         torch.set_num_threads(args.threads)
