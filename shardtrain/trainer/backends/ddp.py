@@ -18,7 +18,7 @@ class DDPBackend(Backend):
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
             bucket_cap_mb=self.cfg.bucket_cap_mb, find_unused_parameters=self.cfg.find_unused_parameters,
             gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
-            broadcast_buffers=False)  # our models have no buffers that training changes
+            forward_sync_buffers=False)  # our models have no buffers that training changes
 
     def no_sync(self, module):
         return module.no_sync()

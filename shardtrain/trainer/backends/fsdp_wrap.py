@@ -83,7 +83,9 @@ def apply_fsdp(model: nn.Module, mesh, mp_policy: MixedPrecisionPolicy, *, resha
     kwargs = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
     for unit in units:
         fully_shard(unit, reshard_after_forward=reshard_after_forward, **kwargs)
-    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+    # The root's parameters (embeddings, output projection) are needed again as soon
+    # as backward starts: resharding them after forward would only add an all-gather.
+    fully_shard(model, reshard_after_forward=False, **kwargs)
     # Explicit prefetch: gather the next unit's parameters while this one computes.
     for i, unit in enumerate(units):
         if i + 1 < len(units):
