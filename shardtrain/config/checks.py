@@ -40,9 +40,10 @@ RULES: List[Tuple[Callable, str]] = [
      "--finetune-from-model already resets optimizer, lr scheduler, meters and data position; "
      "drop the --reset-* flags."),
     (lambda c: c.common.fp16 and c.common.bf16, "--fp16 and --bf16 both pick the compute precision. Use one."),
-    (lambda c: c.common.fp16 and not c.common.bf16,
-     "--fp16 needs dynamic loss scaling, which this version does not have yet; use --bf16 (the same memory "
-     "savings, no loss scaling needed) or fp32."),
+    (lambda c: c.common.fp16 and not c.common.bf16 and c.distributed.ddp_backend != "fully_sharded",
+     "--fp16 with --ddp-backend pytorch_ddp/legacy_ddp needs fp16 parameters and dynamic loss scaling, which "
+     "this version does not have yet; use --bf16 (the same memory savings, no loss scaling needed), or "
+     "--ddp-backend fully_sharded, which computes in fp16 from fp32 sharded master weights."),
     (lambda c: c.distributed.cpu_offload and c.distributed.ddp_backend != "fully_sharded",
      "--cpu-offload needs --ddp-backend fully_sharded (it offloads the parameter shards); "
      "add --ddp-backend fully_sharded or drop --cpu-offload."),

@@ -52,7 +52,8 @@ def low_precision_dtype(common) -> Optional[torch.dtype]:
 
 
 def build_precision(cfg, backend) -> Precision:
-    # --fp16 is refused up front (config/checks.py) until loss scaling exists.
+    # --fp16 runs only under fully_sharded (its MixedPrecisionPolicy); config/checks.py refuses the rest
+    # until dynamic loss scaling exists.
     if cfg.common.bf16 and not backend.casts_params:
         return AutocastPrecision(torch.bfloat16, backend.device.type)
     return Precision()

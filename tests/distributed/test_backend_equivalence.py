@@ -75,7 +75,10 @@ def test_hybrid_shard_on_a_2x2_mesh(data_bin, reference, tmp_path):
                     "hybrid_shard", "--shard-group-size", "2"), reference[4])
 
 
-def test_bf16_stays_close_to_fp32(data_bin, reference, tmp_path):
-    losses, _, _ = run(data_bin, tmp_path, 2, "--ddp-backend", "fully_sharded", "--bf16")
-    # bf16 keeps ~3 significant digits; over 20 updates the loss curve stays within 2%
+@pytest.mark.parametrize("precision", ["--bf16", "--fp16"])
+def test_low_precision_stays_close_to_fp32(precision, data_bin, reference, tmp_path):
+    losses, weights, held = run(data_bin, tmp_path, 2, "--ddp-backend", "fully_sharded", precision)
+    # bf16 keeps ~3 significant digits, fp16 ~4; over 20 updates the loss curve stays within 2%
     np.testing.assert_allclose(losses, reference[2][0], rtol=2e-2)
+    assert all(w.dtype == np.float32 for w in weights.values())  # fp32 master weights
+    assert held["param_bytes"] * 2 == reference[2][2]["param_bytes"]  # fp32 shards: 4 bytes/param over 2 ranks
