@@ -44,7 +44,7 @@ from shardtrain.trainer.memory import state_bytes  # noqa: E402
 
 BACKENDS = ("pytorch_ddp", "fully_sharded")
 # glibc reads it when a process starts: set in the parent, the spawned ranks inherit it
-MALLOC_SETTINGS = {"glibc default": None, "mmap threshold 128K": "131072"}
+MALLOC_SETTINGS = {"as shipped": None, "mmap threshold 128K": "131072"}
 FIGURES = ("baseline_kb", "peak_kb", "param_bytes", "grad_bytes", "optim_bytes")
 MODEL = ["--arch", "transformer_lm", "--decoder-layers", "12", "--decoder-embed-dim", "768",
          "--decoder-ffn-embed-dim", "3072", "--decoder-attention-heads", "12"]
@@ -162,8 +162,8 @@ def main():
     for malloc, (state, rss, above) in figures.items():
         print(f"fully_sharded / pytorch_ddp, largest rank, {malloc}: state {state:.3f}, peak RSS {rss:.3f}, "
               f"peak RSS above the start-of-main baseline {above:.3f}")
-    state, rss, _ = figures["glibc default"]
-    print("(the RESULT lines are for glibc's default malloc settings, as users run shardtrain)")
+    state, rss, _ = figures["as shipped"]
+    print("(the RESULT lines are for shardtrain as shipped: no malloc variables set; on the CPU the fully_sharded backend itself fixes glibc's mmap threshold at 4 MiB)")
     print(f"RESULT fsdp_rss_ratio={rss:.3f} target<=0.70")
     print(f"RESULT fsdp_state_ratio={state:.3f} target<=0.52")
 

@@ -18,7 +18,9 @@ from torch.distributed.tensor import DTensor
 from shardtrain.errors import ConfigError
 from shardtrain.trainer.backends.base import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.build import init_weights
-from shardtrain.trainer.backends.fsdp_wrap import apply_fsdp, build_mesh, ensure_process_group, mixed_precision
+from shardtrain.trainer.backends.fsdp_wrap import (
+    apply_fsdp, build_mesh, ensure_process_group, mixed_precision, return_transient_buffers_to_the_os,
+)
 from shardtrain.trainer.meters import resident_memory_gb
 from shardtrain.trainer.precision import low_precision_dtype
 
@@ -38,6 +40,7 @@ class FullyShardedBackend(Backend):
         self.seed = cfg.common.seed
         self.param_dtype = low_precision_dtype(cfg.common)
         self._group_owner = ensure_process_group(ctx)
+        return_transient_buffers_to_the_os(ctx.device)
         self.mesh = build_mesh(ctx, self.cfg.fsdp_sharding_strategy, self.cfg.shard_group_size)
 
     @property

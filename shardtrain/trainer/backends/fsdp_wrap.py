@@ -1,4 +1,5 @@
 """Building blocks of the fully_sharded backend, each with explicit arguments."""
+import ctypes
 import os
 import tempfile
 from typing import List, Optional
@@ -93,3 +94,26 @@ def apply_fsdp(model: nn.Module, mesh, mp_policy: MixedPrecisionPolicy, *, resha
         if i > 0:
             unit.set_modules_to_backward_prefetch([units[i - 1]])
     return model
+
+
+def return_transient_buffers_to_the_os(device: torch.device) -> None:
+    """On the CPU, make glibc serve allocations above 128 KiB with mmap for good.
+
+    FSDP allocates and frees large buffers every step (gathered blocks,
+    unsharded gradients, reduce-scatter inputs). glibc raises its mmap
+    threshold after such frees (up to 32 MB), so those buffers then come from
+    the heap, which keeps and fragments them: a rank's resident memory grows
+    to twice its live memory (benchmarks/memory.py). A fixed threshold returns
+    them on free. CUDA memory is managed by PyTorch's caching allocator instead.
+    """
+    if device.type != "cpu":
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
+_M_MMAP_THRESHOLD = -3  # from glibc's malloc.h
+MMAP_THRESHOLD = 4 * 1024 * 1024
