@@ -39,11 +39,18 @@ RULES: List[Tuple[Callable, str]] = [
         or c.checkpoint.reset_dataloader),
      "--finetune-from-model already resets optimizer, lr scheduler, meters and data position; "
      "drop the --reset-* flags."),
-    (lambda c: c.common.fp16 and c.common.bf16, "--fp16 and --bf16 both pick the compute precision. Use one."),
-    (lambda c: c.common.fp16 and not c.common.bf16 and c.distributed.ddp_backend != "fully_sharded",
-     "--fp16 with --ddp-backend pytorch_ddp/legacy_ddp needs fp16 parameters and dynamic loss scaling, which "
-     "this version does not have yet; use --bf16 (the same memory savings, no loss scaling needed), or "
-     "--ddp-backend fully_sharded, which computes in fp16 from fp32 sharded master weights."),
+    (lambda c: (c.common.fp16 or c.common.memory_efficient_fp16) and c.common.bf16,
+     "--fp16 (or --memory-efficient-fp16) and --bf16 both pick the compute precision. Use one."),
+    (lambda c: c.common.fp16_init_scale <= 0, "--fp16-init-scale must be positive (fairseq's default is 128)."),
+    (lambda c: c.common.fp16_scale_window is not None and c.common.fp16_scale_window < 1,
+     "--fp16-scale-window must be at least 1 update (or unset for 2**14 / world size / update-freq)."),
+    (lambda c: not 0.0 <= c.common.fp16_scale_tolerance <= 1.0,
+     "--fp16-scale-tolerance is a fraction of updates and must be in [0, 1]."),
+    (lambda c: c.common.min_loss_scale <= 0, "--min-loss-scale must be positive (the default is 1e-4)."),
+    (lambda c: c.common.memory_efficient_fp16 and c.distributed.ddp_backend == "fully_sharded",
+     "--memory-efficient-fp16 stores the whole model in fp16, but --ddp-backend fully_sharded already keeps "
+     "only fp32 parameter shards and computes in fp16 with --fp16. Use --fp16 with fully_sharded, or another "
+     "--ddp-backend."),
     (lambda c: c.distributed.cpu_offload and c.distributed.ddp_backend != "fully_sharded",
      "--cpu-offload needs --ddp-backend fully_sharded (it offloads the parameter shards); "
      "add --ddp-backend fully_sharded or drop --cpu-offload."),

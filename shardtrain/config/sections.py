@@ -38,7 +38,20 @@ class CommonConfig:
     no_progress_bar: bool = field(False, help="disable the progress bar (log with the simple format)")
     threads: int = field(0, help="CPU threads for torch (0: torch's default)")
     bf16: bool = field(False, help="compute in bfloat16 (fp32 master weights)")
-    fp16: bool = field(False, help="compute in float16 (fp32 master weights)")
+    fp16: bool = field(False, help="compute in float16 (fp32 master weights) with dynamic loss scaling")
+    memory_efficient_fp16: bool = field(
+        False, help="store parameters and gradients in float16, the optimizer keeps fp32 state (implies --fp16; "
+        "pytorch_ddp/legacy_ddp with --optimizer cpu_adam)")
+    fp16_init_scale: int = field(2 ** 7, help="default FP16 loss scale")
+    fp16_scale_window: Optional[int] = field(
+        None, help="number of updates before increasing loss scale (default: 2**14 / world size / update-freq)")
+    fp16_scale_tolerance: float = field(
+        0.0, help="pct of updates that can overflow before decreasing the loss scale")
+    min_loss_scale: float = field(
+        1e-4, help="minimum FP16 loss scale, after which training is stopped")
+    threshold_loss_scale: Optional[float] = field(None, help="threshold FP16 loss scale from below")
+    fp16_no_stop_at_min_scale: bool = field(
+        False, help="at --min-loss-scale keep skipping overflowing updates instead of stopping")
 
 
 @dataclasses.dataclass

@@ -137,12 +137,16 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
         out = trainer.train_step(samples)
         run.metrics.inner.stop_timer("train_wall")
         run.metrics.epoch.stop_timer("train_wall")
+        end_of_epoch = not itr.has_next()
+        if not out["stepped"]:  # an fp16 overflow skipped it (on every rank): nothing new to log or save
+            if end_of_epoch:
+                valid_loss, should_stop = validate_and_save(run, epoch_itr, end_of_epoch)
+            continue
         run.metrics.log_update(trainer.criterion, out, trainer.num_updates)
         if progress.due(trainer.num_updates):
             progress.log(run.metrics.stats(run.metrics.inner, trainer.num_updates), "train_inner",
                          trainer.num_updates)
             run.metrics.inner.reset()
-        end_of_epoch = not itr.has_next()
         valid_loss, should_stop = validate_and_save(run, epoch_itr, end_of_epoch)
         if should_stop:
             break

@@ -1,29 +1,56 @@
 """Numeric precision as one component.
 
-It owns autocast, backward and the optimizer step, and has its own state, so
-precisions slot in without the training step changing. fp32, and bf16 by
-autocast (or by the backend's own mixed-precision policy under FSDP, which
-keeps fp32 sharded master weights and casts them per unit).
+It owns autocast, backward, unscaling, the decision whether an update's
+gradient may be applied, and its own state, so precisions slot in without the
+training step changing:
+
+- fp32;
+- bf16: autocast, or the backend's own mixed-precision policy under FSDP
+  (fp32 sharded master weights cast per unit), no loss scaling needed;
+- fp16: the same compute paths plus dynamic loss scaling
+  (``shardtrain.trainer.loss_scaler``): overflowing updates are skipped by
+  every rank together and the scale adapts.
 """
 import contextlib
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional
 
 import torch
 
+from shardtrain.errors import ShardtrainError
+from shardtrain.trainer.loss_scaler import DynamicLossScaler
+
+
+class TrainingDivergedError(ShardtrainError):
+    """The loss or gradient became NaN/inf."""
 
 
 class Precision:
     name = "fp32"
 
+    def __init__(self, autocast_dtype: Optional[torch.dtype] = None, device_type: str = "cpu"):
+        """``autocast_dtype``: compute dtype for ``torch.autocast``, or None when the
+        parameters themselves are fp32 compute (or the backend casts them)."""
+        self.autocast_dtype, self.device_type = autocast_dtype, device_type
+
     def autocast(self):
-        return contextlib.nullcontext()
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def step(self, optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor) -> bool:
-        """Apply the update; return False if it was skipped (e.g. fp16 overflow)."""
-        optimizer.step()
+    def unscale_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Turn the accumulated gradients into true gradients (before norm and clipping)."""
+
+    def accept(self, grad_norm: torch.Tensor, update: int) -> bool:
+        """Whether update number ``update`` may apply its gradient (norm ``grad_norm``,
+        the same on every rank); False skips it."""
+        if not torch.isfinite(grad_norm):
+            raise TrainingDivergedError(
+                f"The loss or gradient is NaN/inf at update {update}; stopping before the weights are "
+                f"corrupted (the last checkpoint is intact). Lower --lr, add warmup (--warmup-updates), "
+                f"set --clip-norm, or check the data of this update.")
         return True
 
     def metrics(self) -> Dict[str, float]:
@@ -36,24 +63,68 @@ class Precision:
         pass
 
 
-class AutocastPrecision(Precision):
-    """Low-precision compute by ``torch.autocast``; weights, grads and optimizer stay fp32."""
+class LossScaledPrecision(Precision):
+    """fp16: the loss is scaled before backward and the gradients unscaled after it;
+    an update whose (global) gradient norm is inf/NaN is skipped and the scale lowered."""
 
-    def __init__(self, dtype: torch.dtype, device_type: str):
-        self.name = str(dtype).replace("torch.", "")
-        self.dtype, self.device_type = dtype, device_type
+    name = "fp16"
 
-    def autocast(self):
-        return torch.autocast(self.device_type, dtype=self.dtype)
+    def __init__(self, scaler: DynamicLossScaler, autocast_dtype: Optional[torch.dtype] = None,
+                 device_type: str = "cpu"):
+        super().__init__(autocast_dtype, device_type)
+        self.scaler = scaler
+
+    def backward(self, loss):
+        (loss * self.scaler.loss_scale).backward()
+
+    @torch.no_grad()
+    def unscale_grads(self, params):
+        inverse = 1.0 / self.scaler.loss_scale
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(inverse)
+
+    def accept(self, grad_norm, update):
+        # grad_norm is a global norm (a collective under every backend), so an
+        # inf in any rank's gradient shard makes every rank take this branch.
+        if torch.isfinite(grad_norm):
+            self.scaler.update()
+            return True
+        self.scaler.overflow(update)
+        return False
+
+    def metrics(self):
+        return {"loss_scale": self.scaler.loss_scale}
+
+    def state_dict(self):
+        return {"loss_scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state):
+        if "loss_scaler" in state:  # absent in checkpoints from fp32/bf16 runs: keep --fp16-init-scale
+            self.scaler.load_state_dict(state["loss_scaler"])
 
 
 def low_precision_dtype(common) -> Optional[torch.dtype]:
-    return torch.bfloat16 if common.bf16 else torch.float16 if common.fp16 else None
+    fp16 = common.fp16 or common.memory_efficient_fp16  # fairseq: --memory-efficient-fp16 implies --fp16
+    return torch.bfloat16 if common.bf16 else torch.float16 if fp16 else None
+
+
+def build_scaler(cfg, world_size: int) -> DynamicLossScaler:
+    common = cfg.common
+    window = common.fp16_scale_window
+    if window is None:  # fairseq's default: about 2**14 samples' worth of updates
+        window = max(1, int(2 ** 14 / world_size / cfg.optimization.update_freq))
+    return DynamicLossScaler(init_scale=common.fp16_init_scale, scale_window=window,
+                             tolerance=common.fp16_scale_tolerance, threshold=common.threshold_loss_scale,
+                             min_loss_scale=common.min_loss_scale,
+                             stop_at_min_scale=not common.fp16_no_stop_at_min_scale)
 
 
 def build_precision(cfg, backend) -> Precision:
-    # --fp16 runs only under fully_sharded (its MixedPrecisionPolicy); config/checks.py refuses the rest
-    # until dynamic loss scaling exists.
-    if cfg.common.bf16 and not backend.casts_params:
-        return AutocastPrecision(torch.bfloat16, backend.device.type)
-    return Precision()
+    dtype = low_precision_dtype(cfg.common)
+    # Backends that cast parameters themselves (FSDP's MixedPrecisionPolicy) need no autocast;
+    # --memory-efficient-fp16 stores the model in fp16, so nothing is left to autocast either.
+    autocast = None if backend.casts_params or cfg.common.memory_efficient_fp16 else dtype
+    if dtype == torch.float16:
+        return LossScaledPrecision(build_scaler(cfg, backend.world_size), autocast, backend.device.type)
+    return Precision(autocast, backend.device.type)

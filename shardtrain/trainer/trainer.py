@@ -9,16 +9,11 @@ from typing import Dict, List
 
 import torch
 
-from shardtrain.errors import ShardtrainError
 from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.trainer import build
 from shardtrain.trainer.backends import Backend
-from shardtrain.trainer.precision import Precision
+from shardtrain.trainer.precision import Precision, TrainingDivergedError  # noqa: F401 (re-exported)
 from shardtrain.trainer.train_state import TrainState
-
-
-class TrainingDivergedError(ShardtrainError):
-    """The loss or gradient became NaN/inf."""
 
 
 class Trainer:
@@ -72,24 +67,21 @@ class Trainer:
         return self._update(logs, sample_size)
 
     def _update(self, logs: List[Dict], sample_size: float) -> Dict:
+        self.precision.unscale_grads(self.params)
         gnorm = self.backend.grad_norm(self.params)
-        if not torch.isfinite(gnorm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise TrainingDivergedError(
-                f"The loss or gradient is NaN/inf at update {self.num_updates + 1}; stopping before the weights "
-                f"are corrupted (the last checkpoint is intact). Lower --lr, add warmup (--warmup-updates), "
-                f"set --clip-norm, or check the data of this update.")
         clip = self.cfg.optimization.clip_norm
-        clipped = clip > 0 and float(gnorm) > clip
-        if clipped:
-            self.backend.clip_grads(self.params, clip, gnorm)
-        stepped = self.precision.step(self.optimizer, gnorm)
-        self.optimizer.zero_grad(set_to_none=True)
+        clipped = False
+        stepped = self.precision.accept(gnorm, self.num_updates + 1)  # False: skipped (fp16 overflow)
         if stepped:
+            clipped = clip > 0 and float(gnorm) > clip
+            if clipped:
+                self.backend.clip_grads(self.params, clip, gnorm)
+            self.optimizer.step()
             self.state.num_updates += 1
+        self.optimizer.zero_grad(set_to_none=True)
         lr = self.lr_scheduler.step_update(self.num_updates)
         return {"logs": self._reduce_logs(logs), "sample_size": sample_size, "gnorm": float(gnorm),
-                "clip": float(clipped), "lr": lr, **self.precision.metrics()}
+                "clip": float(clipped), "lr": lr, "stepped": stepped, **self.precision.metrics()}
 
     @torch.no_grad()
     def valid_step(self, sample: Dict) -> List[Dict]:

@@ -53,7 +53,7 @@ CASES = {
     "zero update freq": (lambda b, t: [b, "--update-freq", "0"], ["--update-freq"]),
     "cpu offload without fully_sharded": (lambda b, t: [b, "--cpu-offload"],
                                           ["--cpu-offload", "--ddp-backend fully_sharded"]),
-    "fp16 with bf16": (lambda b, t: [b, "--fp16", "--bf16"], ["--fp16 and --bf16"]),
+    "fp16 with bf16": (lambda b, t: [b, "--fp16", "--bf16"], ["--fp16 (or --memory-efficient-fp16) and --bf16"]),
     "hybrid group does not divide the world": (
         lambda b, t: [b, "--cpu", "--distributed-world-size", "2", "--ddp-backend", "fully_sharded",
                       "--fsdp-sharding-strategy", "hybrid_shard", "--shard-group-size", "3"],
