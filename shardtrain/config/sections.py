@@ -138,6 +138,8 @@ class DistributedConfig:
                                     "FSDP units of at least this many parameters")
     reduce_in_low_precision: bool = field(False, help="with --bf16/--fp16: reduce gradients in that precision "
                                           "instead of fp32")
+    zero_sharding: str = field("none", help="ZeRO sharding: 'os' shards the optimizer state across the ranks "
+                               "(torch's ZeroRedundancyOptimizer; pytorch_ddp/legacy_ddp)", choices=("none", "os"))
 
 
 SECTIONS = {

@@ -2,8 +2,10 @@
 import logging
 
 import torch
+import torch.distributed as dist
 
 from shardtrain.config.components import resolve
+from shardtrain.trainer import zero
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +43,21 @@ def build_criterion(cfg, task):
 
 
 def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer of ``--optimizer``; with ``--zero-sharding os`` on several ranks, the
+    same class and arguments behind a :class:`~shardtrain.trainer.zero.ShardedStateOptimizer`."""
     info = resolve(cfg.components)["optimizer"]
-    optimizer = info.obj(cfg.optimizer, device).build(params, cfg.optimization.lr)
+    spec = info.obj(cfg.optimizer, device)
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if zero.shards_optimizer_state(cfg.distributed.zero_sharding, world_size):
+        optimizer = zero.ShardedStateOptimizer(params, spec, cfg.optimization.lr)
+        logger.info(optimizer.describe())
+    else:
+        optimizer = spec.build(params, cfg.optimization.lr)
+        if cfg.distributed.zero_sharding != "none":
+            logger.info("--zero-sharding os: one process, nothing to shard; the optimizer keeps all its state")
     group = optimizer.param_groups[0]
     kernel = "fused" if group.get("fused") else "foreach" if group.get("foreach") else "for-loop"
-    logger.info(f"optimizer: {type(optimizer).__name__} ({kernel}) stepping on {device.type}")
+    logger.info(f"optimizer: {spec.cls.__name__} ({kernel}) stepping on {device.type}")
     return optimizer
 
 
