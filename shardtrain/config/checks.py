@@ -51,10 +51,6 @@ RULES: List[Tuple[Callable, str]] = [
      "--memory-efficient-fp16 stores the whole model in fp16, but --ddp-backend fully_sharded already keeps "
      "only fp32 parameter shards and computes in fp16 with --fp16. Use --fp16 with fully_sharded, or another "
      "--ddp-backend."),
-    (lambda c: c.distributed.zero_sharding != "none" and c.distributed.ddp_backend == "fully_sharded",
-     "--zero-sharding os shards the optimizer state across ranks, which --ddp-backend fully_sharded already does "
-     "(it shards parameters, gradients and optimizer state); drop --zero-sharding, or use --ddp-backend "
-     "pytorch_ddp or legacy_ddp with it."),
     (lambda c: c.distributed.cpu_offload and c.distributed.ddp_backend != "fully_sharded",
      "--cpu-offload needs --ddp-backend fully_sharded (it offloads the parameter shards); "
      "add --ddp-backend fully_sharded or drop --cpu-offload."),
@@ -65,6 +61,13 @@ RULES: List[Tuple[Callable, str]] = [
      "--distributed-world-size must be at least 1."),
     (lambda c: c.checkpoint.no_save and c.checkpoint.save_interval_updates > 0,
      "--no-save and --save-interval-updates contradict each other. Drop one of them."),
+    (lambda c: c.distributed.checkpoint_activations_every < 1,
+     "--checkpoint-activations-every must be at least 1 (1 checkpoints every block, K every K-th); "
+     "to turn checkpointing off, drop --checkpoint-activations."),
+    (lambda c: c.distributed.zero_sharding != "none" and c.distributed.ddp_backend == "fully_sharded",
+     "--zero-sharding os shards the optimizer state across ranks, which --ddp-backend fully_sharded already does "
+     "(it shards parameters, gradients and optimizer state); drop --zero-sharding, or use --ddp-backend "
+     "pytorch_ddp or legacy_ddp with it."),
 ]
 
 

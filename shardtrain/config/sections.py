@@ -138,6 +138,13 @@ class DistributedConfig:
                                     "FSDP units of at least this many parameters")
     reduce_in_low_precision: bool = field(False, help="with --bf16/--fp16: reduce gradients in that precision "
                                           "instead of fp32")
+    checkpoint_activations: bool = field(False, help="recompute each block's activations in backward instead of "
+                                         "storing them (less memory, about one more forward of compute)")
+    checkpoint_activations_every: int = field(1, help="with --checkpoint-activations: checkpoint only every K-th "
+                                              "block (the K-th, 2K-th, ...); the others store their activations")
+    # fairseq's --offload-activations turns checkpointing on; so does ours.
+    offload_activations: bool = field(False, help="checkpoint activations (implies --checkpoint-activations) and "
+                                      "keep the block inputs saved for backward in CPU memory")
     zero_sharding: str = field("none", help="ZeRO sharding: 'os' shards the optimizer state across the ranks "
                                "(torch's ZeroRedundancyOptimizer; pytorch_ddp/legacy_ddp)", choices=("none", "os"))
 

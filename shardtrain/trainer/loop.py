@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from shardtrain.config.build import to_dict
 from shardtrain.trainer import build
+from shardtrain.trainer.activation_checkpointing import apply_activation_checkpointing
 from shardtrain.trainer.backends import build_backend
 from shardtrain.trainer.logging_setup import setup_logging
 from shardtrain.trainer.checkpoints import CheckpointManager
@@ -48,6 +49,9 @@ class Run:
         if not self.backend.init_on_meta:
             build.init_weights(model, cfg.common.seed)
         build.log_model_size(model)
+        d = cfg.distributed
+        if d.checkpoint_activations or d.offload_activations:  # before the backend wraps each block (FSDP)
+            apply_activation_checkpointing(model, d.checkpoint_activations_every, d.offload_activations, ctx.device)
         criterion = build.build_criterion(cfg, self.task)
         self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, build_precision(cfg, self.backend))
         self.metrics = RunMetrics(ctx.device, self.trainer)
