@@ -56,7 +56,8 @@ def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
         if cfg.distributed.zero_sharding != "none":
             logger.info("--zero-sharding os: one process, nothing to shard; the optimizer keeps all its state")
     group = optimizer.param_groups[0]
-    kernel = "fused" if group.get("fused") else "foreach" if group.get("foreach") else "for-loop"
+    kernel = getattr(spec.cls, "kernel", None) or (
+        "fused" if group.get("fused") else "foreach" if group.get("foreach") else "for-loop")
     logger.info(f"optimizer: {spec.cls.__name__} ({kernel}) stepping on {device.type}")
     return optimizer
 
