@@ -12,6 +12,9 @@ def _positive_or_none(value) -> bool:
     return value is None or value > 0
 
 
+# Optimizers that step fp16 parameters in fp32 from fp32 state (the others would keep fp16 moments).
+FP32_STATE_FOR_FP16_PARAMS = ("cpu_adam", "adafactor")
+
 RULES: List[Tuple[Callable, str]] = [
     (lambda c: not _positive_or_none(c.dataset.max_tokens),
      "--max-tokens must be a positive number of tokens."),
@@ -47,6 +50,10 @@ RULES: List[Tuple[Callable, str]] = [
     (lambda c: not 0.0 <= c.common.fp16_scale_tolerance <= 1.0,
      "--fp16-scale-tolerance is a fraction of updates and must be in [0, 1]."),
     (lambda c: c.common.min_loss_scale <= 0, "--min-loss-scale must be positive (the default is 1e-4)."),
+    (lambda c: c.common.memory_efficient_fp16 and c.components.optimizer not in FP32_STATE_FOR_FP16_PARAMS,
+     "--memory-efficient-fp16 stores the parameters in fp16 and needs an optimizer that keeps fp32 state for "
+     "them and steps in fp32 (as fairseq's supports_memory_efficient_fp16): --optimizer cpu_adam or adafactor. "
+     "Use one of those, or --fp16 (fp32 weights, fp16 compute) with any optimizer."),
     (lambda c: c.common.memory_efficient_fp16 and c.distributed.ddp_backend == "fully_sharded",
      "--memory-efficient-fp16 stores the whole model in fp16, but --ddp-backend fully_sharded already keeps "
      "only fp32 parameter shards and computes in fp16 with --fp16. Use --fp16 with fully_sharded, or another "

@@ -27,10 +27,16 @@ class TrainingDivergedError(ShardtrainError):
 class Precision:
     name = "fp32"
 
-    def __init__(self, autocast_dtype: Optional[torch.dtype] = None, device_type: str = "cpu"):
+    def __init__(self, autocast_dtype: Optional[torch.dtype] = None, device_type: str = "cpu",
+                 param_dtype: Optional[torch.dtype] = None):
         """``autocast_dtype``: compute dtype for ``torch.autocast``, or None when the
-        parameters themselves are fp32 compute (or the backend casts them)."""
-        self.autocast_dtype, self.device_type = autocast_dtype, device_type
+        parameters themselves are fp32 compute (or the backend casts them);
+        ``param_dtype``: the dtype the model is stored in, if not fp32."""
+        self.autocast_dtype, self.device_type, self.param_dtype = autocast_dtype, device_type, param_dtype
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Called before the backend wraps the model."""
+        return model if self.param_dtype is None else model.to(self.param_dtype)
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -70,8 +76,8 @@ class LossScaledPrecision(Precision):
     name = "fp16"
 
     def __init__(self, scaler: DynamicLossScaler, autocast_dtype: Optional[torch.dtype] = None,
-                 device_type: str = "cpu"):
-        super().__init__(autocast_dtype, device_type)
+                 device_type: str = "cpu", param_dtype: Optional[torch.dtype] = None):
+        super().__init__(autocast_dtype, device_type, param_dtype)
         self.scaler = scaler
 
     def backward(self, loss):
@@ -122,9 +128,12 @@ def build_scaler(cfg, world_size: int) -> DynamicLossScaler:
 
 def build_precision(cfg, backend) -> Precision:
     dtype = low_precision_dtype(cfg.common)
-    # Backends that cast parameters themselves (FSDP's MixedPrecisionPolicy) need no autocast;
-    # --memory-efficient-fp16 stores the model in fp16, so nothing is left to autocast either.
-    autocast = None if backend.casts_params or cfg.common.memory_efficient_fp16 else dtype
+    if cfg.common.memory_efficient_fp16:
+        # fairseq's memory-efficient fp16: the model itself is stored in fp16 (parameters and
+        # gradients, also what DDP all-reduces); the optimizer (cpu_adam) keeps fp32 state.
+        return LossScaledPrecision(build_scaler(cfg, backend.world_size), None, backend.device.type, dtype)
+    # Backends that cast parameters themselves (FSDP's MixedPrecisionPolicy) need no autocast.
+    autocast = None if backend.casts_params else dtype
     if dtype == torch.float16:
         return LossScaledPrecision(build_scaler(cfg, backend.world_size), autocast, backend.device.type)
     return Precision(autocast, backend.device.type)

@@ -24,7 +24,7 @@ class Trainer:
         self.backend = backend
         self.precision = precision
         self.device = backend.device
-        self.model = backend.wrap(model)
+        self.model = backend.wrap(precision.prepare_model(model))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build.build_optimizer(cfg, self.params, backend.optimizer_device)
         self.dummy_batch = None  # stands in for an empty filler batch (see set_dummy_batch)

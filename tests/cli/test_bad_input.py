@@ -54,6 +54,14 @@ CASES = {
     "cpu offload without fully_sharded": (lambda b, t: [b, "--cpu-offload"],
                                           ["--cpu-offload", "--ddp-backend fully_sharded"]),
     "fp16 with bf16": (lambda b, t: [b, "--fp16", "--bf16"], ["--fp16 (or --memory-efficient-fp16) and --bf16"]),
+    "memory-efficient fp16 with adam": (lambda b, t: [b, "--memory-efficient-fp16", "--optimizer", "adam"],
+                                        ["--memory-efficient-fp16", "--optimizer cpu_adam"]),
+    "memory-efficient fp16 with fully_sharded": (
+        lambda b, t: [b, "--memory-efficient-fp16", "--optimizer", "cpu_adam", "--ddp-backend", "fully_sharded"],
+        ["--memory-efficient-fp16", "Use --fp16 with fully_sharded"]),
+    "zero sharding with fully_sharded": (lambda b, t: [b, "--zero-sharding", "os", "--ddp-backend", "fully_sharded"],
+                                         ["--zero-sharding", "drop --zero-sharding"]),
+    "negative loss scale": (lambda b, t: [b, "--fp16", "--fp16-init-scale", "0"], ["--fp16-init-scale"]),
     "hybrid group does not divide the world": (
         lambda b, t: [b, "--cpu", "--distributed-world-size", "2", "--ddp-backend", "fully_sharded",
                       "--fsdp-sharding-strategy", "hybrid_shard", "--shard-group-size", "3"],
