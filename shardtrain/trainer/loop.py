@@ -136,11 +136,9 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
     valid_loss, should_stop = None, False
     batches = iter(progress)
     for samples in iter(lambda: list(itertools.islice(batches, update_freq)), []):
-        run.metrics.inner.start_timer("train_wall")
-        run.metrics.epoch.start_timer("train_wall")
+        run.metrics.begin_update()
         out = trainer.train_step(samples)
-        run.metrics.inner.stop_timer("train_wall")
-        run.metrics.epoch.stop_timer("train_wall")
+        run.metrics.end_update()
         end_of_epoch = not itr.has_next()
         if not out["stepped"]:  # an fp16 overflow skipped it (on every rank): nothing new to log or save
             if end_of_epoch:

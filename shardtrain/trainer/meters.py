@@ -40,10 +40,13 @@ class MetricsLogger:
         """Running sum of ``value`` (e.g. number of tokens seen)."""
         self._meter(key, _Sum, round).update(value)
 
-    def log_speed(self, key: str, value: MetricValue, round: Optional[int] = 3) -> None:
+    def log_speed(self, key: str, value: MetricValue, round: Optional[int] = 3,
+                  since: Optional[float] = None) -> None:
         """Sum of ``value`` per second since the meter started or was reset
-        (wps from ntokens, ups from 1 per update)."""
-        self._meter(key, _Speed, round).update(value)
+        (wps from ntokens, ups from 1 per update). ``since``: the clock time a
+        new meter starts from (when the work behind the first value began);
+        without it a meter made by its first value would time nothing of it."""
+        self._meter(key, _Speed, round, since).update(value)
 
     def log_derived(self, key: str, fn: DerivedFn, round: Optional[int] = 3) -> None:
         """A value computed at read time from the other meters' unrounded values,
@@ -108,10 +111,10 @@ class MetricsLogger:
             meter.load_state_dict(entry["state"], now)
             self._meters[entry["key"]] = meter
 
-    def _meter(self, key: str, kind: type, round: Optional[int]) -> "_Meter":
+    def _meter(self, key: str, kind: type, round: Optional[int], since: Optional[float] = None) -> "_Meter":
         meter = self._meters.get(key)
         if meter is None:
-            meter = self._meters[key] = kind(round, self._clock())
+            meter = self._meters[key] = kind(round, self._clock() if since is None else since)
         _check_kind(key, meter, kind)
         return meter
 

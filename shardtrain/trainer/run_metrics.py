@@ -15,16 +15,27 @@ class RunMetrics:
         self.device = device
         self.trainer = trainer
         self.start = time.perf_counter()
+        self.update_started = None  # set by begin_update()
         self.inner = MetricsLogger()
         self.epoch = MetricsLogger()
 
+    def begin_update(self) -> None:
+        self.update_started = time.perf_counter()
+        for m in (self.inner, self.epoch):
+            m.start_timer("train_wall")
+
+    def end_update(self) -> None:
+        for m in (self.inner, self.epoch):
+            m.stop_timer("train_wall")
+
     def log_update(self, criterion, out: Dict, num_updates: int) -> None:
+        since = self.update_started  # speeds of the first window include its first update
         for m in (self.inner, self.epoch):
             criterion.reduce_metrics(out["logs"], m)
             total = out["logs"][0] if out["logs"] else {}
             ntokens, nsentences = total.get("ntokens", 0), total.get("nsentences", 0)
-            m.log_speed("wps", ntokens, round=1)
-            m.log_speed("ups", 1.0, round=2)
+            m.log_speed("wps", ntokens, round=1, since=since)
+            m.log_speed("ups", 1.0, round=2, since=since)
             m.log_scalar("wpb", ntokens, round=1)
             m.log_scalar("bsz", nsentences, round=1)
             m.log_scalar("lr", out["lr"], round=None)
