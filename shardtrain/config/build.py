@@ -7,6 +7,7 @@ from typing import Dict, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from shardtrain import plugins
 from shardtrain.config import components, flags
 from shardtrain.config.checks import check_config
 from shardtrain.config.sections import SECTIONS, ComponentsConfig, ShardtrainConfig
@@ -19,6 +20,13 @@ _TITLES = {
     "model": "model ({})", "criterion": "criterion ({})", "optimizer": "optimizer ({})",
     "lr_scheduler": "lr scheduler ({})",
 }
+
+_TRAIN_DESCRIPTION = """Train a model.
+
+The flags of the selected --task, --arch, --criterion, --optimizer and
+--lr-scheduler are listed in their own groups below. Components come from
+shardtrain, from installed plugins (entry-point group "shardtrain.plugins")
+and from --user-dir."""
 
 
 def import_user_dir(path: Optional[str]) -> None:
@@ -48,15 +56,15 @@ def import_user_dir(path: Optional[str]) -> None:
 
 def build_train_parser(argv: Sequence[str], prog: str = "shard-train"):
     """Stage two of parsing: every section plus the selected components' flags."""
+    plugins.load_plugins()  # installed plugins may provide the --task/--arch/... named below
     pre = flags.preparse(argv, ComponentsConfig())
     import_user_dir(pre.user_dir)
     slots = components.slot_config_classes(pre)
-    parser = flags.new_parser(prog, "Train a model. Flags of the selected --task/--arch/--criterion/"
-                              "--optimizer/--lr-scheduler are listed in their own groups.")
     sections = [(name, cls, None) for name, cls in SECTIONS.items()]
     for slot, (cls, preset) in slots.items():
         if cls is not None:
             sections.append((slot, cls, preset))
+    parser = flags.new_parser(prog, _TRAIN_DESCRIPTION, usage=flags.short_usage(prog, sections))
     titles = {s: t.format(getattr(pre, "arch" if s == "model" else s, "")) for s, t in _TITLES.items()}
     flags.add_sections(parser, sections, titles)
     return parser, slots
@@ -79,6 +87,9 @@ def from_dict(values: Dict) -> DictConfig:
     Unknown keys are errors: a saved config that names a field this version
     does not know must not be silently dropped.
     """
+    # Every command builds its config here (shard-validate/-generate from a
+    # checkpoint's), so a checkpoint of a plugin's model finds its components.
+    plugins.load_plugins()
     names = ComponentsConfig(**(values.get("components") or {}))
     cfg = OmegaConf.structured(ShardtrainConfig(components=names))
     try:

@@ -9,6 +9,7 @@ second builds the full parser with just the selected components' flags.
 import argparse
 import ast
 import dataclasses
+import re
 import typing
 from typing import Any, Dict, Iterable, Optional, Sequence
 
@@ -49,11 +50,28 @@ def _default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
+# Help that already explains its default ("(default: --max-tokens)") keeps its words.
+_STATES_DEFAULT = re.compile(r"\(default\b")
+
+
 def _help(f: dataclasses.Field, default: Any) -> str:
-    text = f.metadata.get("help", "")
-    if default not in (None, False, dataclasses.MISSING, ""):
-        text += f" (default: {default})"
-    return text
+    """The field's help, always ending with its default (or that it is required).
+
+    ``%`` is escaped because argparse %-formats help text when printing it."""
+    text = f.metadata.get("help", "").replace("%", "%%")
+    if _STATES_DEFAULT.search(text):
+        return text
+    return f"{text} {describe_default(default)}"
+
+
+def describe_default(default: Any) -> str:
+    if default is dataclasses.MISSING:
+        return "(required)"
+    if default is None:
+        return "(default: not set)"
+    if default == "":
+        return "(default: '')"
+    return f"(default: {default})".replace("%", "%%")
 
 
 def add_dataclass_flags(group, section: str, cls, overrides: Optional[Dict] = None) -> None:
@@ -99,11 +117,39 @@ def section_values(namespace: argparse.Namespace, section: str) -> Dict[str, Any
     return {k[len(prefix):]: v for k, v in vars(namespace).items() if k.startswith(prefix)}
 
 
-def new_parser(prog: str, description: str, add_help: bool = True) -> argparse.ArgumentParser:
+def new_parser(prog: str, description: str, add_help: bool = True,
+               usage: Optional[str] = None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
-        prog=prog, description=description, add_help=add_help, allow_abbrev=False,
+        prog=prog, description=description, add_help=add_help, allow_abbrev=False, usage=usage,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def short_usage(prog: str, sections: Iterable, width: int = 79) -> str:
+    """``PROG [-h] [--task TASK] ... [FLAGS ...] DATA``, wrapped under PROG.
+
+    argparse's own usage line lists every flag (80 lines for shard-train) before
+    the groups that explain them; this one names the component flags, the
+    required flags and the positionals, and leaves the rest to the groups."""
+    parts = ["[-h]"] + [f"[{flag} {name.upper()}]" for flag, name in _NAME_FLAGS.items()]
+    parts.append("[FLAGS ...]")
+    positionals = []
+    for _, cls, overrides in sections:
+        for f in dataclasses.fields(cls):
+            default = (overrides or {}).get(f.name, _default(f))
+            if f.metadata.get("positional"):
+                metavar = f.name.upper()
+                positionals.append(metavar if default is dataclasses.MISSING else f"[{metavar}]")
+            elif default is dataclasses.MISSING:
+                parts.append(f"{flag_name(f.name)} {f.name.upper()}")
+    # argparse prints a given usage unwrapped; wrap it the way it wraps its own.
+    lines = [f"usage: {prog}"]
+    indent = " " * len(lines[0])
+    for part in parts + positionals:
+        if len(lines[-1]) + 1 + len(part) > width:
+            lines.append(indent)
+        lines[-1] += " " + part
+    return "\n".join(lines)[len("usage: "):].replace("%", "%%")  # argparse adds "usage: " itself
 
 
 def preparse(argv: Sequence[str], defaults) -> argparse.Namespace:
@@ -124,8 +170,14 @@ def add_sections(parser, sections: Iterable, titles: Optional[Dict[str, str]] = 
         add_dataclass_flags(group, section, cls, overrides)
 
 
-def parse_dataclass(cls, argv: Sequence[str], prog: str, description: str, title: str = "options"):
-    """A whole command line that is one config dataclass (shard-validate, -generate, ...)."""
+def parse_dataclass(cls, argv: Sequence[str], prog: str, description: str, title: Optional[str] = None):
+    """A whole command line that is one config dataclass (shard-validate, -generate, ...).
+
+    Without ``title`` the flags join argparse's own groups (positional
+    arguments, options) rather than a second group also called "options"."""
     parser = new_parser(prog, description)
-    add_sections(parser, [("args", cls, None)], {"args": title})
+    if title is None:
+        add_dataclass_flags(parser, "args", cls)
+    else:
+        add_sections(parser, [("args", cls, None)], {"args": title})
     return cls(**section_values(parser.parse_args(list(argv)), "args"))

@@ -1,0 +1,1 @@
+"""An installable plugin (the test writes its dist-info): importing the package registers nothing."""
