@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
+from shardtrain.checkpoint_import import fairseq_lm, fairseq_pickle
 from shardtrain.errors import CheckpointError
 from shardtrain.fileio import atomic_open, fsync_dir, remove_quietly, temp_sibling
 from shardtrain.trainer.sharded_checkpoints import ShardedSaver, marker
@@ -170,16 +171,36 @@ def resolve_checkpoint_path(path: str) -> str:
     return path
 
 
-def load_checkpoint(path: str) -> Dict:
-    """Load one of our checkpoints without unpickling arbitrary objects."""
+def load_checkpoint(path: str, model_only: bool = False) -> Dict:
+    """Load one of our checkpoints without unpickling arbitrary objects.
+
+    ``model_only``: the caller needs only the model and its config
+    (inference, --finetune-from-model), so a fairseq transformer_lm checkpoint
+    that loads as safely as ours is converted in memory; otherwise it is
+    refused with a pointer to ``shard-import-fairseq``.
+    """
     if not os.path.isfile(path):
         raise CheckpointError(f"Checkpoint {path!r} does not exist. Check --path / --restore-file.")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
+        found = fairseq_pickle.fairseq_globals(path)
+        if found:
+            raise CheckpointError(
+                f"{path} is a fairseq checkpoint that pickles Python objects ({', '.join(sorted(found)[:3])}), "
+                "so loading it can run code, and shardtrain loads checkpoints only with torch.load("
+                f"weights_only=True). If you trust its source, convert it once: `shard-import-fairseq {path} "
+                "OUT.pt --data DATA_BIN --trust-checkpoint`, then pass OUT.pt.") from None
         raise CheckpointError(
             f"Cannot load checkpoint {path!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}. The file is "
             "truncated, corrupt, or not a shardtrain checkpoint (fairseq checkpoints need conversion).") from None
+    if fairseq_pickle.looks_like_fairseq(state):
+        if model_only:
+            return {"version": FORMAT_VERSION, **fairseq_lm.to_shardtrain(state, path)}
+        raise CheckpointError(
+            f"{path} is a fairseq checkpoint: shardtrain resumes only its own checkpoints (fairseq's optimizer "
+            f"and data state do not carry over). Start from its weights with --finetune-from-model {path}, or "
+            f"convert it once with `shard-import-fairseq {path} OUT.pt --data DATA_BIN`.")
     if not isinstance(state, dict) or "model" not in state or "cfg" not in state:
         raise CheckpointError(f"{path!r} is not a shardtrain checkpoint (it has no model/cfg entries).")
     return state

@@ -23,7 +23,7 @@ def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False)
     finds the directory ``checkpoint_last`` when there is no such file).
     """
     path = resolve_checkpoint_path(path)
-    state = load_extra(path) if is_sharded(path) else load_checkpoint(path)
+    state = load_extra(path) if is_sharded(path) else load_checkpoint(path, model_only=True)
     values = dict(state["cfg"])
     if data is not None:
         values["task"] = {**values.get("task", {}), "data": data}

@@ -26,7 +26,7 @@ def restore(run):
             check_same_model(run.trainer, load_extra(source), source, cfg)
             load_sharded_into(source, run.trainer.model, None)
         else:
-            load_model_weights(run.trainer, load_checkpoint(source), source, cfg)
+            load_model_weights(run.trainer, load_checkpoint(source, model_only=True), source, cfg)
         logger.info(f"loaded model weights from {source} (optimizer, lr scheduler, meters and "
                     "data position reset)")
         path = None
