@@ -24,6 +24,7 @@ setup(
             "shard-generate = shardtrain.cli.generate:main",
             "shard-demo = shardtrain.cli.demo:main",
             "shard-consolidate = shardtrain.cli.consolidate:main",
+            "shard-hydra-train = shardtrain.cli.hydra_train:main",
             "shard-import-fairseq = shardtrain.cli.import_fairseq:main",
         ]
     },

@@ -7,6 +7,7 @@ which checkpoints to write.
 import contextlib
 import itertools
 import logging
+import os
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -14,6 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 from shardtrain.config.build import to_dict
+from shardtrain.errors import CheckpointError
+from shardtrain.fileio import atomic_write_bytes
 from shardtrain.trainer import build
 from shardtrain.trainer.activation_checkpointing import apply_activation_checkpointing
 from shardtrain.trainer.backends import build_backend
@@ -29,6 +32,7 @@ from shardtrain.trainer.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 4096  # batch size when neither --max-tokens nor --batch-size is given
+CONFIG_FILE = "config.yaml"  # the resolved config, next to the checkpoints
 
 
 class Run:
@@ -187,6 +191,8 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
         start = time.time()
         names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)
         paths = run.checkpoints.save(run.trainer, run.checkpoint_extra(epoch_itr), epoch, updates, names)
+        if paths and run.backend.is_master:
+            write_config(cfg, ck.save_dir)
         logger.info(f"saved checkpoint {paths[0] if paths else '-'} (epoch {epoch} @ {updates} updates, "
                     f"score {valid_loss}) (writing took {time.time() - start:.2f} seconds)")
     if ck.patience > 0 and state.num_bad_validations >= ck.patience:
@@ -215,6 +221,24 @@ def validate(run: Run, epoch: int) -> List[Optional[float]]:
         progress.close()
         results.append(metric)
     return results
+
+
+def write_config(cfg, save_dir: str) -> None:
+    """The resolved config as ``config.yaml`` in the save dir (``build.from_dict``
+    of the loaded YAML rebuilds it). Written after a checkpoint rather than at
+    start-up, so a run that fails to start leaves no files; rewritten only when
+    it changed (a resumed run with other flags), so it describes the latest run."""
+    path = os.path.join(save_dir, CONFIG_FILE)
+    text = OmegaConf.to_yaml(cfg).encode("utf-8")
+    try:
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                if f.read() == text:
+                    return
+        atomic_write_bytes(path, text)
+    except OSError as e:
+        raise CheckpointError(f"Writing {path} failed: {e.strerror or e}. The checkpoint itself was saved; free "
+                              "space in --save-dir (or choose another one) and relaunch the same command.") from None
 
 
 def _is_better(value: float, best: Optional[float], maximize: bool) -> bool:

@@ -91,7 +91,8 @@ def test_async_save_resumes_exactly(data_bin, reference, tmp_path):
     run(data_bin, save, 2, HALF, "fully_sharded", "0", "--async-save", "--save-interval-updates", "1",
         "--keep-interval-updates", "2")
     # --keep-interval-updates 2 pruned the older directories; checkpoint_last points to the newest
-    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_1_3", "checkpoint_1_4", "checkpoint_last"]
+    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_1_3", "checkpoint_1_4", "checkpoint_last",
+                                                      "config.yaml"]
     assert os.readlink(save / "checkpoint_last") == "checkpoint_1_4"
     np.testing.assert_allclose(run(data_bin, save, 2, TOTAL, "fully_sharded", "0", "--async-save")[0],
                                reference[HALF:], rtol=1e-5)

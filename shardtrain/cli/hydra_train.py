@@ -1,0 +1,134 @@
+"""``shard-hydra-train [--config-dir DIR] [--config-name NAME] [key=value ...]``: shard-train from Hydra configs.
+
+The same dataclasses, typed config, checks and training entry as shard-train;
+only how the values are written differs (examples/configs/README.md).
+
+Hydra's compose API (``initialize_config_dir`` + ``compose``), not
+``@hydra.main``: compose builds the config and does nothing else, so Hydra makes
+no outputs/ or .hydra directory, writes no log file, installs no logging
+handlers and keeps the working directory, with no hydra.* settings to get
+right; and its errors come back as exceptions we turn into our one-paragraph
+messages instead of Hydra printing its own and exiting. What @hydra.main would
+add (multirun sweeps, shell completion) shard-train does not offer either.
+"""
+import argparse
+import os
+import re
+from typing import List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from shardtrain import plugins
+from shardtrain.cli.errors import cli_entry
+from shardtrain.config import hydra_store
+from shardtrain.config.build import from_dict, import_user_dir
+from shardtrain.config.checks import check_config
+from shardtrain.config.flags import new_parser
+from shardtrain.config.sections import COMPONENT_SLOTS
+from shardtrain.errors import ConfigError
+from shardtrain.trainer import launch, loop
+
+PROG = "shard-hydra-train"
+DESCRIPTION = f"""Train a model from a Hydra config: shard-train's options as YAML and key=value overrides.
+
+  {PROG} --config-dir examples/configs --config-name lm_pytorch_ddp task.data=DATA_BIN \\
+      optimization.max_update=100 model=transformer_lm_gpt3_small optimizer.adam_betas=[0.9,0.95]
+
+Keys are shard-train's flags with '_' for '-' under their section (common, dataset,
+optimization, checkpoint, distributed) or component (task, model, criterion, optimizer,
+lr_scheduler); the components are config groups with one option per registered name
+(model: per architecture, with its preset). A config file extends the base config:
+
+  defaults:
+    - shardtrain
+    - override model: transformer_lm_gpt
+    - _self_
+
+Print the resolved config with --cfg job."""
+
+
+def parse_command_line(argv: List[str]) -> argparse.Namespace:
+    parser = new_parser(PROG, DESCRIPTION)
+    parser.add_argument("--config-dir", "-cd", default=None,
+                        help="directory of the YAML configs (default: the working directory)")
+    parser.add_argument("--config-name", "-cn", default=None,
+                        help="primary config, a file CONFIG_NAME.yaml in --config-dir (default: shardtrain's base "
+                             "config, so everything comes from overrides)")
+    parser.add_argument("--user-dir", default=None,
+                        help="plugin package to import before the config groups are built (the same as the "
+                             "override common.user_dir=PATH)")
+    parser.add_argument("--cfg", choices=["job"], default=None,
+                        help="print the resolved config as YAML and exit without training")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="Hydra overrides, e.g. optimization.lr=0.001 model=transformer_lm_gpt")
+    return parser.parse_intermixed_args(argv)  # overrides may come before and after the options
+
+
+def build_config(args: argparse.Namespace) -> DictConfig:
+    """The typed run config, exactly as ``parse_train_args`` builds it from flags."""
+    config_dir = os.path.abspath(args.config_dir or os.curdir)
+    if args.config_name:
+        path = hydra_store.config_path(config_dir, args.config_name)
+        name, source = os.path.basename(path)[:-len(".yaml")], f"the config {path}"
+    else:
+        path, name, source = None, hydra_store.BASE_CONFIG, "shardtrain's base config"
+        hydra_store.check_config_dir(config_dir)
+    hydra_store.check_base_not_hidden(config_dir)
+    overrides = list(args.overrides) + ([f"common.user_dir={quote(args.user_dir)}"] if args.user_dir else [])
+    user_dir = prescan_user_dir(path, overrides)
+    plugins.load_plugins()  # installed and --user-dir plugins register before the store lists the registries
+    import_user_dir(user_dir)
+    composed, choices = hydra_store.compose(config_dir, name, overrides, source)
+    composed_user_dir = OmegaConf.select(composed, "common.user_dir", throw_on_resolution_failure=False)
+    if composed_user_dir != user_dir:  # set where the pre-scan does not look (a file the defaults list adds)
+        import_user_dir(composed_user_dir)
+        composed, choices = hydra_store.compose(config_dir, name, overrides, source)
+    try:
+        values = {key: OmegaConf.to_container(composed[key], resolve=True)
+                  for key in hydra_store.FRAMEWORK_SECTIONS + hydra_store.GROUPS}
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"Cannot resolve {source}: {' '.join(str(e).split())}. Fix the interpolation "
+                          "(${...}) named above.") from None
+    values["components"] = {COMPONENT_SLOTS[group]: choices[group] for group in hydra_store.GROUPS}
+    cfg = from_dict(values)
+    check_config(cfg)
+    return cfg
+
+
+def prescan_user_dir(config_file: Optional[str], overrides: List[str]) -> Optional[str]:
+    """``common.user_dir`` before composing: the last override that sets it, else
+    the primary config file's value (interpolations resolved where they can be)."""
+    for override in reversed(hydra_store.parse_overrides(overrides)):
+        if override.key_or_group == "common.user_dir":
+            return None if override.is_delete() else override.value()
+    if config_file is None:
+        return None
+    try:
+        raw = OmegaConf.load(config_file)
+    except Exception as e:  # noqa: BLE001 - YAML and OmegaConf raise many types for a bad file
+        raise ConfigError(f"Cannot read {config_file}: {' '.join(str(e).split())}. Fix the YAML syntax.") from None
+    if not isinstance(raw, DictConfig):
+        return None  # not a mapping: composing reports it
+    return OmegaConf.select(raw, "common.user_dir", default=None, throw_on_resolution_failure=False)
+
+
+def quote(value: str) -> str:
+    """A path as one quoted Hydra override value (commas, spaces and '=' included).
+    Hydra's rule: escape quotes, and double the backslashes before a quote or at the end."""
+    value = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, value) + "'"
+
+
+@cli_entry(PROG)
+def main(argv):
+    args = parse_command_line(argv)
+    cfg = build_config(args)
+    if args.cfg == "job":
+        print(OmegaConf.to_yaml(cfg), end="")
+        return cfg
+    return launch.call_main(cfg, loop.main)
+
+
+if __name__ == "__main__":
+    main()

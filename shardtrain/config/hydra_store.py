@@ -1,0 +1,259 @@
+"""Hydra's ConfigStore, filled from the registries, and composition with our errors.
+
+The store is filled at CLI start-up, after plugins are imported, never at
+import time: it must list what plugins register. What it holds:
+
+* ``shardtrain``: the base config. The framework sections (common, dataset,
+  optimization, checkpoint, distributed) as typed nodes, and a defaults list
+  that picks shard-train's default task/model/criterion/optimizer/lr_scheduler.
+* groups ``task``, ``model``, ``criterion``, ``optimizer``, ``lr_scheduler``:
+  one option per registered name, holding that component's config dataclass;
+  ``model`` has one option per architecture, holding the architecture's preset.
+
+The dataclasses are the ones the flags are generated from, so a run written as
+flags and as a Hydra config resolves to the same typed config (both go through
+``build.from_dict``).
+"""
+import dataclasses
+import difflib
+import os
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from shardtrain.config import components
+from shardtrain.config.sections import COMPONENT_SLOTS, SECTIONS, ComponentsConfig
+from shardtrain.errors import ConfigError
+
+BASE_CONFIG = "shardtrain"
+GROUPS = tuple(COMPONENT_SLOTS)  # task, model, criterion, optimizer, lr_scheduler
+FRAMEWORK_SECTIONS = tuple(s for s in SECTIONS if s != "components")  # chosen by the groups instead
+_KINDS = {"model": "model architecture", "lr_scheduler": "lr scheduler"}
+_KEY_FIX = ("Keys are shard-train's flag names with '_' for '-', under the section or component that owns "
+            "them; print the whole config with --cfg job.")
+
+
+def option_names(group: str) -> List[str]:
+    regs = components.registries()[group]
+    return (regs[1] if group == "model" else regs).names()  # model: one option per architecture
+
+
+def option_node(group: str, name: str):
+    """The config node of one group option: the component's dataclass (plus the arch preset)."""
+    info = components.resolve(ComponentsConfig(**{COMPONENT_SLOTS[group]: name}))[group]
+    if info.config_cls is None:
+        return {}
+    return OmegaConf.merge(OmegaConf.structured(info.config_cls), info.preset)
+
+
+def fill_config_store(store: ConfigStore) -> None:
+    """``store``: ``ConfigStore.instance()`` (Hydra's, process-wide). Storing a
+    name again replaces it, so calling this twice in a process is harmless."""
+    defaults = ComponentsConfig()
+    base = {"defaults": ["_self_"] + [{g: getattr(defaults, COMPONENT_SLOTS[g])} for g in GROUPS]}
+    base.update({name: SECTIONS[name] for name in FRAMEWORK_SECTIONS})
+    store.store(name=BASE_CONFIG, node=base)
+    for group in GROUPS:
+        for name in option_names(group):
+            store.store(group=group, name=name, node=option_node(group, name))
+
+
+def check_option(group: str, name, where: str) -> None:
+    if isinstance(name, str) and name in option_names(group):
+        return
+    kind = _KINDS.get(group, group)
+    near = difflib.get_close_matches(str(name), option_names(group), n=1)
+    hint = f" Did you mean '{near[0]}'?" if near else ""
+    raise ConfigError(
+        f"Unknown {kind} {name!r} {where}.{hint} Choices for {group}: {', '.join(option_names(group))}. "
+        f"A custom {kind} must be registered by a plugin: pass --user-dir PATH or common.user_dir=PATH.")
+
+
+def schema_keys(choices: Dict[str, str]) -> Dict[str, List[str]]:
+    """Allowed keys: ``""`` -> the top-level names; each section/group -> its fields."""
+    keys = {"": list(FRAMEWORK_SECTIONS) + list(GROUPS)}
+    for name in FRAMEWORK_SECTIONS:
+        keys[name] = list(OmegaConf.structured(SECTIONS[name]).keys())
+    for group in GROUPS:
+        keys[group] = list(OmegaConf.create(option_node(group, choices[group])).keys())
+    return keys
+
+
+def unknown_key(key: str, schema: Dict[str, List[str]]) -> Optional[str]:
+    """The first part of the dotted ``key`` that the schema does not know, as a dotted path."""
+    parts = key.split(".")
+    if parts[0] not in schema[""]:
+        return parts[0]
+    if len(parts) > 1 and parts[1] not in schema[parts[0]]:
+        return ".".join(parts[:2])
+    return None
+
+
+def unknown_key_message(key: str, valid: Sequence[str], where: str, owner: Optional[str] = None) -> str:
+    """``valid``: the keys next to ``key``'s last part; ``owner`` names their node."""
+    parent, _, leaf = key.rpartition(".")
+    near = difflib.get_close_matches(leaf, valid, n=1)
+    hint = f" Did you mean '{parent + '.' if parent else ''}{near[0]}'?" if near else ""
+    scope = f"Keys of {owner or parent}" if parent else "Top-level keys"
+    if key == "components":
+        where += " (components are chosen with the groups: task=..., model=ARCH, optimizer=..., ...)"
+    return f"Unknown config key '{key}' {where}.{hint} {scope}: {', '.join(valid) or '(none)'}. {_KEY_FIX}"
+
+
+def _schema_message(key: str, schema: Dict[str, List[str]], where: str, choices: Dict[str, str]) -> str:
+    parent = key.rpartition(".")[0]
+    owner = f"{parent} ({choices[parent]})" if parent in GROUPS else parent
+    return unknown_key_message(key, schema[parent], where, owner)
+
+
+def compose(config_dir: str, config_name: str, overrides: Sequence[str],
+            source: str) -> Tuple[DictConfig, Dict[str, str]]:
+    """Fill the store and compose ``config_name`` from ``config_dir`` (an
+    absolute path) with Hydra-syntax ``overrides``; returns (config, group choices).
+
+    ``source`` names the primary config in messages. Hydra's global state is
+    restored when this returns.
+    """
+    fill_config_store(ConfigStore.instance())
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3", job_name="shard-hydra-train"):
+        return _compose_checked(config_name, overrides, source)
+
+
+def _compose_checked(config_name: str, overrides: Sequence[str], source: str) -> Tuple[DictConfig, Dict[str, str]]:
+    """Two passes: the group choices alone first (they decide which keys exist),
+    so an unknown key in an override is named with the valid keys and the
+    nearest match; then everything."""
+    parsed = parse_overrides(overrides)
+    choosing = [o for o in parsed if o.key_or_group in GROUPS or "/" in o.key_or_group or o.package]
+    for o in choosing:
+        if o.key_or_group in GROUPS and not o.is_delete():
+            check_option(o.key_or_group, o.value(), f"in the override '{o.input_line}'")
+    _, choices = _compose_once(config_name, [o.input_line for o in choosing], source)
+    schema = schema_keys(choices)
+    for o in parsed:
+        if o not in choosing and not o.is_hydra_override():
+            bad = unknown_key(o.key_or_group, schema)
+            if bad:
+                raise ConfigError(_schema_message(bad, schema, f"in the override '{o.input_line}'", choices))
+    cfg, choices = _compose_once(config_name, list(overrides), f"{source} with its overrides")
+    _check_composed(cfg, schema, source, choices)
+    return cfg, choices
+
+
+def parse_overrides(overrides: Sequence[str]):
+    """Hydra's own parser (so values are typed as Hydra types them); sweeps refused."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as e:
+        raise ConfigError(f"Cannot parse the override {getattr(e, 'override', '')!r}: {_one_paragraph(e)}. "
+                          "Overrides are Hydra's key=value, e.g. optimization.lr=0.001 or "
+                          "model=transformer_lm_gpt.") from None
+    for o in parsed:
+        if o.is_sweep_override():
+            raise ConfigError(f"The override '{o.input_line}' is a sweep (several values), which needs Hydra's "
+                              "multirun; shard-hydra-train trains one config per command. Give one value, or "
+                              "quote a value that contains commas.")
+    return parsed
+
+
+def _compose_once(config_name: str, overrides: List[str], source: str) -> Tuple[DictConfig, Dict[str, str]]:
+    try:
+        cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    except MissingConfigException as e:
+        group, _, name = (e.missing_cfg_file or "").rpartition("/")
+        if group in GROUPS:
+            check_option(group, name, f"chosen in {source}")
+        raise ConfigError(f"In {source}: {_one_paragraph(e)}.") from None
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_composition_message(e, source)) from None
+    choices = {g: cfg.hydra.runtime.choices.get(g) for g in GROUPS}
+    missing = [g for g, name in choices.items() if name is None]
+    if missing:
+        raise ConfigError(
+            f"{source} chooses no {', '.join(missing)}: it does not extend shardtrain's base config. Start its "
+            f"defaults list with '- {BASE_CONFIG}' (then '- override model: ARCH' etc. and '- _self_'), as in "
+            "examples/configs/*.yaml.")
+    for group, name in choices.items():
+        check_option(group, name, f"chosen in {source}")
+    return cfg, choices
+
+
+def _composition_message(error: Exception, source: str) -> str:
+    """Hydra reports a bad key in a config file only in its message text (no
+    exception cause to read it from), naming the dataclass that lacks it."""
+    text = _one_paragraph(error)
+    found = re.search(r"Key '[^']+' not in '([^']+)' full_key: (\S+)", text)
+    valid = _fields_of_class_named(found.group(1)) if found else None
+    if valid is not None:
+        return unknown_key_message(found.group(2), valid, f"in {source}")
+    return f"Cannot compose {source}: {text}. Fix the key or value named above (--cfg job prints the config)."
+
+
+def _fields_of_class_named(name: str) -> Optional[List[str]]:
+    classes = list(SECTIONS.values())
+    for group, registry in components.registries().items():
+        for reg in registry if group == "model" else (registry,):
+            classes += [reg.get(n).config_cls for n in reg.names()]
+    for cls in classes:
+        if cls is not None and cls.__name__ == name:
+            return [f.name for f in dataclasses.fields(cls)]
+    return None
+
+
+def _check_composed(cfg: DictConfig, schema, source: str, choices) -> None:
+    """Keys a config file added at the root (the only open node), and values left at ???."""
+    for key in (k for k in cfg if k != "hydra"):
+        node = cfg[key]
+        paths = [key] + ([f"{key}.{k}" for k in node] if isinstance(node, DictConfig) else [])
+        for bad in filter(None, (unknown_key(p, schema) for p in paths)):
+            raise ConfigError(_schema_message(bad, schema, f"in {source}", choices))
+    # Per section (full keys): hydra's own node holds values that are ??? until a job runs.
+    missing = sorted(k for key in cfg if key != "hydra" and isinstance(cfg[key], DictConfig)
+                     for k in OmegaConf.missing_keys(cfg[key]))
+    if missing:
+        them = "it" if len(missing) == 1 else "them"
+        raise ConfigError(f"{', '.join(missing)} must be set ({source} leaves {them} at ???). Set {them} in the "
+                          f"config file or on the command line, e.g. {missing[0]}=VALUE.")
+
+
+def _one_paragraph(error: Exception) -> str:
+    """Hydra's message (and its cause's, which says what was wrong), minus the search path."""
+    text = str(error).split("\nConfig search path:")[0].split("\nSearch path:")[0]
+    if error.__cause__ is not None:
+        text = f"{text.rstrip('.')}: {error.__cause__}"
+    return " ".join(text.split()).rstrip(".")
+
+
+def config_path(config_dir: str, config_name: str) -> str:
+    """The primary config file, checked before Hydra sees it (for a message with the fix)."""
+    name = config_name[:-5] if config_name.endswith(".yaml") else config_name
+    check_config_dir(config_dir)
+    path = os.path.join(config_dir, name + ".yaml")
+    if not os.path.isfile(path):
+        names = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".yaml"))
+        near = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean '{near[0]}'?" if near else ""
+        raise ConfigError(f"--config-name {name}: there is no {path}.{hint} Configs in {config_dir}: "
+                          f"{', '.join(names) or '(none)'}. Pass one of them, or another --config-dir.")
+    return path
+
+
+def check_config_dir(config_dir: str) -> None:
+    if not os.path.isdir(config_dir):
+        raise ConfigError(f"--config-dir {config_dir} does not exist or is not a directory. Pass the directory "
+                          "that holds your YAML configs (e.g. --config-dir examples/configs).")
+
+
+def check_base_not_hidden(config_dir: str) -> None:
+    """A file named like the base config comes first on Hydra's search path and would replace it."""
+    path = os.path.join(config_dir, BASE_CONFIG + ".yaml")
+    if os.path.exists(path):
+        raise ConfigError(f"{path} has the name of shardtrain's base config ({BASE_CONFIG}) and would hide it. "
+                          "Rename the file (and --config-name).")
