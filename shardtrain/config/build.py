@@ -40,18 +40,21 @@ def import_user_dir(path: Optional[str]) -> None:
     parent, name = os.path.split(path)
     if name in sys.modules:
         if os.path.dirname(os.path.abspath(getattr(sys.modules[name], "__file__", "") or "")) == path:
+            if parent not in sys.path:  # see below
+                sys.path.insert(0, parent)
             return
         raise ConfigError(f"--user-dir {path}: a module named {name!r} is already imported from elsewhere. "
                           "Rename the plugin folder so its name does not clash.")
-    sys.path.insert(0, parent)
+    # The folder stays on sys.path: ranks started with multiprocessing's spawn copy the
+    # launcher's sys.path, and they import the plugin again to rebuild its components.
+    if parent not in sys.path:
+        sys.path.insert(0, parent)
     try:
         importlib.import_module(name)
     except Exception as e:  # noqa: BLE001 - any plugin failure is the user's to fix
         raise ConfigError(f"--user-dir {path} failed to import: {type(e).__name__}: {e}. "
                           "Fix the error in the plugin (run `python -c 'import {name}'` from "
                           f"{parent} to see the traceback).") from e
-    finally:
-        sys.path.remove(parent)
 
 
 def build_train_parser(argv: Sequence[str], prog: str = "shard-train"):

@@ -43,3 +43,20 @@ def test_missing_or_broken_user_dir_is_a_clear_error(tmp_path):
     (broken / "__init__.py").write_text("raise RuntimeError('boom')\n")
     with pytest.raises(ConfigError, match="failed to import: RuntimeError: boom"):
         build_train_parser(["--user-dir", str(broken)])
+
+
+def test_user_dir_plugin_trains_on_two_spawned_ranks(tmp_path):
+    """Spawned ranks import the plugin again (they rebuild the config's components)."""
+    import subprocess
+    paths = write_markov_corpus(str(tmp_path / "text"), MarkovChain(n=8, seed=2), 3000, 300, line_len=40)
+    data = str(tmp_path / "data-bin")
+    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
+                     "--destdir", data, "--no-progress-bar"])
+    result = subprocess.run(
+        [sys.executable, "-m", "shardtrain.cli.train", data, "--user-dir", PLUGIN, "--task", "toy_lm",
+         "--arch", "toy_bigram", "--tokens-per-sample", "16", "--batch-size", "4", "--max-update", "2",
+         "--distributed-world-size", "2", "--cpu", "--threads", "1", "--save-dir", str(tmp_path / "ck"),
+         "--log-format", "none", "--heartbeat-timeout", "60"],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert os.path.exists(tmp_path / "ck" / "checkpoint_last.pt")
