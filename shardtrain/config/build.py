@@ -93,6 +93,7 @@ def from_dict(values: Dict) -> DictConfig:
     # Every command builds its config here (shard-validate/-generate from a
     # checkpoint's), so a checkpoint of a plugin's model finds its components.
     plugins.load_plugins()
+    import_user_dir((values.get("common") or {}).get("user_dir"))  # the run's --user-dir plugin, likewise
     names = ComponentsConfig(**(values.get("components") or {}))
     cfg = OmegaConf.structured(ShardtrainConfig(components=names))
     try:

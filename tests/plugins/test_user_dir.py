@@ -60,3 +60,19 @@ def test_user_dir_plugin_trains_on_two_spawned_ranks(tmp_path):
         capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert os.path.exists(tmp_path / "ck" / "checkpoint_last.pt")
+
+
+def test_validate_loads_a_checkpoint_of_a_user_dir_model(tmp_path):
+    """shard-validate, in a fresh process, imports the checkpoint's --user-dir before rebuilding its model."""
+    import subprocess
+    paths = write_markov_corpus(str(tmp_path / "text"), MarkovChain(n=8, seed=2), 2000, 300, line_len=40)
+    data = str(tmp_path / "data-bin")
+    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
+                     "--destdir", data, "--no-progress-bar"])
+    train.main([data, "--user-dir", PLUGIN, "--task", "toy_lm", "--arch", "toy_bigram", "--tokens-per-sample", "16",
+                "--batch-size", "8", "--max-update", "2", "--save-dir", str(tmp_path / "ck"), "--log-format", "none"])
+    result = subprocess.run([sys.executable, "-m", "shardtrain.cli.validate", data, "--path",
+                             str(tmp_path / "ck" / "checkpoint_last.pt"), "--cpu"],
+                            capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "valid" in result.stdout + result.stderr and "loss" in result.stdout + result.stderr
