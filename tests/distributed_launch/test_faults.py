@@ -1,0 +1,120 @@
+"""Faults in a real 2-rank training run through the CLI: a rank SIGKILLed while
+training, and a NaN loss. Either must end the whole job promptly, non-zero,
+with a message that names what happened; neither may hang or corrupt
+checkpoint_last."""
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from st_testutils import last_checkpoint_state, make_space_data_bin
+
+HEARTBEAT_TIMEOUT_S = 20
+# Beyond the group timeout: stopping the surviving rank and the launcher's own exit.
+MARGIN_S = 25
+NAN_PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nan_plugin")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_space_data_bin(str(tmp_path_factory.mktemp("faults")), n_words=8, train_tokens=20000,
+                               valid_tokens=200, line_len=40)
+
+
+def train_command(data, save_dir, *flags):
+    return [sys.executable, "-m", "shardtrain.cli.train", data, "--arch", "transformer_lm", "--decoder-layers",
+            "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
+            "--tokens-per-sample", "32", "--batch-size", "4", "--disable-validation", "--cpu", "--threads", "1",
+            "--log-format", "json", "--log-interval", "1", "--save-dir", str(save_dir),
+            "--distributed-world-size", "2", "--ddp-backend", "fully_sharded",
+            "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S), *flags]
+
+
+def spawned_ranks(launcher_pid: int) -> list:
+    """Pids of the launcher's rank processes (multiprocessing spawn children; not its resource tracker)."""
+    ranks = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # exited while we looked
+        if ppid == launcher_pid and b"spawn_main" in cmdline:
+            ranks.append(int(name))
+    return sorted(ranks)
+
+
+def wait_for_update(proc, update: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stdout:  # rank 0 logs every update (--log-interval 1)
+        if f'"num_updates": "{update}"' in line:
+            return
+        assert time.monotonic() < deadline, f"training did not reach update {update} in {timeout_s} s"
+    pytest.fail(f"the run ended before update {update}")
+
+
+def assert_gone(pid: int) -> None:
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_sigkilled_rank_mid_training_ends_the_run_promptly_and_is_named(data, tmp_path):
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(train_command(data, tmp_path / "ck", "--max-update", "100000"),
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        wait_for_update(proc, 3, timeout_s=60)
+        ranks = spawned_ranks(proc.pid)
+        assert len(ranks) == 2, ranks
+        # torch.multiprocessing starts rank 0, then rank 1: the later pid is rank 1's.
+        victim = ranks[1]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        proc.communicate(timeout=HEARTBEAT_TIMEOUT_S + MARGIN_S)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:  # only after a failed check: never leave the job behind
+            proc.kill()
+            proc.wait()
+    err = stderr_path.read_text()
+    assert proc.returncode == 2, err[-3000:]  # the CLI's exit code for a ShardtrainError
+    assert elapsed < HEARTBEAT_TIMEOUT_S + MARGIN_S
+    assert (f"shard-train: error: rank 1 (pid {victim}) stopped without raising an exception: "
+            "killed by signal SIGKILL") in err, err[-3000:]
+    assert "Traceback" not in err  # one paragraph for the user, not a secondary failure of rank 0
+    for pid in ranks:
+        assert_gone(pid)
+
+
+def test_nan_loss_stops_naming_the_update_and_keeps_checkpoint_last(data, tmp_path):
+    save = tmp_path / "ck"
+    # NaN on rank 1 only: the global gradient norm must stop rank 0 at the same update.
+    result = subprocess.run(
+        train_command(data, save, "--max-update", "50", "--save-interval-updates", "2",
+                      "--user-dir", NAN_PLUGIN, "--criterion", "nan_cross_entropy",
+                      "--nan-at-update", "5", "--nan-rank", "1"),
+        capture_output=True, text=True, timeout=HEARTBEAT_TIMEOUT_S + 60)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert re.search(r"shard-train: error: rank [01]: The loss or gradient is NaN/inf at update 5; ",
+                     result.stderr), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert '"num_updates": "4"' in result.stdout and '"num_updates": "5"' not in result.stdout
+
+    assert last_checkpoint_state(save)["train_state"]["num_updates"] == 4  # saved before the NaN
+    from shardtrain.trainer.inference import load_for_inference
+
+    _, _, model, _ = load_for_inference(str(save / "checkpoint_last"))
+    weights = list(model.state_dict().values())
+    assert weights and all(torch.isfinite(w).all() for w in weights if w.is_floating_point())
+    assert not math.isclose(sum(float(w.float().abs().sum()) for w in weights), 0.0)
