@@ -30,7 +30,8 @@ class LanguageModelingTask(Task):
     def __init__(self, cfg, dictionary: Dictionary = None):
         super().__init__(cfg)
         if cfg.tokens_per_sample < 1:
-            raise DataError(f"--tokens-per-sample must be positive, got {cfg.tokens_per_sample}.")
+            raise DataError(f"--tokens-per-sample must be positive, got {cfg.tokens_per_sample}; "
+                            "set it to the model's context length (e.g. 512 or 1024).")
         self.dictionary = dictionary if dictionary is not None else self.load_dictionary(cfg.data)
 
     @staticmethod
@@ -63,6 +64,10 @@ class LanguageModelingTask(Task):
                             f"(shard-preprocess --{split}pref FILE) or pick an existing one "
                             f"(--train-subset / --valid-subset).")
         tokens = MMapIndexedDataset(prefix)
+        if len(tokens) == 0:  # named here: the block builder below does not know which split it cuts
+            raise DataError(f"Split {split!r} is empty: {prefix}.bin holds no lines. Re-run shard-preprocess "
+                            f"with a non-empty --{split}pref file, or pick another split "
+                            "(--train-subset / --valid-subset).")
         self._check_vocabulary(tokens, prefix)
         self.datasets[split] = TokenBlockDataset(
             tokens, tokens.sizes, self.cfg.tokens_per_sample, pad=self.dictionary.pad(),

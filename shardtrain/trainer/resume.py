@@ -107,11 +107,13 @@ def load_model_weights(trainer, state: Dict, path: str, cfg, load: bool = True) 
         detail = (f"shapes differ for {mismatched[:3]}" if mismatched else
                   f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}")
         vocab_hint = ""
-        if any("embed_tokens" in k for k in mismatched):
+        # Only a different number of embedding rows means another dict.txt; other
+        # columns mean another --decoder-embed-dim.
+        if any("embed_tokens" in k and own[k].shape[0] != model[k].shape[0] for k in mismatched):
             vocab_hint = " The vocabulary differs: the checkpoint was trained on another dict.txt."
         raise CheckpointError(
             f"Checkpoint {path} does not fit this model ({detail}); it was saved with --arch {saved_arch} and "
-            f"this run uses --arch {cfg.components.arch}.{vocab_hint} Use the same architecture and data-bin, "
-            f"or start a new --save-dir.")
+            f"this run uses --arch {cfg.components.arch} (compare their model size flags).{vocab_hint} "
+            "Use the same architecture and data-bin, or start a new --save-dir.")
     if load:
         trainer.load_model(model)

@@ -1,12 +1,25 @@
 """User mistakes through the real CLI: exit status 2, a message that names the
-problem and the fix, no traceback, and no files left in the save dir."""
+problem and the fix, no traceback, and no files left in the save dir.
+
+Covered elsewhere, not repeated here: a sharded checkpoint with a missing
+shard (tests/distributed/test_sharded_checkpoints.py::
+test_missing_shard_is_a_clear_error), the Hydra override table
+(tests/cli/test_hydra_train.py::BAD), and a full disk while saving
+(tests/cli/test_full_disk.py)."""
 import os
 import shutil
+import struct
 
+import numpy as np
 import pytest
+import torch
 
-from shardtrain.cli import train, validate
+from shardtrain.cli import hydra_train, train, validate
+from shardtrain.config.checks import RULES
+from shardtrain.data.indexed_dataset import MMapIndexedDatasetBuilder
 from st_testutils import make_space_data_bin, tiny_model_flags
+
+IDX_HEADER = struct.Struct("<9sQBQ")  # MMIDIDX: magic, version, dtype code, item count
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +44,30 @@ def truncate(path, keep):
 def overwrite_magic(path):
     with open(path, "r+b") as f:
         f.write(b"NOTMAGIC!")
+
+
+def write_at(path, offset, data, whence=os.SEEK_SET):
+    with open(path, "r+b") as f:
+        f.seek(offset, whence)
+        f.write(data)
+
+
+def append(path, data):
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def empty_split(d, split="train"):
+    with MMapIndexedDatasetBuilder(f"{d}/{split}.bin", dtype=np.uint16) as builder:
+        pass
+    builder.finalize(f"{d}/{split}.idx")
+
+
+def broken_plugin(t):
+    plugin = t / "broken_plugin_bad_input"
+    plugin.mkdir()
+    (plugin / "__init__.py").write_text("import no_such_module_bad_input\n")
+    return str(plugin)
 
 
 CASES = {
@@ -66,7 +103,62 @@ CASES = {
         lambda b, t: [b, "--cpu", "--distributed-world-size", "2", "--ddp-backend", "fully_sharded",
                       "--fsdp-sharding-strategy", "hybrid_shard", "--shard-group-size", "3"],
         ["--shard-group-size", "does not divide the world size 2"]),
+    # data-bin damage
+    "duplicate dict line": (lambda b, t: [copy_bin(b, t, lambda d: append(f"{d}/dict.txt", b"w1 5\n"))],
+                            ["dict.txt, line 13", "'w1' appears twice", "Remove the duplicate line"]),
+    "malformed dict line": (lambda b, t: [copy_bin(b, t, lambda d: append(f"{d}/dict.txt", b"oops\n"))],
+                            ["dict.txt, line 13", "got 'oops'", "shard-preprocess"]),
+    "dict count not an integer": (lambda b, t: [copy_bin(b, t, lambda d: append(f"{d}/dict.txt", b"zz many\n"))],
+                                  ["dict.txt, line 13", "got 'zz many'", "shard-preprocess"]),
+    "missing bin": (lambda b, t: [copy_bin(b, t, lambda d: os.remove(f"{d}/train.bin"))],
+                    ["train.bin does not exist", "shard-preprocess"]),
+    "missing train split": (
+        lambda b, t: [copy_bin(b, t, lambda d: [os.remove(f"{d}/train.{ext}") for ext in ("idx", "bin")])],
+        ["Split 'train' not found", "--train-subset"]),
+    "empty train split": (lambda b, t: [copy_bin(b, t, empty_split)],
+                          ["Split 'train' is empty", "train.bin", "shard-preprocess"]),
+    "wrong magic valid idx": (lambda b, t: [copy_bin(b, t, lambda d: overwrite_magic(f"{d}/valid.idx"))],
+                              ["valid.idx is not an mmap index", "shard-preprocess"]),
+    "idx of another format version": (
+        lambda b, t: [copy_bin(b, t, lambda d: write_at(f"{d}/train.idx", 9, struct.pack("<Q", 7)))],
+        ["train.idx has format version 7", "shard-preprocess"]),
+    "idx with a negative size": (
+        lambda b, t: [copy_bin(b, t, lambda d: write_at(f"{d}/train.idx", IDX_HEADER.size, struct.pack("<i", -5)))],
+        ["train.idx is corrupt", "negative size -5", "shard-preprocess"]),
+    "idx pointer past the bin": (
+        lambda b, t: [copy_bin(b, t, lambda d: write_at(f"{d}/train.idx", -8, struct.pack("<q", 10**9), 2))],
+        ["train.idx is corrupt", "starts at byte 1000000000", "shard-preprocess"]),
+    "bin longer than its idx": (lambda b, t: [copy_bin(b, t, lambda d: append(f"{d}/train.bin", b"xxxx"))],
+                                ["train.bin is longer than its index says", "shard-preprocess"]),
+    # unknown components
+    "unknown criterion": (lambda b, t: [b, "--criterion", "cross_entropi"],
+                          ["--criterion", "Did you mean 'cross_entropy'?", "Choices: "]),
+    "unknown lr scheduler": (lambda b, t: [b, "--lr-scheduler", "cosin"],
+                             ["--lr-scheduler", "Did you mean 'cosine'?", "Choices: "]),
+    # sizes
+    "zero tokens per sample": (lambda b, t: [b, "--tokens-per-sample", "0"],
+                               ["--tokens-per-sample must be positive", "e.g. 512"]),
+    "zero embed dim": (lambda b, t: [b, "--decoder-embed-dim", "0"], ["--decoder-embed-dim must be positive"]),
+    "negative layer count": (lambda b, t: [b, "--decoder-layers", "-1"], ["--decoder-layers must be >= 0"]),
+    "heads do not divide the embed dim": (lambda b, t: [b, "--decoder-attention-heads", "3"],
+                                          ["--decoder-attention-heads (3)", "change one of them"]),
+    # plugins
+    "user dir missing": (lambda b, t: [b, "--user-dir", str(t / "nope")], ["--user-dir", "does not exist"]),
+    "user dir fails to import": (
+        lambda b, t: [b, "--user-dir", broken_plugin(t)],
+        ["failed to import: ModuleNotFoundError", "python -c 'import broken_plugin_bad_input'"]),
 }
+
+
+def assert_refused(main, argv, capsys, save_dir, prog="shard-train") -> str:
+    """Run a CLI main that must refuse ``argv``; returns its one-paragraph message."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith(f"{prog}: error: ") and err.count("\n") == 1, err
+    assert not os.path.exists(save_dir), os.listdir(save_dir)
+    return err
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -80,14 +172,117 @@ def test_bad_train_input(name, good_bin, tmp_path, capsys):
         args += ["--save-dir", save_dir]
     flags = [f for f in tiny_model_flags() if f not in ("--batch-size", "8")] if "--max-tokens" in args else \
         tiny_model_flags()
-    with pytest.raises(SystemExit) as info:
-        train.main(args[:1] + flags + args[1:] + ["--max-update", "2"])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and err.startswith("shard-train: error: ")
+    err = assert_refused(train.main, args[:1] + flags + args[1:] + ["--max-update", "2"], capsys, save_dir)
     for text in expected:
         assert text in err, (text, err)
-    assert not os.path.exists(save_dir), os.listdir(save_dir)
+
+
+def test_the_table_has_at_least_30_cases():
+    assert len(CASES) >= 30
+
+
+# One violation per rule of shardtrain.config.checks.RULES, keyed by the start of
+# the rule's message; a new rule fails test_every_rule_is_violated_somewhere below
+# until it gets a row here.
+RULE_VIOLATIONS = {
+    "--max-tokens must": ["--max-tokens", "0"],
+    "--batch-size must": ["--batch-size", "0"],
+    "--max-tokens-valid must": ["--max-tokens-valid", "0"],
+    "--batch-size-valid must": ["--batch-size-valid", "-1"],
+    "--required-batch-size-multiple": ["--required-batch-size-multiple", "0"],
+    "--update-freq": ["--update-freq", "0"],
+    "--lr must": ["--lr", "0"],
+    "--clip-norm": ["--clip-norm", "-1"],
+    "--max-update and --max-epoch": ["--max-epoch", "-1"],
+    "--log-interval": ["--log-interval", "0"],
+    "--save-interval must": ["--save-interval", "0"],
+    "--save-interval-updates must": ["--save-interval-updates", "-1"],
+    "--finetune-from-model and --restore-file": ["--finetune-from-model", "a.pt", "--restore-file", "b.pt"],
+    "--finetune-from-model already resets": ["--finetune-from-model", "a.pt", "--reset-meters"],
+    "--fp16 (or --memory-efficient-fp16) and --bf16": ["--memory-efficient-fp16", "--optimizer", "cpu_adam",
+                                                       "--bf16"],
+    "--fp16-init-scale": ["--fp16-init-scale", "-1"],
+    "--fp16-scale-window": ["--fp16-scale-window", "0"],
+    "--fp16-scale-tolerance": ["--fp16-scale-tolerance", "1.5"],
+    "--min-loss-scale": ["--min-loss-scale", "0"],
+    "--memory-efficient-fp16 stores the parameters": ["--memory-efficient-fp16", "--optimizer", "sgd"],
+    "--memory-efficient-fp16 stores the whole model": ["--memory-efficient-fp16", "--optimizer", "adafactor",
+                                                       "--ddp-backend", "fully_sharded"],
+    "--cpu-offload": ["--cpu-offload", "--ddp-backend", "legacy_ddp"],
+    "--async-save": ["--async-save"],
+    "--distributed-world-size": ["--distributed-world-size", "0"],
+    "--no-save and --save-interval-updates": ["--no-save", "--save-interval-updates", "10"],
+    "--checkpoint-activations-every": ["--checkpoint-activations", "--checkpoint-activations-every", "0"],
+    "--zero-sharding": ["--zero-sharding", "os", "--ddp-backend", "fully_sharded"],
+}
+
+
+def _violation_of(message: str) -> str:
+    keys = [key for key in RULE_VIOLATIONS if message.startswith(key)]
+    assert len(keys) == 1, f"RULES message {message!r} needs exactly one row in RULE_VIOLATIONS, found {keys}"
+    return keys[0]
+
+
+def test_every_rule_is_violated_somewhere():
+    assert sorted(_violation_of(message) for _, message in RULES) == sorted(RULE_VIOLATIONS)
+
+
+@pytest.mark.parametrize("index", range(len(RULES)))
+def test_each_compatibility_rule_is_refused_alone(index, good_bin, tmp_path, capsys):
+    message = RULES[index][1]
+    save_dir = str(tmp_path / "save")
+    argv = [good_bin, *tiny_model_flags(), "--max-update", "1", "--save-dir", save_dir,
+            *RULE_VIOLATIONS[_violation_of(message)]]
+    err = assert_refused(train.main, argv, capsys, save_dir)
+    # Exactly this message: check_config joins every broken rule's, so no other rule fired.
+    assert err == f"shard-train: error: {message}\n"
+
+
+def test_world_size_above_the_visible_gpus(good_bin, tmp_path, capsys, monkeypatch):
+    """Without --cpu on a CPU-only machine, --distributed-world-size 2 is not a
+    mistake: it spawns 2 gloo ranks on the CPU. With GPUs it must not exceed
+    them: one visible GPU is simulated so this runs on any machine."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    save_dir = str(tmp_path / "save")
+    err = assert_refused(train.main, [good_bin, *tiny_model_flags(), "--distributed-world-size", "2",
+                                      "--max-update", "1", "--save-dir", save_dir], capsys, save_dir)
+    assert "--distributed-world-size 2" in err and "only 1 GPU is visible" in err and "add --cpu" in err
+
+
+def test_hydra_override_of_an_unknown_key(good_bin, tmp_path, capsys):
+    # The full override table is tests/cli/test_hydra_train.py::BAD; this one
+    # runs for real (no --cfg job) and checks that the save dir stays untouched.
+    save_dir = str(tmp_path / "save")
+    overrides = [f"task.data={good_bin}", f"checkpoint.save_dir={save_dir}", "optimization.max_update=1",
+                 "optimization.lrr=0.1"]
+    err = assert_refused(hydra_train.main, overrides, capsys, save_dir, prog="shard-hydra-train")
+    assert "'optimization.lrr'" in err and "Did you mean 'optimization.lr'?" in err
+
+
+@pytest.fixture(scope="module")
+def trained(good_bin, tmp_path_factory):
+    """checkpoint_last.pt of one update of the tiny model."""
+    save = str(tmp_path_factory.mktemp("trained"))
+    train.main([good_bin, *tiny_model_flags(), "--max-update", "1", "--save-dir", save])
+    return os.path.join(save, "checkpoint_last.pt")
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--arch", "transformer_lm_gpt2_tiny"], ["saved with --arch transformer_lm",
+                                              "this run uses --arch transformer_lm_gpt2_tiny"]),
+    (["--decoder-layers", "3"], ["missing ['blocks.2.", "size flags"]),
+    # same vocabulary, wider embeddings: must not blame dict.txt
+    (["--decoder-embed-dim", "16"], ["shapes differ", "size flags"]),
+])
+def test_restore_file_from_another_architecture(flags, expected, good_bin, trained, tmp_path, capsys):
+    save_dir = str(tmp_path / "save")
+    err = assert_refused(train.main, [good_bin, *tiny_model_flags(), *flags, "--max-update", "2",
+                                      "--save-dir", save_dir, "--restore-file", trained], capsys, save_dir)
+    assert "does not fit this model" in err and "start a new --save-dir" in err
+    assert "dict.txt" not in err
+    for text in expected:
+        assert text in err, (text, err)
 
 
 def test_checkpoint_from_another_vocabulary_is_refused(good_bin, tmp_path, capsys):
