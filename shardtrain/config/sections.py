@@ -41,7 +41,7 @@ class CommonConfig:
     fp16: bool = field(False, help="compute in float16 (fp32 master weights) with dynamic loss scaling")
     memory_efficient_fp16: bool = field(
         False, help="store parameters and gradients in float16, the optimizer keeps fp32 state (implies --fp16; "
-        "pytorch_ddp/legacy_ddp with --optimizer cpu_adam)")
+        "pytorch_ddp/legacy_ddp with --optimizer cpu_adam or adafactor)")
     fp16_init_scale: int = field(2 ** 7, help="default FP16 loss scale")
     fp16_scale_window: Optional[int] = field(
         None, help="number of updates before increasing loss scale (default: 2**14 / world size / update-freq)")

@@ -42,7 +42,7 @@ from torch.optim.adam import adam as functional_adam
 
 from shardtrain.config.fields import field
 from shardtrain.errors import CheckpointError, ConfigError
-from shardtrain.optim.optimizers import AdamConfig, _betas, _non_negative
+from shardtrain.optim.optimizers import AdamConfig, parse_betas, check_non_negative
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer
 
 # 1M elements: a chunk's fp32 scratch (4 x 4 MB) stays in a typical L3 cache from
@@ -266,7 +266,7 @@ class CPUAdamConfig(AdamConfig):
 @register_optimizer("cpu_adam", dataclass=CPUAdamConfig)
 def cpu_adam(cfg, device: torch.device) -> OptimizerSpec:
     """fairseq's ``cpu_adam``: the optimizer steps in CPU memory (fused kernel)."""
-    _non_negative(cfg, "adam_eps", "weight_decay")
-    return OptimizerSpec(CPUAdam, dict(betas=_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
+    check_non_negative(cfg, "adam_eps", "weight_decay")
+    return OptimizerSpec(CPUAdam, dict(betas=parse_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
                                        weight_decay=cfg.weight_decay, adamw_mode=cfg.adamw_mode,
                                        fp16_adam_stats=cfg.fp16_adam_stats))

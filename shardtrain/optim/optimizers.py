@@ -59,7 +59,7 @@ def parse_float_tuple(value: Any, flag: str, example: Tuple[float, ...]) -> Tupl
     return parsed
 
 
-def _betas(value: Any, flag: str) -> Tuple[float, float]:
+def parse_betas(value: Any, flag: str) -> Tuple[float, float]:
     betas = parse_float_tuple(value, flag, (0.9, 0.999))
     if not all(0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"{flag} {betas} is out of range: each beta must be in [0, 1). "
@@ -67,7 +67,7 @@ def _betas(value: Any, flag: str) -> Tuple[float, float]:
     return betas
 
 
-def _non_negative(cfg, *names: str) -> None:
+def check_non_negative(cfg, *names: str) -> None:
     # torch would raise a bare ValueError at build time; say which flag is wrong instead.
     for name in names:
         value = getattr(cfg, name)
@@ -93,9 +93,9 @@ class AdamConfig:
 @register_optimizer("adam", dataclass=AdamConfig)
 def adam(cfg, device: torch.device) -> OptimizerSpec:
     """fairseq's ``adam`` decays weights decoupled from the gradient, i.e. it is AdamW."""
-    _non_negative(cfg, "adam_eps", "weight_decay")
+    check_non_negative(cfg, "adam_eps", "weight_decay")
     cls = torch.optim.AdamW if cfg.adamw_mode else torch.optim.Adam
-    return _spec(cls, device, betas=_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
+    return _spec(cls, device, betas=parse_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
                  weight_decay=cfg.weight_decay)
 
 
@@ -109,8 +109,8 @@ class AdamWConfig:
 
 @register_optimizer("adamw", dataclass=AdamWConfig)
 def adamw(cfg, device: torch.device) -> OptimizerSpec:
-    _non_negative(cfg, "adam_eps", "weight_decay")
-    return _spec(torch.optim.AdamW, device, betas=_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
+    check_non_negative(cfg, "adam_eps", "weight_decay")
+    return _spec(torch.optim.AdamW, device, betas=parse_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
                  weight_decay=cfg.weight_decay)
 
 
@@ -122,7 +122,7 @@ class SGDConfig:
 
 @register_optimizer("sgd", dataclass=SGDConfig)
 def sgd(cfg, device: torch.device) -> OptimizerSpec:
-    _non_negative(cfg, "momentum", "weight_decay")
+    check_non_negative(cfg, "momentum", "weight_decay")
     return _spec(torch.optim.SGD, device, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
@@ -133,7 +133,7 @@ class AdagradConfig:
 
 @register_optimizer("adagrad", dataclass=AdagradConfig)
 def adagrad(cfg, device: torch.device) -> OptimizerSpec:
-    _non_negative(cfg, "weight_decay")
+    check_non_negative(cfg, "weight_decay")
     return _spec(torch.optim.Adagrad, device, weight_decay=cfg.weight_decay)
 
 
@@ -146,7 +146,7 @@ class AdadeltaConfig:
 
 @register_optimizer("adadelta", dataclass=AdadeltaConfig)
 def adadelta(cfg, device: torch.device) -> OptimizerSpec:
-    _non_negative(cfg, "adadelta_eps", "weight_decay")
+    check_non_negative(cfg, "adadelta_eps", "weight_decay")
     if not 0.0 <= cfg.adadelta_rho <= 1.0:
         raise ConfigError(f"--adadelta-rho is {cfg.adadelta_rho}, but it must be in [0, 1]. The default is 0.9.")
     return _spec(torch.optim.Adadelta, device, rho=cfg.adadelta_rho, eps=cfg.adadelta_eps,
@@ -164,6 +164,6 @@ class AdamaxConfig:
 def adamax(cfg, device: torch.device) -> OptimizerSpec:
     """torch's Adamax. Unlike fairseq's own Adamax, its weight decay is L2 on the
     gradient, not decoupled; with the default --weight-decay 0 they agree."""
-    _non_negative(cfg, "adamax_eps", "weight_decay")
-    return _spec(torch.optim.Adamax, device, betas=_betas(cfg.adamax_betas, "--adamax-betas"),
+    check_non_negative(cfg, "adamax_eps", "weight_decay")
+    return _spec(torch.optim.Adamax, device, betas=parse_betas(cfg.adamax_betas, "--adamax-betas"),
                  eps=cfg.adamax_eps, weight_decay=cfg.weight_decay)
