@@ -20,6 +20,7 @@ from shardtrain.checkpoint_import import fairseq_lm, fairseq_pickle
 from shardtrain.errors import CheckpointError
 from shardtrain.fileio import atomic_open, fsync_dir, remove_quietly, temp_sibling
 from shardtrain.trainer.sharded_checkpoints import ShardedSaver, marker
+from shardtrain.trainer.safe_loading import load_weights_only
 
 logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -182,7 +183,7 @@ def load_checkpoint(path: str, model_only: bool = False) -> Dict:
     if not os.path.isfile(path):
         raise CheckpointError(f"Checkpoint {path!r} does not exist. Check --path / --restore-file.")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_weights_only(path, path)
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
         found = fairseq_pickle.fairseq_globals(path)
         if found:
@@ -191,6 +192,8 @@ def load_checkpoint(path: str, model_only: bool = False) -> Dict:
                 "so loading it can run code, and shardtrain loads checkpoints only with torch.load("
                 f"weights_only=True). If you trust its source, convert it once: `shard-import-fairseq {path} "
                 "OUT.pt --data DATA_BIN --trust-checkpoint`, then pass OUT.pt.") from None
+        if isinstance(e, CheckpointError):  # a pickled object outside the safe types
+            raise
         raise CheckpointError(
             f"Cannot load checkpoint {path!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}. The file is "
             "truncated, corrupt, or not a shardtrain checkpoint (fairseq checkpoints need conversion).") from None

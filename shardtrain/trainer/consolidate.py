@@ -18,7 +18,8 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 from shardtrain.errors import CheckpointError
 from shardtrain.fileio import atomic_open, atomic_write_bytes, fsync_dir
 from shardtrain.trainer.checkpoints import load_checkpoint
-from shardtrain.trainer.sharded_checkpoints import COMPLETE, EXTRA, FORMAT, load_extra
+from shardtrain.trainer.safe_loading import SafeFileSystemReader
+from shardtrain.trainer.sharded_checkpoints import COMPLETE, EXTRA, FORMAT, load_extra, reading_shards
 
 MODEL_ONLY_KEYS = ("version", "cfg", "task_fingerprint")
 
@@ -29,8 +30,8 @@ def sharded_to_file(src: str, dst: str, model_only: bool) -> Dict:
     keys = {"model"} if model_only else {"model", "optimizer"}
     # The one private helper used: DCP's public API loads only into tensors you
     # already allocated, which needs the model; this reads named keys whole.
-    with _single_process():
-        loaded = _load_state_dict_from_keys(keys, checkpoint_id=src)
+    with reading_shards(src):
+        loaded = _load_state_dict_from_keys(keys, storage_reader=SafeFileSystemReader(src))
     extra.pop("rng_per_rank", None)
     state = {k: extra[k] for k in MODEL_ONLY_KEYS if k in extra} if model_only else extra
     state.update(loaded)

@@ -13,6 +13,7 @@ other names (``checkpoint_last``, ``checkpoint_best``, ``checkpoint{epoch}``)
 are symlinks to it, swapped atomically with ``os.replace``. DCP reshards on
 load, so a checkpoint saved on N ranks resumes on any number of ranks.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 from shardtrain.errors import CheckpointError
 from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.fileio import atomic_open, atomic_write_bytes, fsync_dir, remove_quietly, temp_sibling
+from shardtrain.trainer.safe_loading import SafeFileSystemReader, load_weights_only
 from shardtrain.trainer.train_state import rng_state
 
 COMPLETE = "COMPLETE"
@@ -151,7 +153,9 @@ def marker(path: str) -> Dict:
 def load_extra(path: str) -> Dict:
     check_complete(path)
     try:
-        return torch.load(os.path.join(path, EXTRA), map_location="cpu", weights_only=True)
+        return load_weights_only(os.path.join(path, EXTRA), os.path.join(path, EXTRA))
+    except CheckpointError:
+        raise
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
         raise CheckpointError(f"Cannot read {os.path.join(path, EXTRA)}: {type(e).__name__}: {e}. The "
                               "checkpoint is damaged; resume from an earlier one.") from None
@@ -163,18 +167,39 @@ def load_sharded_into(path: str, model, optimizer: Optional[torch.optim.Optimize
     state = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
-    try:
-        with warnings.catch_warnings():  # loading in one process without a group is intended here
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's exception is a BaseException
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"Cannot load the sharded checkpoint {path!r}: {first}. A shard file is missing "
-                              "or damaged; resume from an earlier checkpoint.") from None
+    with reading_shards(path):
+        dcp.load(state, storage_reader=SafeFileSystemReader(path), no_dist=not dist.is_initialized())
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
         with kernel_choice_kept(optimizer):
             set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+@contextlib.contextmanager
+def reading_shards(path: str):
+    """DCP reads ``path`` inside: its failures become one CheckpointError (ours,
+    e.g. an unsafe global, when DCP wrapped one)."""
+    try:
+        with warnings.catch_warnings():  # loading in one process without a group is intended here
+            warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
+            yield
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's exception is a BaseException
+        refused = _refusal(e)
+        if refused:
+            raise refused from None
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"Cannot load the sharded checkpoint {path!r}: {first}. A shard file is missing "
+                              "or damaged; resume from an earlier checkpoint.") from None
+
+
+def _refusal(e: BaseException) -> Optional[CheckpointError]:
+    if isinstance(e, CheckpointError):
+        return e
+    for failure in getattr(e, "failures", {}).values():  # CheckpointException: rank -> (exception, trace)
+        found = _refusal(failure[0] if isinstance(failure, tuple) else failure)
+        if found:
+            return found
+    return None
 
 
 def rng_for_this_rank(extra: Dict) -> Optional[Dict]:

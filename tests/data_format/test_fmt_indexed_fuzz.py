@@ -1,4 +1,9 @@
-"""Property tests: round trips, and arbitrary bytes never escape as anything but DataError."""
+"""Property tests: round trips, and arbitrary bytes never escape as anything but DataError.
+
+"Never reads out of bounds" is checked on every dataset the reader accepts: its
+items, back to back, are exactly the .bin file's tokens, so no item starts or
+ends outside the file (numpy would silently shorten a slice past the end, and
+a pointer into another item's bytes would break the equality)."""
 import os
 import struct
 import tempfile
@@ -7,6 +12,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder
 from shardtrain.errors import DataError
 
@@ -30,6 +36,8 @@ def read_all(prefix):
         return None
     items = [ds[i] for i in range(len(ds))]
     assert [len(a) for a in items] == ds.sizes.tolist()
+    on_disk = np.fromfile(prefix + ".bin", dtype=ds.dtype).astype(np.int64)
+    assert np.array_equal(np.concatenate(items) if items else np.zeros(0, np.int64), on_disk)
     return items
 
 
@@ -102,3 +110,18 @@ def test_flipped_index_bytes_are_detected_or_harmless(data, draw):
         content[pos] ^= draw.draw(st.integers(min_value=1, max_value=255))
         open(prefix + ".idx", "wb").write(content)
         read_all(prefix)  # may succeed (e.g. a flipped dtype code of equal width), never crash
+
+
+@SETTINGS
+@given(st.one_of(st.binary(max_size=200),
+                 st.lists(st.tuples(st.text(max_size=6), st.text(alphabet="0123456789 -#x", max_size=6)),
+                          max_size=8).map(lambda rows: "\n".join(f"{a} {b}" for a, b in rows).encode())))
+def test_arbitrary_dict_txt_only_raises_data_error(content):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "dict.txt")
+        open(path, "wb").write(content)
+        try:
+            d = Dictionary.load(path)
+        except DataError:
+            return
+        assert len(d) >= 4  # the special symbols, then the file's
