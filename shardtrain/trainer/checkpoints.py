@@ -38,26 +38,36 @@ class CheckpointManager:
     # -- where -----------------------------------------------------------------
     def check_writable(self) -> None:
         """Fail before training starts, not at the first save an hour later.
-        Nothing is created here: a run that fails to start leaves no files."""
+
+        Creates the missing directories and a file in the last one, then
+        removes what it made: only trying tells (a root user passes every
+        permission check yet cannot write to a read-only mount or to /sys).
+        A run that fails to start leaves no files."""
         if self.cfg.no_save or not self.is_master:
             return
         path = os.path.abspath(self.cfg.save_dir)
+        made: List[str] = []
         try:
-            if os.path.isdir(path):
-                with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-                    pass
-                return
-            parent = path
-            while not os.path.exists(parent):
+            missing, parent = [], path
+            while not os.path.lexists(parent):
+                missing.append(parent)
                 parent = os.path.dirname(parent)
-            if not os.path.isdir(parent):
-                raise NotADirectoryError(f"{parent} is a file")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise PermissionError(f"{parent} is not writable")
+            for directory in reversed(missing):
+                os.mkdir(directory)
+                made.append(directory)
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+                pass
         except OSError as e:
             raise CheckpointError(
-                f"Cannot write checkpoints to --save-dir {self.cfg.save_dir!r}: {e.strerror or e}. "
-                "Choose a writable directory with enough free space, or pass --no-save.") from None
+                f"Cannot write checkpoints to --save-dir {self.cfg.save_dir!r}: {e.strerror or e}"
+                f"{f' ({e.filename})' if e.filename else ''}. Choose a writable directory with enough free "
+                "space, or pass --no-save.") from None
+        finally:
+            for directory in reversed(made):
+                try:
+                    os.rmdir(directory)
+                except OSError:
+                    pass
 
     def restore_path(self) -> Optional[str]:
         """The checkpoint to resume from, or None for a fresh start."""

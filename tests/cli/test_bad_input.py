@@ -86,6 +86,9 @@ CASES = {
     "max tokens below one sample": (lambda b, t: [b, "--max-tokens", "8", "--tokens-per-sample", "32"],
                                     ["--max-tokens", "--tokens-per-sample"]),
     "save dir is under a file": (lambda b, t: [b, "--save-dir", f"{b}/dict.txt/ck"], ["--save-dir", "writable"]),
+    # /sys refuses mkdir to everyone, root included (chmod would not stop root)
+    "save dir not writable": (lambda b, t: [b, "--save-dir", "/sys/shardtrain-bad-input"],
+                              ["Cannot write checkpoints to --save-dir '/sys/shardtrain-bad-input'", "writable"]),
     "restore file missing": (lambda b, t: [b, "--restore-file", "nope.pt"], ["--restore-file", "does not exist"]),
     "zero update freq": (lambda b, t: [b, "--update-freq", "0"], ["--update-freq"]),
     "cpu offload without fully_sharded": (lambda b, t: [b, "--cpu-offload"],
