@@ -21,3 +21,7 @@ class ConfigError(ShardtrainError):
 
 class CheckpointError(ShardtrainError):
     """A checkpoint is missing, incomplete or does not fit the model."""
+
+
+class CollectiveTimeoutError(ShardtrainError):
+    """A collective waited longer than --heartbeat-timeout: another rank stopped responding."""

@@ -132,7 +132,13 @@ def _run_rank(cfg, main, ctx: DistributedContext, init_method: str) -> Any:
     dist.init_process_group(backend=ctx.backend, init_method=init_method, rank=ctx.rank,
                             world_size=ctx.world_size,
                             timeout=rendezvous.process_group_timeout(cfg.distributed.heartbeat_timeout))
-    result = main(cfg, ctx)
+    try:
+        result = main(cfg, ctx)
+    except RuntimeError as e:
+        timeout = rendezvous.as_timeout_error(e, cfg.distributed.heartbeat_timeout)
+        if timeout is None:
+            raise
+        raise timeout from None
     # Only on success: after a failure the process is ending anyway, and shutting
     # down a group whose peers still wait in a collective can block.
     dist.destroy_process_group()
@@ -269,10 +275,18 @@ def describe_exit(exitcode: int) -> str:
 
 
 def _stop(processes, grace_s: float = 30.0) -> None:
-    """SIGTERM (a rank blocked in a collective dies at once), then SIGKILL after a grace period."""
+    """SIGTERM (a rank blocked in a collective dies at once), then SIGKILL after a grace period.
+
+    SIGCONT follows the SIGTERM: a stopped rank (SIGSTOP, Ctrl-Z, a debugger,
+    a cluster's suspend) would otherwise hold its SIGTERM pending until the
+    grace period ran out."""
     for process in processes:
         if process.is_alive():
             process.terminate()
+            try:
+                os.kill(process.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + grace_s
     for process in processes:
         process.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -12,7 +12,7 @@ from typing import Callable, List, Mapping, Optional
 
 import torch.distributed as dist
 
-from shardtrain.errors import ConfigError
+from shardtrain.errors import CollectiveTimeoutError, ConfigError
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 SLURM_NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
@@ -51,6 +51,23 @@ def resolve_backend(requested: Optional[str], use_cuda: bool) -> str:
 def process_group_timeout(heartbeat_timeout: int) -> datetime.timedelta:
     """How long a collective may wait for a lost rank before the job fails."""
     return datetime.timedelta(seconds=heartbeat_timeout if heartbeat_timeout > 0 else DEFAULT_TIMEOUT_S)
+
+
+# gloo: "Timed out waiting 20000ms for recv operation to complete"; NCCL's watchdog:
+# "Watchdog caught collective operation timeout".
+_TIMEOUT_MESSAGES = re.compile(r"Timed out waiting \d+ms for (send|recv) operation|collective operation timeout")
+
+
+def as_timeout_error(error: BaseException, heartbeat_timeout: int) -> Optional[CollectiveTimeoutError]:
+    """The user-facing form of a collective's timeout, or None for any other error."""
+    if not isinstance(error, RuntimeError) or not _TIMEOUT_MESSAGES.search(str(error)):
+        return None
+    seconds = int(process_group_timeout(heartbeat_timeout).total_seconds())
+    return CollectiveTimeoutError(
+        f"A collective operation waited more than {seconds} s (--heartbeat-timeout) for another rank: a rank "
+        "stopped responding (hung, suspended, or far slower than the rest, e.g. swapping or stuck on a "
+        "filesystem). The job was stopped; its checkpoints are intact, so relaunching the same command resumes "
+        "from checkpoint_last. If the ranks are only slow (a long save or validation), raise --heartbeat-timeout.")
 
 
 def from_environment(env: Mapping[str, str], init_method: Optional[str] = None,

@@ -1,7 +1,7 @@
 """Faults in a real 2-rank training run through the CLI: a rank SIGKILLed while
-training, and a NaN loss. Either must end the whole job promptly, non-zero,
-with a message that names what happened; neither may hang or corrupt
-checkpoint_last."""
+training, a rank that hangs (SIGSTOP), and a NaN loss. Each must end the
+whole job promptly, non-zero, with a message that names what happened; none
+may hang or corrupt checkpoint_last."""
 import math
 import os
 import re
@@ -118,3 +118,39 @@ def test_nan_loss_stops_naming_the_update_and_keeps_checkpoint_last(data, tmp_pa
     weights = list(model.state_dict().values())
     assert weights and all(torch.isfinite(w).all() for w in weights if w.is_floating_point())
     assert not math.isclose(sum(float(w.float().abs().sum()) for w in weights), 0.0)
+
+
+def test_hung_rank_ends_the_run_after_the_heartbeat_timeout(data, tmp_path):
+    """A rank that stops responding (SIGSTOP: alive, holding its sockets, not
+    computing) must not hang the job: the others give up after
+    --heartbeat-timeout and the whole job ends, naming the timeout."""
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(train_command(data, tmp_path / "ck", "--max-update", "100000"),
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+    ranks, left_behind = [], []
+    try:
+        wait_for_update(proc, 3, timeout_s=60)
+        ranks = spawned_ranks(proc.pid)
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[1], signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        proc.communicate(timeout=HEARTBEAT_TIMEOUT_S + MARGIN_S)
+        elapsed = time.monotonic() - stopped_at
+        left_behind = [pid for pid in ranks if os.path.exists(f"/proc/{pid}")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in ranks:  # never leave a stopped process behind, even when a check failed
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    err = stderr_path.read_text()
+    assert proc.returncode == 2, err[-3000:]
+    assert HEARTBEAT_TIMEOUT_S <= elapsed < HEARTBEAT_TIMEOUT_S + MARGIN_S
+    assert re.search(r"shard-train: error: rank 0: A collective operation waited more than 20 s "
+                     r"\(--heartbeat-timeout\) for another rank", err), err[-3000:]
+    assert "relaunching the same command resumes" in err and "Traceback" not in err
+    assert not left_behind  # the stopped rank was ended too

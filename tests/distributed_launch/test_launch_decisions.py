@@ -12,7 +12,7 @@ from shardtrain.errors import ConfigError, DataError, ShardtrainError
 from shardtrain.trainer import launch
 from shardtrain.trainer.launch import (DistributedContext, RankFailedError, describe_exit, make_context,
                                        resolve_world_size)
-from shardtrain.trainer.rendezvous import process_group_timeout, resolve_backend
+from shardtrain.trainer.rendezvous import as_timeout_error, process_group_timeout, resolve_backend
 
 
 @pytest.mark.parametrize("requested, use_cuda, gpus, expected", [
@@ -50,6 +50,21 @@ def test_timeout():
     assert process_group_timeout(-1) == datetime.timedelta(seconds=1800)
     assert process_group_timeout(0) == datetime.timedelta(seconds=1800)
     assert process_group_timeout(20) == datetime.timedelta(seconds=20)
+
+
+@pytest.mark.parametrize("message, is_timeout", [
+    ("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms for recv operation to complete", True),
+    ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for "
+     "600000 milliseconds before timing out.", True),
+    ("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234", False),
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", False),
+])
+def test_collective_timeouts_are_named(message, is_timeout):
+    error = as_timeout_error(RuntimeError(message), 45)
+    assert (error is not None) == is_timeout
+    if error:
+        assert isinstance(error, ShardtrainError) and "more than 45 s (--heartbeat-timeout)" in str(error)
+    assert as_timeout_error(ValueError(message), 45) is None
 
 
 def test_context_device(monkeypatch):
