@@ -49,6 +49,11 @@ RULES: List[Tuple[Callable, str]] = [
      "--fp16-scale-window must be at least 1 update (or unset for 2**14 / world size / update-freq)."),
     (lambda c: not 0.0 <= c.common.fp16_scale_tolerance <= 1.0,
      "--fp16-scale-tolerance is a fraction of updates and must be in [0, 1]."),
+    (lambda c: c.optimization.skip_nan_updates < 0,
+     "--skip-nan-updates must be >= 0 (the number of NaN/inf updates in a row that may be skipped)."),
+    (lambda c: c.optimization.skip_nan_updates > 0 and (c.common.fp16 or c.common.memory_efficient_fp16),
+     "--skip-nan-updates is for fp32 and --bf16 runs: with --fp16 the loss scaler already skips every update "
+     "whose gradient overflows and lowers the scale (--min-loss-scale bounds it). Drop --skip-nan-updates."),
     (lambda c: c.common.min_loss_scale <= 0, "--min-loss-scale must be positive (the default is 1e-4)."),
     (lambda c: c.common.memory_efficient_fp16 and c.components.optimizer not in FP32_STATE_FOR_FP16_PARAMS,
      "--memory-efficient-fp16 stores the parameters in fp16 and needs an optimizer that keeps fp32 state for "

@@ -76,6 +76,9 @@ class OptimizationConfig:
     max_update: int = field(0, help="stop after this many updates (0: no limit)")
     stop_time_hours: float = field(0.0, help="stop after this many hours of training (0: no limit)")
     clip_norm: float = field(0.0, help="clip gradients to this global norm (0: no clipping)")
+    skip_nan_updates: int = field(
+        0, help="skip an update whose loss or gradient is NaN/inf on any rank (its batches are passed over, the "
+                "weights kept), up to N in a row; one more in a row stops the run (0: stop at the first)")
     update_freq: int = field(1, help="accumulate gradients over N batches per update")
     lr: float = field(5e-4, help="peak learning rate (the scheduler's --lr)")
     stop_min_lr: float = field(-1.0, help="stop training when the learning rate falls to this value")

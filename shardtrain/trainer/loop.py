@@ -144,7 +144,7 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
         out = trainer.train_step(samples)
         run.metrics.end_update()
         end_of_epoch = not itr.has_next()
-        if not out["stepped"]:  # an fp16 overflow skipped it (on every rank): nothing new to log or save
+        if not out["stepped"]:  # skipped on every rank (fp16 overflow, NaN): nothing new to log or save
             if end_of_epoch:
                 valid_loss, should_stop = validate_and_save(run, epoch_itr, end_of_epoch)
             continue

@@ -12,12 +12,15 @@ training step changing:
   every rank together and the scale adapts.
 """
 import contextlib
+import logging
 from typing import Dict, Iterable, Optional
 
 import torch
 
 from shardtrain.errors import ShardtrainError
 from shardtrain.trainer.loss_scaler import DynamicLossScaler
+
+logger = logging.getLogger(__name__)
 
 
 class TrainingDivergedError(ShardtrainError):
@@ -28,11 +31,13 @@ class Precision:
     name = "fp32"
 
     def __init__(self, autocast_dtype: Optional[torch.dtype] = None, device_type: str = "cpu",
-                 param_dtype: Optional[torch.dtype] = None):
+                 param_dtype: Optional[torch.dtype] = None, skip_nan: int = 0):
         """``autocast_dtype``: compute dtype for ``torch.autocast``, or None when the
         parameters themselves are fp32 compute (or the backend casts them);
-        ``param_dtype``: the dtype the model is stored in, if not fp32."""
+        ``param_dtype``: the dtype the model is stored in, if not fp32;
+        ``skip_nan``: how many NaN/inf updates in a row are skipped rather than fatal."""
         self.autocast_dtype, self.device_type, self.param_dtype = autocast_dtype, device_type, param_dtype
+        self.skip_nan, self.nan_in_a_row = skip_nan, 0
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Called before the backend wraps the model."""
@@ -52,12 +57,20 @@ class Precision:
     def accept(self, grad_norm: torch.Tensor, update: int) -> bool:
         """Whether update number ``update`` may apply its gradient (norm ``grad_norm``,
         the same on every rank); False skips it."""
-        if not torch.isfinite(grad_norm):
-            raise TrainingDivergedError(
-                f"The loss or gradient is NaN/inf at update {update}; stopping before the weights are "
-                f"corrupted (the last checkpoint is intact). Lower --lr, add warmup (--warmup-updates), "
-                f"set --clip-norm, or check the data of this update.")
-        return True
+        if torch.isfinite(grad_norm):
+            self.nan_in_a_row = 0
+            return True
+        self.nan_in_a_row += 1
+        if self.nan_in_a_row <= self.skip_nan:
+            logger.warning(f"the loss or gradient is NaN/inf at update {update}; skipping it "
+                           f"({self.nan_in_a_row} in a row, --skip-nan-updates {self.skip_nan})")
+            return False
+        skipped = f" after skipping {self.skip_nan} in a row (--skip-nan-updates)" if self.skip_nan else ""
+        raise TrainingDivergedError(
+            f"The loss or gradient is NaN/inf at update {update}{skipped}; stopping before the weights are "
+            f"corrupted (the last checkpoint is intact). Lower --lr, add warmup (--warmup-updates), "
+            f"set --clip-norm, or check the data of this update"
+            f"{'' if self.skip_nan else ' (or pass over such updates with --skip-nan-updates N)'}.")
 
     def metrics(self) -> Dict[str, float]:
         return {}
@@ -136,4 +149,4 @@ def build_precision(cfg, backend) -> Precision:
     autocast = None if backend.casts_params else dtype
     if dtype == torch.float16:
         return LossScaledPrecision(build_scaler(cfg, backend.world_size), autocast, backend.device.type)
-    return Precision(autocast, backend.device.type)
+    return Precision(autocast, backend.device.type, skip_nan=cfg.optimization.skip_nan_updates)

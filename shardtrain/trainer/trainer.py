@@ -71,7 +71,7 @@ class Trainer:
         gnorm = self.backend.grad_norm(self.params)
         clip = self.cfg.optimization.clip_norm
         clipped = False
-        stepped = self.precision.accept(gnorm, self.num_updates + 1)  # False: skipped (fp16 overflow)
+        stepped = self.precision.accept(gnorm, self.num_updates + 1)  # False: skipped (fp16 overflow, NaN)
         if stepped:
             clipped = clip > 0 and float(gnorm) > clip
             if clipped:

@@ -208,6 +208,8 @@ RULE_VIOLATIONS = {
     "--fp16-scale-window": ["--fp16-scale-window", "0"],
     "--fp16-scale-tolerance": ["--fp16-scale-tolerance", "1.5"],
     "--min-loss-scale": ["--min-loss-scale", "0"],
+    "--skip-nan-updates must": ["--skip-nan-updates", "-1"],
+    "--skip-nan-updates is for": ["--skip-nan-updates", "3", "--fp16"],
     "--memory-efficient-fp16 stores the parameters": ["--memory-efficient-fp16", "--optimizer", "sgd"],
     "--memory-efficient-fp16 stores the whole model": ["--memory-efficient-fp16", "--optimizer", "adafactor",
                                                        "--ddp-backend", "fully_sharded"],

@@ -154,3 +154,30 @@ def test_hung_rank_ends_the_run_after_the_heartbeat_timeout(data, tmp_path):
                      r"\(--heartbeat-timeout\) for another rank", err), err[-3000:]
     assert "relaunching the same command resumes" in err and "Traceback" not in err
     assert not left_behind  # the stopped rank was ended too
+
+
+def test_skip_nan_updates_passes_over_bad_steps_and_stops_when_they_persist(data, tmp_path):
+    nan = ["--user-dir", NAN_PLUGIN, "--criterion", "nan_cross_entropy", "--nan-at-update", "5", "--nan-rank", "1"]
+    # two NaN steps in a row on rank 1, two allowed: both ranks skip them and train on to --max-update
+    result = subprocess.run(train_command(data, tmp_path / "skip", "--max-update", "8", "--skip-nan-updates", "2",
+                                          *nan, "--nan-updates", "2"),
+                            capture_output=True, text=True, timeout=HEARTBEAT_TIMEOUT_S + 60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout + result.stderr
+    for k in (1, 2):
+        assert f"NaN/inf at update 5; skipping it ({k} in a row, --skip-nan-updates 2)" in log, log[-3000:]
+    assert [f'"num_updates": "{u}"' in result.stdout for u in range(1, 9)] == [True] * 8
+    assert last_checkpoint_state(tmp_path / "skip")["train_state"]["num_updates"] == 8
+    from shardtrain.trainer.inference import load_for_inference
+
+    _, _, model, _ = load_for_inference(str(tmp_path / "skip" / "checkpoint_last"))
+    assert all(torch.isfinite(w).all() for w in model.state_dict().values() if w.is_floating_point())
+
+    # three in a row with two allowed: the third stops the run, naming it
+    result = subprocess.run(train_command(data, tmp_path / "stop", "--max-update", "8", "--skip-nan-updates", "2",
+                                          *nan, "--nan-updates", "3"),
+                            capture_output=True, text=True, timeout=HEARTBEAT_TIMEOUT_S + 60)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert re.search(r"shard-train: error: rank [01]: The loss or gradient is NaN/inf at update 5 after skipping 2 "
+                     r"in a row \(--skip-nan-updates\)", result.stderr), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr

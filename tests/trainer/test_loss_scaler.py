@@ -6,7 +6,7 @@ import torch
 
 from shardtrain.data.collate import collate
 from shardtrain.trainer.loss_scaler import DynamicLossScaler, MinimumLossScaleError
-from shardtrain.trainer.precision import build_scaler
+from shardtrain.trainer.precision import Precision, TrainingDivergedError, build_scaler
 from test_trainer_step import blocks, data_bin, make_trainer, params  # noqa: F401 (data_bin is a fixture)
 
 
@@ -182,3 +182,13 @@ def test_memory_efficient_fp16_stores_fp16_and_tracks_fp32(data_bin):
     d16 = torch.cat([p.float().flatten() for p in params(t16)]) - w0
     assert float(torch.nn.functional.cosine_similarity(d16, d32, dim=0)) > 0.99
     assert float((d16 - d32).norm() / d32.norm()) < 0.1
+
+
+def test_skip_nan_updates_counts_only_consecutive_ones():
+    precision, nan, finite = Precision(skip_nan=2), torch.tensor(float("nan")), torch.tensor(1.0)
+    assert [precision.accept(g, 5) for g in (nan, torch.tensor(float("inf")), finite, nan, nan)] == \
+        [False, False, True, False, False]
+    with pytest.raises(TrainingDivergedError, match="at update 7 after skipping 2 in a row"):
+        precision.accept(nan, 7)
+    with pytest.raises(TrainingDivergedError, match="pass over such updates with --skip-nan-updates N"):
+        Precision().accept(nan, 1)
