@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import launch_mains
 from shardtrain.config.build import parse_train_args
-from shardtrain.errors import DataError, ShardtrainError
+from shardtrain.errors import CollectiveTimeoutError, DataError, ShardtrainError
 from shardtrain.trainer.launch import RankFailedError, call_main
 
 
@@ -112,12 +112,12 @@ def test_rank_dying_without_exception_is_named_promptly(tmp_path):
 
 def test_heartbeat_timeout_reaches_the_process_group(tmp_path):
     start = time.monotonic()
-    with pytest.raises(RankFailedError) as info:
+    with pytest.raises(CollectiveTimeoutError) as info:
         call_main(_cfg(tmp_path, "--distributed-world-size", "2", "--heartbeat-timeout", "2"),
                   launch_mains.main_stall_on_rank1)
     elapsed = time.monotonic() - start
     # 2 s of timeout plus two process starts (slow on a loaded machine); the 1800 s default would hang here
     assert elapsed < 45
-    assert info.value.rank == 0 and "main_stall_on_rank1" in str(info.value)
-    assert "timed out" in str(info.value).lower()
+    # a user-facing paragraph (no traceback) naming the rank that gave up and the flag
+    assert str(info.value).startswith("rank 0: A collective operation waited more than 2 s (--heartbeat-timeout)")
     _assert_gone(_seen(tmp_path, 1)["pid"])
