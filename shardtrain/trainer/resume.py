@@ -55,16 +55,31 @@ def _load_trainer_state(trainer, path: str, cfg) -> Dict:
     ck = cfg.checkpoint
     if not is_sharded(path):
         state = load_checkpoint(path)
+        check_same_optimizer(state, path, cfg)
         load_model_weights(trainer, state, path, cfg, load=False)
         trainer.load_state_dict(state, reset_optimizer=ck.reset_optimizer, reset_lr_scheduler=ck.reset_lr_scheduler)
         return state
     state = load_extra(path)
     check_same_model(trainer, state, path, cfg)
+    check_same_optimizer(state, path, cfg)
     load_sharded_into(path, trainer.model, None if ck.reset_optimizer else trainer.optimizer)
     # each rank's own RNG stream, when the world size is the one that saved it
     state["train_state"]["rng"] = rng_for_this_rank(state)
     trainer.load_extra_state(state, reset_optimizer=ck.reset_optimizer, reset_lr_scheduler=ck.reset_lr_scheduler)
     return state
+
+
+def check_same_optimizer(state: Dict, path: str, cfg) -> None:
+    """Another --optimizer keeps other state: say so, rather than fail on its contents."""
+    if cfg.checkpoint.reset_optimizer:
+        return
+    saved = (state.get("cfg") or {}).get("components", {}).get("optimizer")
+    current = cfg.components.optimizer
+    if saved is not None and saved != current:
+        raise CheckpointError(
+            f"{path} was saved with --optimizer {saved}, but this run uses --optimizer {current}, whose state "
+            f"differs. Resume with --optimizer {saved}, or pass --reset-optimizer to start {current} fresh from "
+            "the saved weights (the lr scheduler, meters and data position still resume).")
 
 
 def check_same_model(trainer, state: Dict, path: str, cfg) -> None:

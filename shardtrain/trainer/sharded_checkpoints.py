@@ -15,6 +15,7 @@ load, so a checkpoint saved on N ranks resumes on any number of ranks.
 """
 import contextlib
 import json
+import re
 import os
 import shutil
 import threading
@@ -187,9 +188,28 @@ def reading_shards(path: str):
         refused = _refusal(e)
         if refused:
             raise refused from None
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        cause = _cause(e)
+        first = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__
+        missing = re.match(r"Missing key in checkpoint state_dict: (optimizer|model)\.(\S+?)\.?$", first)
+        if missing and missing.group(1) == "optimizer":
+            raise CheckpointError(
+                f"The sharded checkpoint {path!r} has no optimizer.{missing.group(2)}, which this run's optimizer "
+                "needs: it was saved with other optimizer settings (such as --fp16-adam-stats). Resume with the "
+                "settings it was saved with (config.yaml in --save-dir lists them), or pass --reset-optimizer to "
+                "keep only the weights.") from None
+        if missing:
+            raise CheckpointError(f"The sharded checkpoint {path!r} has no model.{missing.group(2)}: it was saved "
+                                  "with another model. Use the size flags it was saved with, or start a new "
+                                  "--save-dir.") from None
         raise CheckpointError(f"Cannot load the sharded checkpoint {path!r}: {first}. A shard file is missing "
                               "or damaged; resume from an earlier checkpoint.") from None
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException."""
+    for failure in getattr(e, "failures", {}).values():
+        return _cause(failure[0] if isinstance(failure, tuple) else failure)
+    return e
 
 
 def _refusal(e: BaseException) -> Optional[CheckpointError]:
