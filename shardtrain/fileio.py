@@ -6,6 +6,7 @@ with a dot so nothing that lists checkpoints or splits ever picks one up.
 """
 import contextlib
 import os
+import tempfile
 import uuid
 
 
@@ -54,3 +55,29 @@ def remove_quietly(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
+
+
+def probe_writable_dir(path: str) -> None:
+    """Raise OSError unless files can be created in directory ``path``.
+
+    Creates the missing directories and a file in the last one, then removes
+    what it made: only trying tells (root passes every permission check yet
+    cannot write to a read-only mount or to /sys), and a run that then fails
+    to start leaves nothing behind."""
+    made = []
+    try:
+        missing, parent = [], os.path.abspath(path)
+        while not os.path.lexists(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
+        for directory in reversed(missing):
+            os.mkdir(directory)
+            made.append(directory)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    finally:
+        for directory in reversed(made):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass

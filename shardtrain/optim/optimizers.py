@@ -71,9 +71,9 @@ def check_non_negative(cfg, *names: str) -> None:
     # torch would raise a bare ValueError at build time; say which flag is wrong instead.
     for name in names:
         value = getattr(cfg, name)
-        if value < 0:
+        if not 0 <= value < float("inf"):  # NaN fails too
             flag = "--" + name.replace("_", "-")
-            raise ConfigError(f"{flag} is {value}, but it must be >= 0. Pass a non-negative {flag}.")
+            raise ConfigError(f"{flag} is {value}, but it must be a finite number >= 0. Pass a non-negative {flag}.")
 
 
 def _spec(cls: Type[torch.optim.Optimizer], device: torch.device, **kwargs) -> OptimizerSpec:

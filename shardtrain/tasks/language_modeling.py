@@ -60,9 +60,12 @@ class LanguageModelingTask(Task):
     def load_dataset(self, split: str) -> None:
         prefix = os.path.join(self.cfg.data, split)
         if not os.path.exists(prefix + ".idx"):
+            made_by = (f"shard-preprocess --{split}pref FILE" if split in ("train", "valid", "test") else
+                       "shard-preprocess --validpref A,B writes the splits valid and valid1")
+            existing = sorted(f[:-4] for f in os.listdir(self.cfg.data) if f.endswith(".idx"))
             raise DataError(f"Split {split!r} not found: {prefix}.idx does not exist. Preprocess that split "
-                            f"(shard-preprocess --{split}pref FILE) or pick an existing one "
-                            f"(--train-subset / --valid-subset).")
+                            f"({made_by}) or pick an existing one with --train-subset / --valid-subset "
+                            f"(this data-bin has: {', '.join(existing) or 'none'}).")
         tokens = MMapIndexedDataset(prefix)
         if len(tokens) == 0:  # named here: the block builder below does not know which split it cuts
             raise DataError(f"Split {split!r} is empty: {prefix}.bin holds no lines. Re-run shard-preprocess "

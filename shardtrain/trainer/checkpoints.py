@@ -10,7 +10,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from typing import Dict, List, Optional
 
 import torch
@@ -18,7 +17,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from shardtrain.checkpoint_import import fairseq_lm, fairseq_pickle
 from shardtrain.errors import CheckpointError
-from shardtrain.fileio import atomic_open, fsync_dir, remove_quietly, temp_sibling
+from shardtrain.fileio import atomic_open, fsync_dir, probe_writable_dir, remove_quietly, temp_sibling
 from shardtrain.trainer.sharded_checkpoints import ShardedSaver, marker
 from shardtrain.trainer.safe_loading import load_weights_only
 
@@ -37,37 +36,15 @@ class CheckpointManager:
 
     # -- where -----------------------------------------------------------------
     def check_writable(self) -> None:
-        """Fail before training starts, not at the first save an hour later.
-
-        Creates the missing directories and a file in the last one, then
-        removes what it made: only trying tells (a root user passes every
-        permission check yet cannot write to a read-only mount or to /sys).
-        A run that fails to start leaves no files."""
+        """Fail before training starts, not at the first save an hour later."""
         if self.cfg.no_save or not self.is_master:
             return
-        path = os.path.abspath(self.cfg.save_dir)
-        made: List[str] = []
         try:
-            missing, parent = [], path
-            while not os.path.lexists(parent):
-                missing.append(parent)
-                parent = os.path.dirname(parent)
-            for directory in reversed(missing):
-                os.mkdir(directory)
-                made.append(directory)
-            with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-                pass
+            probe_writable_dir(self.cfg.save_dir)
         except OSError as e:
             raise CheckpointError(
-                f"Cannot write checkpoints to --save-dir {self.cfg.save_dir!r}: {e.strerror or e}"
-                f"{f' ({e.filename})' if e.filename else ''}. Choose a writable directory with enough free "
-                "space, or pass --no-save.") from None
-        finally:
-            for directory in reversed(made):
-                try:
-                    os.rmdir(directory)
-                except OSError:
-                    pass
+                f"Cannot write checkpoints to --save-dir {self.cfg.save_dir!r}: {e.strerror or e}. Choose a "
+                "writable directory with enough free space, or pass --no-save.") from None
 
     def restore_path(self) -> Optional[str]:
         """The checkpoint to resume from, or None for a fresh start."""
@@ -76,6 +53,11 @@ class CheckpointManager:
         path = resolve_checkpoint_path(path)  # a file, or a sharded directory
         if os.path.exists(path):
             return path
+        if os.path.islink(path):  # never a silent fresh start over a run's checkpoints
+            raise CheckpointError(
+                f"{path} is a link to {os.readlink(path)!r}, which does not exist: the checkpoint it names was "
+                "moved or deleted. Put it back, pass --restore-file with another checkpoint from --save-dir, or "
+                "start a new --save-dir.")
         if name != "checkpoint_last.pt":
             raise CheckpointError(f"--restore-file {path!r} does not exist. Check the path (relative "
                                   "names are looked up in --save-dir).")
@@ -177,7 +159,8 @@ class CheckpointManager:
 
 def resolve_checkpoint_path(path: str) -> str:
     """``path`` itself, or the sharded directory of that name without ``.pt``."""
-    if not os.path.exists(path) and path.endswith(".pt") and os.path.isdir(path[:-3]):
+    if not os.path.lexists(path) and path.endswith(".pt") and (
+            os.path.isdir(path[:-3]) or os.path.islink(path[:-3])):  # a link even when dangling
         return path[:-3]
     return path
 
@@ -205,8 +188,9 @@ def load_checkpoint(path: str, model_only: bool = False) -> Dict:
         if isinstance(e, CheckpointError):  # a pickled object outside the safe types
             raise
         raise CheckpointError(
-            f"Cannot load checkpoint {path!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}. The file is "
-            "truncated, corrupt, or not a shardtrain checkpoint (fairseq checkpoints need conversion).") from None
+            f"Cannot load checkpoint {path!r} ({os.path.getsize(path)} bytes{_reason(e)}): it is truncated (a full "
+            "disk or an interrupted copy), corrupt, or not a checkpoint at all. Pass another checkpoint (fairseq "
+            "checkpoints need `shard-import-fairseq`).") from None
     if fairseq_pickle.looks_like_fairseq(state):
         if model_only:
             return {"version": FORMAT_VERSION, **fairseq_lm.to_shardtrain(state, path)}
@@ -217,6 +201,14 @@ def load_checkpoint(path: str, model_only: bool = False) -> Dict:
     if not isinstance(state, dict) or "model" not in state or "cfg" not in state:
         raise CheckpointError(f"{path!r} is not a shardtrain checkpoint (it has no model/cfg entries).")
     return state
+
+
+def _reason(e: Exception) -> str:
+    """torch's own words, when they are short and not its advice to load unsafely."""
+    lines = str(e).strip().splitlines()
+    if not lines or lines[0].startswith("Weights only load failed"):
+        return f"; {type(e).__name__}"
+    return f"; {type(e).__name__}: {lines[0][:200]}"
 
 
 def _atomic_torch_save(obj, path: str) -> None:

@@ -117,14 +117,23 @@ def main(cfg, ctx) -> Optional[float]:
 def train(run: Run) -> Optional[float]:
     """Resume (if there is a checkpoint), then run epochs until a stopping rule fires."""
     cfg = run.cfg
+    if not cfg.dataset.disable_validation:
+        for subset in cfg.dataset.valid_subset.split(","):
+            run.task.dataset(subset)  # a missing or empty split fails now, not after the first epoch
     epoch_itr = restore(run)
     max_epoch = cfg.optimization.max_epoch or float("inf")
     valid_loss, lr = None, run.trainer.get_lr()
-    while epoch_itr.next_epoch_idx <= max_epoch and lr > cfg.optimization.stop_min_lr:
+    while epoch_itr.next_epoch_idx <= max_epoch:
         valid_loss, should_stop = train_epoch(run, epoch_itr)
         if should_stop:
             break
-        lr = run.trainer.lr_step(epoch_itr.epoch, valid_loss)
+        lr, previous = run.trainer.lr_step(epoch_itr.epoch, valid_loss), lr
+        # "falls to": fairseq also stops on a low lr while it is still rising in warmup
+        # (with --stop-min-lr 0 and warmup from 0, before the first update).
+        if lr <= cfg.optimization.stop_min_lr and lr < previous:
+            logger.info(f"stopping training: the learning rate {lr:.3g} fell to --stop-min-lr "
+                        f"{cfg.optimization.stop_min_lr:g}")
+            break
         epoch_itr = run.batch_iterator(cfg.dataset.train_subset, epoch_itr.next_epoch_idx, shuffle=True)
     return valid_loss
 

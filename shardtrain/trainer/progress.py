@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterable, Iterator, Mapping, Optional
 import torch
 
 from shardtrain.errors import ConfigError
+from shardtrain.fileio import probe_writable_dir
 
 LOG_FORMATS = ("json", "simple", "tqdm", "none")
 # fairseq's bar shows every stat; three keep the tqdm line readable.
@@ -50,6 +51,11 @@ class TensorboardWriter:
                 f"could not be imported ({e}). Install it with `pip install tensorboard`, "
                 f"or drop --tensorboard-logdir."
             ) from None
+        try:  # now, not at the first record after an hour of training
+            probe_writable_dir(logdir)
+        except OSError as e:
+            raise ConfigError(f"Cannot write to --tensorboard-logdir {logdir!r}: {e.strerror or e}. Choose a "
+                              "writable directory, or drop --tensorboard-logdir.") from None
         self.logdir = logdir
         self._summary_writer_cls = SummaryWriter
         self._writers: Dict[str, Any] = {}

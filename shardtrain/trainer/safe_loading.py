@@ -63,7 +63,8 @@ def load_weights_only(source: Union[str, IO[bytes]], what: str):
     try:
         return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        found = re.search(r"GLOBAL (\S+)", str(e))
+        # a dotted name: a text file read as a pickle yields garbage "globals"
+        found = re.search(r"GLOBAL ([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)", str(e))
         if not found:
             raise
         raise CheckpointError(f"{what} contains a pickled {found.group(1)}, which is not tensor data. "

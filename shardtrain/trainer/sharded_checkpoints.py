@@ -46,6 +46,9 @@ def is_sharded(path: str) -> bool:
 
 
 def check_complete(path: str) -> None:
+    if not any(os.path.exists(os.path.join(path, name)) for name in (COMPLETE, EXTRA, ".metadata")):
+        raise CheckpointError(f"{path!r} is a directory but not a checkpoint (sharded checkpoints hold "
+                              f"{COMPLETE}, {EXTRA} and .metadata). Pass a checkpoint file or directory.")
     if not os.path.isfile(os.path.join(path, COMPLETE)):
         raise CheckpointError(
             f"Checkpoint directory {path!r} is incomplete (no {COMPLETE} marker): its save was interrupted. "

@@ -1,0 +1,94 @@
+"""Mistakes that used to surface only after training had run (or never):
+each must now stop the run before its first update, with one paragraph,
+or behave as the flag says."""
+import os
+
+import pytest
+
+from shardtrain.cli import train
+from shardtrain.data.indexed_dataset import MMapIndexedDatasetBuilder
+from st_testutils import make_space_data_bin, tiny_model_flags
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    d = make_space_data_bin(str(tmp_path_factory.mktemp("early")), n_words=6, train_tokens=3000,
+                            valid_tokens=300, line_len=30, seed=7)
+    with MMapIndexedDatasetBuilder(f"{d}/empty.bin", dtype="uint16") as builder:
+        pass
+    builder.finalize(f"{d}/empty.idx")
+    return d
+
+
+def refused_before_training(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        train.main(argv)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert "num_updates" not in out + err  # not one update was trained (and lost)
+    return err
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--valid-subset", "valid,valid1"], ["Split 'valid1' not found", "--validpref A,B",
+                                          "this data-bin has: empty, train, valid"]),
+    (["--valid-subset", "empty"], ["Split 'empty' is empty"]),
+    (["--tensorboard-logdir", "/sys/shardtrain-tb"], ["Cannot write to --tensorboard-logdir '/sys/shardtrain-tb'",
+                                                      "drop --tensorboard-logdir"]),
+])
+def test_refused_before_the_first_update(flags, expected, data_bin, tmp_path, capsys):
+    save = tmp_path / "save"
+    err = refused_before_training([data_bin, *tiny_model_flags(), "--cpu", "--max-update", "3",
+                                   "--save-dir", str(save), *flags], capsys)
+    for text in expected:
+        assert text in err, err
+    assert not save.exists()
+
+
+@pytest.mark.parametrize("backend, link", [("pytorch_ddp", "checkpoint_last.pt"),
+                                           ("fully_sharded", "checkpoint_last")])
+def test_dangling_checkpoint_last_is_not_a_fresh_start(backend, link, data_bin, tmp_path, capsys):
+    save = tmp_path / "save"
+    argv = [data_bin, *tiny_model_flags(), "--cpu", "--ddp-backend", backend, "--save-dir", str(save)]
+    train.main(argv + ["--max-update", "1", "--no-epoch-checkpoints"])
+    target = os.path.realpath(save / link)
+    if os.path.islink(save / link):  # fully_sharded: a link to checkpoint_1_1/; move that away
+        os.rename(target, str(save / "moved"))
+    else:  # a file: replace it by a link to nowhere
+        os.remove(save / link)
+        os.symlink(str(tmp_path / "gone.pt"), save / link)
+    capsys.readouterr()
+    before = sorted(os.listdir(save))
+    err = refused_before_training(argv + ["--max-update", "2"], capsys)
+    assert f"{link} is a link to" in err and "which does not exist" in err and "--restore-file" in err, err
+    assert sorted(os.listdir(save)) == before
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda p: p.write_bytes(b""), "(0 bytes; EOFError): it is truncated"),
+    (lambda p: p.write_text("components:\n  task: x\n"), "not a checkpoint at all"),
+    (lambda p: p.mkdir(), "is a directory but not a checkpoint"),
+])
+def test_restore_file_that_is_no_checkpoint(make, expected, data_bin, tmp_path, capsys):
+    bad = tmp_path / "bad.pt"
+    make(bad)
+    err = refused_before_training([data_bin, *tiny_model_flags(), "--cpu", "--max-update", "2",
+                                   "--save-dir", str(tmp_path / "save"), "--restore-file", str(bad)], capsys)
+    assert expected in err, err
+    assert "weights_only" not in err and "arbitrary code" not in err  # never torch's advice to load unsafely
+
+
+def test_stop_min_lr_waits_for_the_learning_rate_to_fall(data_bin, tmp_path, capsys):
+    """fairseq stops before the first update when warmup starts below --stop-min-lr; here the lr must fall to it."""
+    save = tmp_path / "save"
+    train.main([data_bin, *tiny_model_flags(), "--cpu", "--save-dir", str(save), "--max-epoch", "3",
+                "--stop-min-lr", "0", "--warmup-updates", "4", "--lr-scheduler", "inverse_sqrt"])
+    out, err = capsys.readouterr()
+    assert '"num_updates": "1"' in out + err and "fell to --stop-min-lr" not in out + err
+    # polynomial decay to 0 within the first epoch: the lr falls to the minimum and training stops there
+    train.main([data_bin, *tiny_model_flags(), "--cpu", "--save-dir", str(tmp_path / "poly"), "--max-epoch", "5",
+                "--stop-min-lr", "1e-9", "--lr-scheduler", "polynomial_decay", "--total-num-update", "3",
+                "--warmup-updates", "0"])
+    out, err = capsys.readouterr()
+    assert "stopping training: the learning rate 0 fell to --stop-min-lr 1e-09" in out + err, (out + err)[-2000:]
+    assert "begin training epoch 2" not in out + err
