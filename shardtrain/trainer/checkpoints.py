@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from shardtrain.checkpoint_import import fairseq_lm, fairseq_pickle
 from shardtrain.errors import CheckpointError
 from shardtrain.fileio import atomic_open, fsync_dir, probe_writable_dir, remove_quietly, temp_sibling
+from shardtrain.trainer.save_dir_lock import SaveDirLock
 from shardtrain.trainer.sharded_checkpoints import ShardedSaver, marker
 from shardtrain.trainer.safe_loading import load_weights_only
 
@@ -33,6 +34,12 @@ class CheckpointManager:
         self.is_master = is_master
         self.sharded = sharded
         self.sharded_saver = ShardedSaver(async_save=cfg.async_save) if sharded else None
+        self.lock = SaveDirLock(cfg.save_dir)
+
+    def lock_save_dir(self) -> None:
+        """Refuse to run beside another run in the same save dir (rank 0; see save_dir_lock)."""
+        if self.is_master and not self.cfg.no_save and os.path.isdir(self.cfg.save_dir):
+            self.lock.acquire()  # a save dir that does not exist yet is locked when the first save makes it
 
     # -- where -----------------------------------------------------------------
     def check_writable(self) -> None:
@@ -98,6 +105,7 @@ class CheckpointManager:
         if not self.is_master:
             return []
         os.makedirs(self.cfg.save_dir, exist_ok=True)
+        self.lock.acquire()
         paths = [os.path.join(self.cfg.save_dir, n) for n in names]
         _atomic_torch_save({"version": FORMAT_VERSION, **state}, paths[0])
         for path in paths[1:]:
@@ -111,6 +119,7 @@ class CheckpointManager:
         aliases = [n[:-3] for n in names if n[:-3] != storage]
         if self.is_master:
             os.makedirs(self.cfg.save_dir, exist_ok=True)
+            self.lock.acquire()
         path = self.sharded_saver.save(self.cfg.save_dir, storage, trainer.model, trainer.optimizer,
                                        {"version": FORMAT_VERSION, **extra, **trainer.extra_state()}, aliases,
                                        interval=f"{storage}.pt" in names, after=self.prune_sharded)
@@ -120,6 +129,10 @@ class CheckpointManager:
         """Finish a background save (--async-save); called before exit."""
         if self.sharded_saver is not None:
             self.sharded_saver.wait()
+
+    def close(self) -> None:
+        self.wait()
+        self.lock.release()
 
     def prune_sharded(self) -> None:
         """Drop epoch aliases beyond --keep-last-epochs, interval checkpoints beyond

@@ -93,7 +93,7 @@ class Run:
                 "training_seconds": self.training_seconds()}  # for --stop-time-hours on resume
 
     def close(self) -> None:
-        self.checkpoints.wait()  # a background save must land before the process exits
+        self.checkpoints.close()  # a background save must land before the process exits
         self.preemption.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
@@ -117,6 +117,7 @@ def main(cfg, ctx) -> Optional[float]:
 def train(run: Run) -> Optional[float]:
     """Resume (if there is a checkpoint), then run epochs until a stopping rule fires."""
     cfg = run.cfg
+    run.checkpoints.lock_save_dir()
     if not cfg.dataset.disable_validation:
         for subset in cfg.dataset.valid_subset.split(","):
             run.task.dataset(subset)  # a missing or empty split fails now, not after the first epoch

@@ -46,7 +46,8 @@ def is_sharded(path: str) -> bool:
 
 
 def check_complete(path: str) -> None:
-    if not any(os.path.exists(os.path.join(path, name)) for name in (COMPLETE, EXTRA, ".metadata")):
+    if not path.rstrip("/").endswith(".partial") and not any(
+            os.path.exists(os.path.join(path, name)) for name in (COMPLETE, EXTRA, ".metadata")):
         raise CheckpointError(f"{path!r} is a directory but not a checkpoint (sharded checkpoints hold "
                               f"{COMPLETE}, {EXTRA} and .metadata). Pass a checkpoint file or directory.")
     if not os.path.isfile(os.path.join(path, COMPLETE)):

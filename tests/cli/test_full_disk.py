@@ -5,6 +5,7 @@ import sys
 import pytest
 import torch
 
+from shardtrain.trainer.save_dir_lock import LOCK_NAME
 from st_testutils import make_space_data_bin, tiny_model_flags
 
 # Runs training with a file-size limit, the same failure a full disk gives a
@@ -27,14 +28,16 @@ def test_failed_save_leaves_previous_checkpoints_intact(backend, tmp_path):
     first = subprocess.run([sys.executable, "-m", "shardtrain.cli.train", *args, "--max-update", "2"],
                            capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr[-2000:]
-    before = {p.name: p.stat().st_mtime for p in save.iterdir()}
+    # every file but the run lock, which each run rewrites with its pid
+    before = {p.name: p.stat().st_mtime for p in save.iterdir() if p.name != LOCK_NAME}
     second = subprocess.run([sys.executable, "-c", LIMITED, *args, "--max-update", "4"],
                             capture_output=True, text=True, timeout=120)
     assert second.returncode == 2, second.stderr[-2000:]
     assert "Saving the checkpoint of update 4" in second.stderr and "previous checkpoints are intact" in \
         second.stderr.replace("\n", " ")
     assert "Traceback" not in second.stderr
-    assert {p.name: p.stat().st_mtime for p in save.iterdir()} == before  # nothing new, nothing touched
+    after = {p.name: p.stat().st_mtime for p in save.iterdir() if p.name != LOCK_NAME}
+    assert after == before  # nothing new, nothing touched
     last = save / ("checkpoint_last" if backend == "fully_sharded" else "checkpoint_last.pt")
     extra = torch.load(last / "extra.pt" if last.is_dir() else last, weights_only=True)
     assert extra["train_state"]["num_updates"] == 2

@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from shardtrain.cli import train
+from shardtrain.trainer.save_dir_lock import LOCK_NAME
 from st_testutils import last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
 
@@ -25,7 +26,8 @@ def saved(request, data_bin, tmp_path_factory):
 
 
 def snapshot(save):
-    return sorted((p, os.path.getmtime(os.path.join(save, p))) for p in os.listdir(save))
+    """Every file and its mtime (but the run lock, which each run rewrites with its pid)."""
+    return sorted((p, os.path.getmtime(os.path.join(save, p))) for p in os.listdir(save) if p != LOCK_NAME)
 
 
 def refused(data_bin, backend, save, flags, capsys) -> str:

@@ -13,6 +13,7 @@ import pytest
 
 from shardtrain.config.build import parse_train_args
 from shardtrain.trainer.launch import call_main
+from shardtrain.trainer.save_dir_lock import LOCK_NAME
 from equivalence_mains import train_and_record
 from st_testutils import make_space_data_bin
 
@@ -55,7 +56,7 @@ def test_sharded_checkpoint_layout(saved_on_two_ranks):
     assert last.is_symlink() and (last / "COMPLETE").exists()
     shards = sorted(p.name for p in last.iterdir() if p.suffix == ".distcp")
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shards
-    assert not [p for p in save.iterdir() if p.name.startswith(".")]  # no partial directories left
+    assert not [p for p in save.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME]  # no partial dirs
 
 
 @pytest.mark.parametrize("world_size", [2, 1, 3])
@@ -91,8 +92,8 @@ def test_async_save_resumes_exactly(data_bin, reference, tmp_path):
     run(data_bin, save, 2, HALF, "fully_sharded", "0", "--async-save", "--save-interval-updates", "1",
         "--keep-interval-updates", "2")
     # --keep-interval-updates 2 pruned the older directories; checkpoint_last points to the newest
-    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_1_3", "checkpoint_1_4", "checkpoint_last",
-                                                      "config.yaml"]
+    assert sorted(p.name for p in save.iterdir() if p.name != LOCK_NAME) == [
+        "checkpoint_1_3", "checkpoint_1_4", "checkpoint_last", "config.yaml"]
     assert os.readlink(save / "checkpoint_last") == "checkpoint_1_4"
     np.testing.assert_allclose(run(data_bin, save, 2, TOTAL, "fully_sharded", "0", "--async-save")[0],
                                reference[HALF:], rtol=1e-5)
