@@ -143,7 +143,11 @@ def _compose_checked(config_name: str, overrides: Sequence[str], source: str) ->
             if bad:
                 raise ConfigError(_schema_message(bad, schema, f"in the override '{o.input_line}'", choices))
     cfg, choices = _compose_once(config_name, list(overrides), f"{source} with its overrides")
-    _check_composed(cfg, schema, source, choices)
+    try:
+        _check_composed(cfg, schema, source, choices)
+    except OmegaConfBaseException as e:  # reading a value resolves its ${...}
+        raise ConfigError(f"Cannot resolve {source} with its overrides: {' '.join(str(e).split())}. Fix the "
+                          "interpolation (${...}) named above.") from None
     return cfg, choices
 
 
@@ -208,7 +212,16 @@ def _fields_of_class_named(name: str) -> Optional[List[str]]:
 
 
 def _check_composed(cfg: DictConfig, schema, source: str, choices) -> None:
-    """Keys a config file added at the root (the only open node), and values left at ???."""
+    """Keys a config file added at the root (the only open node), sections replaced by
+    plain values, and values left at ???."""
+    for key in FRAMEWORK_SECTIONS + GROUPS:
+        if key in cfg and not isinstance(cfg[key], DictConfig):
+            group = next((g for g, reg in components.registries().items()
+                          if any(str(cfg[key]) in r for r in (reg if g == "model" else (reg,)))), None)
+            hint = f" Did you mean {group}={cfg[key]}?" if group and group != key else ""
+            raise ConfigError(f"'{key}' is a section of the config, but it was given the value {cfg[key]!r} "
+                              f"({source} with its overrides). Set keys inside it instead ({key}.KEY=VALUE)."
+                              f"{hint}")
     for key in (k for k in cfg if k != "hydra"):
         node = cfg[key]
         paths = [key] + ([f"{key}.{k}" for k in node] if isinstance(node, DictConfig) else [])

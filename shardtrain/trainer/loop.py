@@ -122,6 +122,12 @@ def train(run: Run) -> Optional[float]:
         for subset in cfg.dataset.valid_subset.split(","):
             run.task.dataset(subset)  # a missing or empty split fails now, not after the first epoch
     epoch_itr = restore(run)
+    max_update = cfg.optimization.max_update
+    if max_update > 0 and run.trainer.num_updates >= max_update:
+        # fairseq trains (and saves) one more update here, changing a finished model
+        logger.info(f"nothing to train: the checkpoint is at update {run.trainer.num_updates} and --max-update is "
+                    f"{max_update} (raise --max-update to train on)")
+        return None
     max_epoch = cfg.optimization.max_epoch or float("inf")
     valid_loss, lr = None, run.trainer.get_lr()
     while epoch_itr.next_epoch_idx <= max_epoch:

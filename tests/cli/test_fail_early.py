@@ -92,3 +92,18 @@ def test_stop_min_lr_waits_for_the_learning_rate_to_fall(data_bin, tmp_path, cap
     out, err = capsys.readouterr()
     assert "stopping training: the learning rate 0 fell to --stop-min-lr 1e-09" in out + err, (out + err)[-2000:]
     assert "begin training epoch 2" not in out + err
+
+
+def test_rerunning_a_finished_run_changes_nothing(data_bin, tmp_path, capsys):
+    """fairseq trains one more update when relaunched at --max-update, and overwrites checkpoint_last."""
+    save = tmp_path / "save"
+    argv = [data_bin, *tiny_model_flags(), "--cpu", "--save-dir", str(save), "--max-update", "2"]
+    train.main(argv)
+    before = {p.name: (p.stat().st_mtime, p.stat().st_size) for p in save.iterdir() if not p.name.startswith(".")}
+    capsys.readouterr()
+    train.main(argv)
+    out, err = capsys.readouterr()
+    assert "nothing to train: the checkpoint is at update 2 and --max-update is 2" in out + err
+    assert "num_updates" not in out + err
+    assert {p.name: (p.stat().st_mtime, p.stat().st_size) for p in save.iterdir()
+            if not p.name.startswith(".")} == before
