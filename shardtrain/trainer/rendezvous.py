@@ -70,6 +70,21 @@ def as_timeout_error(error: BaseException, heartbeat_timeout: int) -> Optional[C
         "from checkpoint_last. If the ranks are only slow (a long save or validation), raise --heartbeat-timeout.")
 
 
+def as_rendezvous_error(error: BaseException, world_size: int, init_method: str,
+                        heartbeat_timeout: int) -> Optional[ConfigError]:
+    """The user-facing form of ranks that never all met, or None for any other error."""
+    if not isinstance(error, dist.DistStoreError) and "waiting for clients" not in str(error):
+        return None
+    joined = re.search(r"(\d+)/(\d+) clients joined", str(error))
+    who = f"only {joined.group(1)} of {world_size}" if joined else f"not all {world_size}"
+    seconds = int(process_group_timeout(heartbeat_timeout).total_seconds())
+    return ConfigError(
+        f"{who.capitalize()} ranks reached the rendezvous at {init_method} within {seconds} s "
+        "(--heartbeat-timeout). Start every rank: under SLURM run shard-train through `srun` inside the batch "
+        "script (SLURM_NTASKS says how many tasks to expect); with torchrun start it on every node with the same "
+        "--rdzv-endpoint/MASTER_ADDR:MASTER_PORT. If the nodes only start slowly, raise --heartbeat-timeout.")
+
+
 def from_environment(env: Mapping[str, str], init_method: Optional[str] = None,
                      hostnames: Optional[Callable[[str], List[str]]] = None) -> Optional[LaunchedRank]:
     """The rank a launcher gave this process, or None when no launcher started it.
@@ -97,6 +112,9 @@ def from_torchrun_env(env: Mapping[str, str]) -> LaunchedRank:
     world_size = _int_var(env, "WORLD_SIZE")
     local_rank = _int_var(env, "LOCAL_RANK")
     _check_ranks("torchrun", "RANK", rank, "WORLD_SIZE", world_size, "LOCAL_RANK", local_rank)
+    if not 0 < _int_var(env, "MASTER_PORT") < 65536:
+        raise ConfigError(f"MASTER_PORT={env['MASTER_PORT']} is not a TCP port (1-65535). Relaunch with torchrun, "
+                          "or set it to rank 0's free port.")
     return LaunchedRank("torchrun", rank, local_rank, world_size, "env://")
 
 

@@ -35,7 +35,8 @@ def test_partial_torchrun_environment_is_an_error(missing):
 
 @pytest.mark.parametrize("changes, named", [
     ({"RANK": "2"}, "RANK=2"), ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0"), ({"LOCAL_RANK": "-1"}, "LOCAL_RANK=-1"),
-    ({"RANK": "one"}, "RANK='one'"),
+    ({"RANK": "one"}, "RANK='one'"), ({"MASTER_PORT": "abc"}, "MASTER_PORT='abc'"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a TCP port"),
 ])
 def test_bad_torchrun_values_are_errors(changes, named):
     with pytest.raises(ConfigError, match=named):
@@ -126,3 +127,25 @@ def test_slurm_hostnames_parses_itself_without_a_working_scontrol(tmp_path, monk
     assert slurm_hostnames("gpu[1-2]") == ["gpu1", "gpu2"]
     _fake_scontrol(str(tmp_path), "exit 1")
     assert slurm_hostnames("gpu[1-2]") == ["gpu1", "gpu2"]
+
+
+def test_a_rank_that_never_comes_is_named_after_the_timeout(tmp_path):
+    """sbatch without srun: SLURM says 2 tasks but only this one runs. The run
+    must end after --heartbeat-timeout with the fix, not a DistStoreError traceback."""
+    import subprocess
+    import sys
+    import time
+
+    from st_testutils import make_space_data_bin
+
+    data = make_space_data_bin(str(tmp_path), n_words=6, train_tokens=500, valid_tokens=100, line_len=20)
+    env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+           "SLURM_NODELIST": "localhost"}
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "shardtrain.cli.train", data, "--cpu", "--heartbeat-timeout", "3",
+                             "--save-dir", str(tmp_path / "ck")], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "Only 1 of 2 ranks reached the rendezvous at tcp://localhost:" in result.stderr
+    assert "within 3 s (--heartbeat-timeout)" in result.stderr and "`srun`" in result.stderr
+    assert time.monotonic() - start < 60
