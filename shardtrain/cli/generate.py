@@ -32,19 +32,21 @@ class GenerateConfig:
 @cli_entry("shard-generate")
 def main(argv):
     args = flags.parse_dataclass(GenerateConfig, argv, "shard-generate", __doc__)
-    if args.beam != 1:
-        raise ConfigError(f"--beam {args.beam} is not supported: shard-generate decodes greedily (--beam 1) or "
-                          "samples (--sampling). Drop --beam or pass --beam 1.")
+    check_args(args)
     cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu)
     tokenizer = load_tokenizer(args.data)
     dictionary = task.source_dictionary
     # A sample starts after an end-of-sentence, as every line does in training.
     ids = [dictionary.eos()] + [dictionary.index(p) for p in tokenizer.encode(args.prompt)]
+    if len(ids) >= model.max_positions and args.max_len > 0:
+        raise ConfigError(f"The prompt takes {len(ids)} of the model's {model.max_positions} positions (with the "
+                          "end-of-sentence it starts after), which leaves none to generate into. Shorten the prompt.")
     prompt = torch.tensor(ids, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     outputs = []
     for _ in range(args.nbest):
-        new = sample(model, prompt, args.max_len, temperature=args.temperature, topk=max(args.sampling_topk, 0),
+        new = sample(model, prompt, args.max_len, temperature=args.temperature if args.sampling else 1.0,
+                     topk=max(args.sampling_topk, 0),
                      topp=max(args.sampling_topp, 0.0), eos=dictionary.eos(), generator=generator,
                      greedy=not args.sampling)
         pieces = [dictionary[i] for i in new.tolist() if i != dictionary.eos()]
@@ -52,6 +54,38 @@ def main(argv):
         print(f"H\t{text}")
         outputs.append(text)
     return outputs
+
+
+def check_args(args: GenerateConfig) -> None:
+    """Every option, before the model is loaded."""
+    problems = []
+    if args.beam != 1:
+        problems.append(f"--beam {args.beam} is not supported: shard-generate decodes greedily (--beam 1) or "
+                        "samples (--sampling); drop --beam or pass --beam 1")
+    if args.max_len < 0:
+        problems.append(f"--max-len must be >= 0 (got {args.max_len})")
+    if args.nbest < 1:
+        problems.append(f"--nbest must be at least 1 (got {args.nbest})")
+    if not 0 <= args.seed < 2 ** 63:
+        problems.append(f"--seed must be in [0, 2**63) (got {args.seed})")
+    if args.sampling:
+        if not 0 < args.temperature < float("inf"):
+            problems.append(f"--temperature must be a finite number > 0 (got {args.temperature}); for the most "
+                            "likely tokens drop --sampling (greedy decoding)")
+        if args.sampling_topk < -1 or args.sampling_topk == 0:
+            problems.append(f"--sampling-topk must be >= 1, or -1 for all tokens (got {args.sampling_topk})")
+        if not (args.sampling_topp == -1 or 0 < args.sampling_topp <= 1):
+            problems.append(f"--sampling-topp must be in (0, 1], or -1 for off (got {args.sampling_topp})")
+    else:
+        if args.nbest > 1:
+            problems.append(f"--nbest {args.nbest} without --sampling would print {args.nbest} identical greedy "
+                            "continuations; add --sampling or drop --nbest")
+        for flag, value, off in (("--sampling-topk", args.sampling_topk, -1), ("--sampling-topp", args.sampling_topp, -1),
+                                 ("--temperature", args.temperature, 1.0)):
+            if value != off:
+                problems.append(f"{flag} applies only to sampling; add --sampling or drop {flag}")
+    if problems:
+        raise ConfigError("Invalid generation options: " + "; ".join(problems) + ".")
 
 
 if __name__ == "__main__":
