@@ -68,14 +68,19 @@ def plain(value):
 def fairseq_sections(state: Dict, path: str) -> Tuple[Dict, Dict, Dict]:
     """(model, task, dataset) options of a fairseq checkpoint."""
     cfg = plain(state.get("cfg"))
-    if isinstance(cfg, dict) and cfg.get("model"):
-        return cfg["model"], cfg.get("task") or {}, cfg.get("dataset") or {}
+    if isinstance(cfg, dict) and isinstance(cfg.get("model"), dict) and cfg["model"]:
+        return cfg["model"], _section(cfg, "task"), _section(cfg, "dataset")
     args = plain(state.get("args"))
     if isinstance(args, dict) and args:
         return args, args, args  # argparse-era fairseq: every option in one namespace
     raise CheckpointError(f"{path} has no model config (neither cfg['model'] nor args): it is not a fairseq "
                           "model checkpoint, or only its weights were saved. Pass the checkpoint fairseq-train "
                           "wrote (checkpoint_best.pt, checkpoint_last.pt, ...).")
+
+
+def _section(cfg: Dict, name: str) -> Dict:
+    section = cfg.get(name)
+    return section if isinstance(section, dict) else {}
 
 
 def model_values(model: Dict, task: Dict, path: str) -> Dict:
@@ -123,7 +128,8 @@ def convert_weights(fairseq_model: Dict[str, torch.Tensor], values: Dict, path: 
     """fairseq's ``decoder.*`` state dict under our names (fused qkv, ``blocks.N``)."""
     weights, pending = {}, {}
     for name, tensor in fairseq_model.items():
-        if not name.startswith("decoder."):
+        _check_tensor(name, tensor, path)
+        if not isinstance(name, str) or not name.startswith("decoder."):
             raise CheckpointError(f"{path} holds the weight {name!r} outside the decoder: it is not a "
                                   "transformer_lm checkpoint.")
         name = name[len("decoder."):]
@@ -145,6 +151,13 @@ def convert_weights(fairseq_model: Dict[str, torch.Tensor], values: Dict, path: 
     return weights
 
 
+def _check_tensor(name, tensor, path: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise CheckpointError(f"{path} holds the weight {name!r} as a Python {type(tensor).__name__}, not a tensor: "
+                              "the file is damaged or was not written by fairseq-train. Pass the checkpoint "
+                              "fairseq-train wrote (checkpoint_best.pt, checkpoint_last.pt, ...).")
+
+
 def _dropped(name: str, values: Dict) -> bool:
     """Buffers fairseq saves that carry no weights, and its copy of shared embeddings."""
     if name == "version" or name.endswith(".version") or name == "embed_positions._float_tensor":
@@ -160,11 +173,21 @@ def _as_float32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().float().contiguous() if tensor.is_floating_point() else tensor.detach().clone()
 
 
+def _kind(value) -> str:
+    if value is None:
+        return "None"
+    return "an empty dict" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
 def to_shardtrain(state: Dict, path: str, data: Optional[str] = None) -> Dict:
     """Our checkpoint's ``cfg`` and ``model`` from a loaded fairseq one. The
     caller adds ``version``, and ``task_fingerprint`` from the data-bin it checked."""
     if "model" not in state:
         raise CheckpointError(f"{path} has no model weights; pass the checkpoint fairseq-train wrote.")
+    if not isinstance(state["model"], dict) or not state["model"]:
+        raise CheckpointError(f"{path}'s model entry is {_kind(state['model'])}, not a dict of weight tensors: the "
+                              "file is damaged or was not written by fairseq-train. Pass the checkpoint "
+                              "fairseq-train wrote (checkpoint_best.pt, checkpoint_last.pt, ...).")
     model, task, dataset = fairseq_sections(state, path)
     values = model_values(model, task, path)
     cfg = from_dict({

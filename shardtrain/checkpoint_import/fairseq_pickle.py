@@ -12,8 +12,10 @@ an inert :class:`FairseqStandIn` (fairseq need not be installed); anything else
 (``os.system``, ``builtins.eval``, ...) is refused.
 """
 import io
+import os
 import pickle
 import pickletools
+import re
 import types
 import zipfile
 from typing import Dict, Set
@@ -106,19 +108,17 @@ _RESTRICTED_PICKLE = types.SimpleNamespace(__name__=__name__, Unpickler=Restrict
 def load_fairseq_checkpoint(path: str, trust: bool) -> Dict:
     """The raw fairseq checkpoint dict at ``path``. Safe loading first; the
     restricted unpickler only with ``trust`` (``--trust-checkpoint``)."""
+    _check_is_file(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} does not exist. Pass the path of a fairseq checkpoint "
-                              "(checkpoint_best.pt, checkpoint_last.pt, ...).") from None
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
         safe_error = e
     found = fairseq_globals(path)
     if not found:
         raise CheckpointError(
-            f"Cannot load {path}: {type(safe_error).__name__}: {str(safe_error).splitlines()[0][:200]}. It is "
-            "not a fairseq checkpoint, or it is truncated or corrupt; pass a checkpoint that fairseq wrote "
-            "(checkpoint_best.pt, checkpoint_last.pt, ...).")
+            f"Cannot load {path} ({why_unloadable(safe_error)}): it is not a fairseq checkpoint, or it is "
+            "truncated or corrupt; pass a checkpoint that fairseq wrote (checkpoint_best.pt, "
+            "checkpoint_last.pt, ...).")
     if not trust:
         raise CheckpointError(
             f"{path} pickles Python objects ({', '.join(sorted(found)[:4])}): fairseq before 0.12 saved its "
@@ -129,9 +129,35 @@ def load_fairseq_checkpoint(path: str, trust: bool) -> Dict:
         return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_RESTRICTED_PICKLE)
     except Exception as e:  # noqa: BLE001 - the unpickler and torch raise many types
         raise CheckpointError(
-            f"Cannot load {path} even with --trust-checkpoint: {type(e).__name__}: {str(e).splitlines()[0][:200]}. "
+            f"Cannot load {path} even with --trust-checkpoint ({why_unloadable(e)}). "
             "Only plain data, tensors, argparse/omegaconf/numpy values and fairseq objects are rebuilt; load the "
             "checkpoint in fairseq and re-save it with fairseq 0.12 (its config is then plain data).") from None
+
+
+def _check_is_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path} does not exist. Pass the path of a fairseq checkpoint "
+                              "(checkpoint_best.pt, checkpoint_last.pt, ...).")
+    if not os.path.isfile(path):
+        what = "a directory" if os.path.isdir(path) else "not a regular file"
+        raise CheckpointError(f"{path} is {what}, not a checkpoint file; pass a fairseq checkpoint file "
+                              "(checkpoint_best.pt, checkpoint_last.pt, ...).")
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes): an interrupted copy or a full disk, not a checkpoint. "
+                              "Copy the fairseq checkpoint again.")
+
+
+def why_unloadable(error: Exception) -> str:
+    """torch's reason in a few words, never its advice to retry with weights_only=False
+    (that would run any code the file holds)."""
+    text = str(error).strip()
+    refused = re.search(r"GLOBAL ([A-Za-z_][\w.]*)", text)
+    if refused:
+        return f"it pickles {refused.group(1)}, which is neither plain data nor a tensor"
+    if text.startswith("Weights only load failed") or "weights_only" in text:
+        return "its contents are not a pickle that torch.load can read"
+    first = text.splitlines()[0][:200] if text else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def looks_like_fairseq(state) -> bool:

@@ -6,7 +6,8 @@ model built from the converted config. OUT.pt loads with
 ``torch.load(weights_only=True)`` in ``shard-validate --path``,
 ``shard-generate --path`` and ``shard-train --finetune-from-model``.
 fairseq 0.12 checkpoints load safely; older ones pickle Python objects and
-need --trust-checkpoint (read with an allow-listed unpickler).
+need --trust-checkpoint (read with an allow-listed unpickler). An existing
+OUT.pt is refused unless --overwrite.
 """
 import dataclasses
 import logging
@@ -24,6 +25,7 @@ from shardtrain.errors import CheckpointError
 from shardtrain.fileio import atomic_open
 from shardtrain.trainer import build
 from shardtrain.trainer.checkpoints import FORMAT_VERSION
+from shardtrain.trainer.consolidate import check_output
 from shardtrain.trainer.logging_setup import setup_logging
 
 logger = logging.getLogger("shardtrain.import_fairseq")
@@ -32,10 +34,12 @@ logger = logging.getLogger("shardtrain.import_fairseq")
 @dataclasses.dataclass
 class ImportFairseqConfig:
     input: str = field(help="fairseq transformer_lm checkpoint (checkpoint_best.pt, ...)", positional=True)
-    output: str = field(help="where to write the shardtrain checkpoint", positional=True)
+    output: str = field(help="where to write the shardtrain checkpoint (must not exist, unless --overwrite)",
+                        positional=True)
     data: str = field(help="the data-bin the model was trained on (its dict.txt must match the embeddings)")
     trust_checkpoint: bool = field(False, help="allow loading a checkpoint that pickles Python objects (fairseq "
                                    "< 0.12); this can run code, so only for files from a source you trust")
+    overwrite: bool = field(False, help="replace an existing output file; without it an existing output is refused")
 
 
 @cli_entry("shard-import-fairseq")
@@ -44,28 +48,50 @@ def main(argv):
     setup_logging()
     if os.path.exists(args.input) and os.path.exists(args.output) and os.path.samefile(args.input, args.output):
         raise CheckpointError(f"The output {args.output} is the input checkpoint; choose another output path.")
+    check_output(args.output, args.overwrite, directory=False)
     state = load_fairseq_checkpoint(args.input, trust=args.trust_checkpoint)
     if not looks_like_fairseq(state):
-        raise CheckpointError(f"{args.input} is not a fairseq checkpoint (no args, cfg or optimizer_history "
-                              "entries). A shardtrain checkpoint needs no import; pass it to --path directly.")
+        raise CheckpointError(not_fairseq(state, args.input))
     checkpoint = {"version": FORMAT_VERSION, **to_shardtrain(state, args.input, data=args.data)}
     cfg = from_dict(checkpoint["cfg"])
     task = build.build_task(cfg)
     check_fits(checkpoint["model"], cfg, task, args)
     checkpoint["task_fingerprint"] = task.fingerprint()
+    updates = num_updates(state)
     with atomic_open(args.output) as f:
         torch.save(checkpoint, f)
-    updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates")
     logger.info(f"wrote {args.output}: fairseq transformer_lm ({cfg.model.decoder_layers} layers, "
                 f"{cfg.model.decoder_embed_dim} dims, {len(task.source_dictionary)} symbols"
                 + (f", {updates} updates" if updates is not None else "") + ")")
     return args.output
 
 
+def not_fairseq(state, path: str) -> str:
+    """Why a file that torch loads is refused: ours needs no import; anything else is named as what it is not."""
+    if isinstance(state, dict) and "model" in state and "cfg" in state:
+        return (f"{path} is not a fairseq checkpoint but a shardtrain one: it needs no import; pass it to --path "
+                "directly.")
+    if isinstance(state, dict):
+        what = f"a dict with the keys {sorted(map(str, state))[:5]}"
+    else:
+        what = f"a {type(state).__name__}"
+    return (f"{path} is not a fairseq checkpoint: it holds {what}, and neither the args, cfg or "
+            "optimizer_history entries of a fairseq checkpoint nor the model and cfg of a shardtrain one. Pass "
+            "the checkpoint fairseq-train wrote (checkpoint_best.pt, checkpoint_last.pt, ...).")
+
+
+def num_updates(state):
+    """fairseq's update count, for the log (None when the history is absent or not fairseq's shape)."""
+    history = state.get("optimizer_history")
+    last = history[-1] if isinstance(history, list) and history else None
+    return last.get("num_updates") if isinstance(last, dict) else None
+
+
 def check_fits(weights, cfg, task, args) -> None:
     """The converted weights must be exactly what a model built from the converted
     config holds (built on the meta device: no memory, no initialisation cost)."""
-    rows, symbols = weights["embed_tokens.weight"].size(0), len(task.source_dictionary)
+    embed, symbols = weights.get("embed_tokens.weight"), len(task.source_dictionary)
+    rows = symbols if embed is None else embed.size(0)  # a missing table is reported below as missing
     if rows != symbols:
         raise CheckpointError(
             f"{args.input} embeds {rows} symbols but {args.data}/dict.txt gives {symbols}: the model was trained "

@@ -140,7 +140,7 @@ def _finalize(save_dir, name, partial, final, extra, info, aliases) -> None:
         torch.save(extra, f)
     atomic_write_bytes(os.path.join(partial, COMPLETE), json.dumps(info).encode())
     fsync_dir(partial)
-    _replace_dir(partial, final)
+    replace_dir(partial, final)
     for alias in aliases:
         _point(os.path.join(save_dir, alias), name)
     fsync_dir(save_dir)
@@ -232,7 +232,7 @@ def rng_for_this_rank(extra: Dict) -> Optional[Dict]:
     return rngs[_rank()] if len(rngs) == _world() else None
 
 
-def _replace_dir(src: str, dst: str) -> None:
+def replace_dir(src: str, dst: str) -> None:
     if os.path.lexists(dst):  # saving the same update twice (a rerun): swap the old one out
         old = temp_sibling(dst)
         os.replace(dst, old)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -127,7 +128,7 @@ def test_pickled_objects_need_trust_then_load_through_the_allow_list(tmp_path, f
     cfg.model.tokens_per_sample = "${task.tokens_per_sample}"
     dictconfig = str(tmp_path / "fairseq-0.10.pt")
     torch.save({**fairseq_state, "cfg": cfg}, dictconfig)
-    import_fairseq.main([dictconfig, out, "--data", DATA_BIN, "--trust-checkpoint"])
+    import_fairseq.main([dictconfig, out, "--data", DATA_BIN, "--trust-checkpoint", "--overwrite"])
     assert torch.load(out, weights_only=True)["cfg"]["model"]["max_target_positions"] == 64
 
 
@@ -221,3 +222,40 @@ def test_allow_list_rebuilds_data_and_refuses_callables():
                          ("omegaconf", "OmegaConf"), ("torch", "load"), ("subprocess", "Popen")):
         with pytest.raises(pickle.UnpicklingError, match="allow-list"):
             unpickler.find_class(module, name)
+
+
+def test_output_is_checked_first_and_replaced_only_with_overwrite(tmp_path, capsys):
+    kept = tmp_path / "kept.pt"
+    kept.write_text("precious")
+    err = error_of(capsys, import_fairseq.main, [FAIRSEQ_CKPT, str(kept), "--data", DATA_BIN])
+    assert "exists" in err and "--overwrite" in err and "nothing was overwritten" in err
+    assert kept.read_text() == "precious"
+    for output, words in ((tmp_path / "nodir" / "out.pt", "does not exist; create it first"),
+                          (tmp_path, "is a directory")):
+        err = error_of(capsys, import_fairseq.main, [FAIRSEQ_CKPT, str(output), "--data", DATA_BIN, "--overwrite"])
+        assert words in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["kept.pt"]
+    import_fairseq.main([FAIRSEQ_CKPT, str(kept), "--data", DATA_BIN, "--overwrite"])
+    assert torch.load(kept, weights_only=True)["cfg"]["model"]["decoder_layers"] == 2
+
+
+def test_damaged_files_are_named_without_torchs_unsafe_advice(tmp_path, fairseq_state, capsys):
+    weights = dict(fairseq_state["model"])
+    weights["decoder.layers.0.fc1.weight"] = "not a tensor"
+    inputs = {"empty.pt": (b"", "is empty (0 bytes)"),
+              "model_none.pt": ({**fairseq_state, "model": None}, "model entry is None"),
+              "model_list.pt": ({**fairseq_state, "model": [1, 2]}, "model entry is a list"),
+              "not_tensor.pt": ({**fairseq_state, "model": weights}, "'decoder.layers.0.fc1.weight' as a Python str"),
+              "random_bytes.pt": (os.urandom(2048), "not a fairseq checkpoint"),
+              "numpy.pt": ({"a": np.zeros(3)}, "pickles numpy"),
+              "tensors.pt": ({"a": torch.zeros(3)}, "holds a dict with the keys ['a']")}
+    for name, (content, words) in inputs.items():
+        path = tmp_path / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            torch.save(content, path)
+        err = error_of(capsys, import_fairseq.main, [str(path), str(tmp_path / "out.pt"), "--data", DATA_BIN])
+        assert words in err, (name, err)
+        assert "weights_only" not in err and "Re-running" not in err and err.count("\n") == 1
+    assert not os.path.exists(tmp_path / "out.pt")
