@@ -1,7 +1,12 @@
 """shard-demo end to end, shrunk: stdlib corpus, preprocess, train, resume, validate, sample."""
 import os
+import signal
+
+import pytest
+import torch
 
 from shardtrain.cli import demo
+from shardtrain.trainer.preemption import PreemptionWatcher
 
 
 def test_demo_runs_on_a_small_stdlib_corpus(tmp_path, capfd):
@@ -16,3 +21,106 @@ def test_demo_runs_on_a_small_stdlib_corpus(tmp_path, capfd):
     assert os.path.isdir(last) and os.path.exists(os.path.join(last, "COMPLETE"))
     with open(os.path.join(work, "corpus.train.txt")) as f:
         assert "import" in f.read()  # built from the standard library's Python source
+
+
+# -- user mistakes: refused up front, in shard-demo's words, before anything is written --------------
+
+@pytest.mark.parametrize("flags,named", [
+    (["--max-update", "1"], "--max-update"),  # half would be 0, which shard-train reads as "no limit"
+    (["--max-update", "0"], "--max-update"),
+    (["--max-update", "-4"], "--max-update"),
+    (["--ranks", "0"], "--ranks"),  # was a ZeroDivisionError
+    (["--ranks", "-1"], "--ranks"),
+    (["--corpus-mb", "0.05"], "--corpus-mb"),  # was an empty valid split, reported by shard-train
+    (["--corpus-mb", "0"], "--corpus-mb"),  # was "Could not find the Python standard library"
+    (["--corpus-mb", "-3"], "--corpus-mb"),
+    (["--corpus-mb", "nan"], "--corpus-mb"),
+])
+def test_bad_options_are_refused_before_anything_is_written(flags, named, tmp_path, capsys):
+    work = tmp_path / "demo"
+    err = refused(["--workdir", str(work)] + flags, capsys)
+    assert named in err
+    assert not work.exists()
+
+
+def test_a_file_as_workdir_is_refused(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    err = refused(["--workdir", str(afile)], capsys)  # was a FileExistsError traceback
+    assert "--workdir" in err and "Not a directory" in err
+    assert afile.read_text() == "mine\n" and os.listdir(tmp_path) == ["afile"]
+
+
+def test_more_ranks_than_gpus_is_refused_as_ranks(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    err = refused(["--workdir", str(tmp_path / "demo"), "--ranks", "2"], capsys)
+    assert "--ranks 1 or less" in err and "--distributed-world-size" not in err
+
+
+def refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        demo.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shard-demo: error: ") and "Traceback" not in err
+    return err
+
+
+# -- the corpus -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_files", [2, 3, 12])
+def test_every_corpus_has_a_valid_split(n_files, tmp_path):
+    # Fewer than 11 files used to put nothing in valid.
+    sizes = [os.path.getsize(p) for p in demo.stdlib_sources(10 ** 9)[:n_files]]
+    paths = demo.write_corpus(str(tmp_path), sum(sizes))
+    for split in ("train", "valid"):
+        with open(paths[split]) as f:
+            assert f.read().strip(), split
+
+
+def test_smallest_allowed_corpus_has_both_splits(tmp_path):
+    paths = demo.write_corpus(str(tmp_path), int(demo.MIN_CORPUS_MB * 1e6))
+    assert all(os.path.getsize(p) > 0 for p in paths.values())
+
+
+# -- phases and signals (training replaced by a stand-in: the control flow is what is tested) ------
+
+class FakeTools:
+    """Records the demo's calls; train.main behaves like shard-train on a signal
+    (its handler takes the signal, then it returns normally)."""
+
+    def __init__(self, monkeypatch, signal_in_phase=None):
+        self.calls, self.signal_in_phase = [], signal_in_phase
+        monkeypatch.setattr(demo.preprocess, "main", lambda argv: self.calls.append("preprocess"))
+        monkeypatch.setattr(demo.train, "main", self.train)
+        monkeypatch.setattr(demo.validate, "main", lambda argv: self.calls.append("validate"))
+        monkeypatch.setattr(demo.generate, "main", lambda argv: self.calls.append("generate"))
+
+    def train(self, argv):
+        phase = sum(c.startswith("train") for c in self.calls) + 1
+        self.calls.append(f"train {argv[argv.index('--max-update') + 1]}")
+        watcher = PreemptionWatcher()
+        try:
+            if phase == self.signal_in_phase:
+                os.kill(os.getpid(), signal.SIGTERM)
+        finally:
+            watcher.close()
+        assert watcher.requested or phase != self.signal_in_phase
+
+
+def test_both_phases_have_a_positive_limit(tmp_path, monkeypatch):
+    tools = FakeTools(monkeypatch)
+    demo.main(["--workdir", str(tmp_path / "demo"), "--corpus-mb", "0.1", "--max-update", "3"])
+    assert tools.calls == ["preprocess", "train 1", "train 3", "validate", "generate"]
+
+
+@pytest.mark.parametrize("phase", [1, 2])
+def test_a_signal_during_training_stops_the_demo(phase, tmp_path, monkeypatch, capsys):
+    tools = FakeTools(monkeypatch, signal_in_phase=phase)
+    handler, wakeup_fd = signal.getsignal(signal.SIGTERM), signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup_fd)
+    demo.main(["--workdir", str(tmp_path / "demo"), "--corpus-mb", "0.1", "--max-update", "4"])
+    assert tools.calls == ["preprocess", "train 2", "train 4"][:1 + phase]  # no later phase, no validate
+    assert "stopped by SIGTERM/SIGUSR1" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) == handler and signal.set_wakeup_fd(wakeup_fd) == wakeup_fd  # restored
