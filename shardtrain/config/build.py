@@ -103,10 +103,13 @@ def from_dict(values: Dict) -> DictConfig:
         for slot, (cls, preset) in components.slot_config_classes(names).items():
             if cls is None:
                 continue
+            if slot == "model":
+                components.check_preset(names.arch, cls, preset)
             node = OmegaConf.merge(OmegaConf.structured(cls), preset, values.get(slot) or {})
             cfg[slot] = node
     except OmegaConfBaseException as e:
-        raise ConfigError(f"Invalid config value: {e}. Check the flag or config key named above.") from None
+        raise ConfigError(f"Invalid config value: {' '.join(str(e).split())}. Check the flag or config key "
+                          "named above.") from None
     return cfg
 
 

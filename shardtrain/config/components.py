@@ -3,6 +3,7 @@ import dataclasses
 from typing import Dict, Optional, Tuple, Type
 
 from shardtrain.config.sections import COMPONENT_SLOTS
+from shardtrain.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,3 +50,12 @@ def resolve(names) -> Dict[str, SlotInfo]:
 
 def slot_config_classes(names) -> Dict[str, Tuple[Optional[Type], Dict]]:
     return {slot: (info.config_cls, info.preset) for slot, info in resolve(names).items()}
+
+
+def check_preset(arch: str, cls: Type, preset: Dict) -> None:
+    """An architecture preset (a plugin's, say) may only set its model's fields."""
+    unknown = sorted(set(preset or {}) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ConfigError(f"The architecture {arch!r} sets {', '.join(unknown)}, which {cls.__name__} (the config "
+                          f"of its model) does not have. Fix the preset registered for {arch!r} (its --user-dir "
+                          "plugin) to use the model's field names.")

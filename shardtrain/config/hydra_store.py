@@ -50,6 +50,8 @@ def option_node(group: str, name: str):
     info = components.resolve(ComponentsConfig(**{COMPONENT_SLOTS[group]: name}))[group]
     if info.config_cls is None:
         return {}
+    if group == "model":
+        components.check_preset(name, info.config_cls, info.preset)
     return OmegaConf.merge(OmegaConf.structured(info.config_cls), info.preset)
 
 

@@ -1,5 +1,6 @@
 """--user-dir: a plugin's task, model and architecture train from the command line."""
 import os
+import subprocess
 import sys
 
 import pytest
@@ -45,34 +46,19 @@ def test_missing_or_broken_user_dir_is_a_clear_error(tmp_path):
         build_train_parser(["--user-dir", str(broken)])
 
 
-def test_user_dir_plugin_trains_on_two_spawned_ranks(tmp_path):
-    """Spawned ranks import the plugin again (they rebuild the config's components)."""
-    import subprocess
-    paths = write_markov_corpus(str(tmp_path / "text"), MarkovChain(n=8, seed=2), 3000, 300, line_len=40)
-    data = str(tmp_path / "data-bin")
-    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
-                     "--destdir", data, "--no-progress-bar"])
-    result = subprocess.run(
-        [sys.executable, "-m", "shardtrain.cli.train", data, "--user-dir", PLUGIN, "--task", "toy_lm",
-         "--arch", "toy_bigram", "--tokens-per-sample", "16", "--batch-size", "4", "--max-update", "2",
-         "--distributed-world-size", "2", "--cpu", "--threads", "1", "--save-dir", str(tmp_path / "ck"),
-         "--log-format", "none", "--heartbeat-timeout", "60"],
-        capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert os.path.exists(tmp_path / "ck" / "checkpoint_last.pt")
-
-
-def test_validate_loads_a_checkpoint_of_a_user_dir_model(tmp_path):
-    """shard-validate, in a fresh process, imports the checkpoint's --user-dir before rebuilding its model."""
-    import subprocess
-    paths = write_markov_corpus(str(tmp_path / "text"), MarkovChain(n=8, seed=2), 2000, 300, line_len=40)
-    data = str(tmp_path / "data-bin")
-    preprocess.main(["--tokenizer", "space", "--trainpref", paths["train"], "--validpref", paths["valid"],
-                     "--destdir", data, "--no-progress-bar"])
-    train.main([data, "--user-dir", PLUGIN, "--task", "toy_lm", "--arch", "toy_bigram", "--tokens-per-sample", "16",
-                "--batch-size", "8", "--max-update", "2", "--save-dir", str(tmp_path / "ck"), "--log-format", "none"])
-    result = subprocess.run([sys.executable, "-m", "shardtrain.cli.validate", data, "--path",
-                             str(tmp_path / "ck" / "checkpoint_last.pt"), "--cpu"],
-                            capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "valid" in result.stdout + result.stderr and "loss" in result.stdout + result.stderr
+def test_architecture_preset_with_a_wrong_key_is_named(tmp_path):
+    plugin = tmp_path / "typo_preset_plugin"
+    plugin.mkdir()
+    (plugin / "__init__.py").write_text(
+        "from shardtrain.models import register_model_architecture\n"
+        "@register_model_architecture('transformer_lm', 'transformer_lm_typo_preset')\n"
+        "def typo():\n    return {'decoder_layerz': 3}\n")
+    # In a subprocess: the plugin's architecture must not stay registered in this test process.
+    expected = ("error: The architecture 'transformer_lm_typo_preset' sets decoder_layerz, which "
+                "TransformerLanguageModelConfig")
+    for cli, args in (("train", [str(tmp_path), "--arch", "transformer_lm_typo_preset"]),
+                      ("hydra_train", ["model=transformer_lm_typo_preset", f"task.data={tmp_path}", "--cfg", "job"])):
+        result = subprocess.run([sys.executable, "-m", f"shardtrain.cli.{cli}", "--user-dir", str(plugin), *args],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, \
+            result.stderr[-2000:]
