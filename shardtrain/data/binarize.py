@@ -5,13 +5,21 @@ Both split the file into byte ranges on line boundaries (fairseq's
 results in file order, so the output is identical for any number of workers.
 Each input line becomes one item: its symbols' ids followed by ``</s>`` (an
 empty line gives an item holding just ``</s>``), as fairseq-preprocess does.
+
+There are never more workers than two per usable CPU or than non-empty ranges
+(fairseq starts as many as asked, and 500 idle forks cost more than the work).
+Workers ignore Ctrl-C: it reaches the whole process group, and only the parent
+acts on it, by killing the workers.
 """
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
 import os
 import re
+import signal
 import sys
+import threading
 from collections import Counter
 from typing import Callable, Iterator, List, Optional
 
@@ -30,6 +38,8 @@ _NEWLINES = re.compile(r"\r\n|\r|\n")
 _CHUNKS_PER_WORKER = 4  # several ranges per worker keep the progress bar moving
 _PROGRESS_EVERY = 1 << 20  # bytes between progress-bar updates
 _BATCH = 1024  # lines per write: numpy's per-call overhead dominates single short lines
+_PROCESSES_PER_CPU = 2  # a little oversubscription hides file reads; more only adds start-up cost
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 @dataclasses.dataclass
@@ -86,10 +96,12 @@ def iter_lines(path: str, start: int = 0, end: Optional[int] = None,
 def count_symbols(path: str, tokenize: Callable[[str], List[str]], workers: int = 1,
                   progress: bool = True, eos_word: str = "</s>") -> Counter:
     """How often each symbol occurs, plus one ``eos_word`` per line (fairseq's counting)."""
-    tasks = [(path, start, end, tokenize, eos_word) for start, end in _ranges(path, workers)]
+    ranges, workers = _plan(path, workers)
+    tasks = [(path, start, end, tokenize, eos_word) for start, end in ranges]
     total = Counter()
-    for counts in _map_ranges(_count_range, tasks, workers, _progress_bar(path, "count", progress)):
-        total.update(counts)
+    with _mapped(_count_range, tasks, workers, _progress_bar(path, "count", progress)) as results:
+        for counts in results:
+            total.update(counts)
     return total
 
 
@@ -107,13 +119,15 @@ def binarize_file(path: str, out_prefix: str, dictionary: Dictionary, tokenize: 
     """Write ``out_prefix.bin/.idx`` (atomically) from the text file ``path``."""
     dtype = best_fitting_int_dtype(len(dictionary))
     parts_prefix = temp_sibling(out_prefix)
+    ranges, workers = _plan(path, workers)
     tasks = [(path, start, end, dictionary, tokenize, dtype, f"{parts_prefix}{i}")
-             for i, (start, end) in enumerate(_ranges(path, workers))]
+             for i, (start, end) in enumerate(ranges)]
     stats = BinarizeStats()
     try:
         bar = _progress_bar(path, "binarize", progress)
-        for part_stats in _map_ranges(_binarize_range, tasks, workers, bar):
-            stats.merge(part_stats)
+        with _mapped(_binarize_range, tasks, workers, bar) as results:
+            for part_stats in results:
+                stats.merge(part_stats)
         with MMapIndexedDatasetBuilder(data_file_path(out_prefix), dtype) as builder:
             for task in tasks:
                 builder.merge_file_(task[-1])
@@ -150,23 +164,131 @@ def _binarize_range(task, on_bytes=None) -> BinarizeStats:
     return stats
 
 
+def usable_workers(requested: int) -> int:
+    """``requested`` capped at two processes per CPU this process may run on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))  # honours taskset/cgroup cpusets, unlike os.cpu_count()
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(requested, _PROCESSES_PER_CPU * cpus))
+
+
+def _plan(path: str, workers: int):
+    """The non-empty byte ranges to process and how many processes to use for them."""
+    wanted = usable_workers(workers)
+    ranges = _ranges(path, wanted)
+    if len(ranges) < wanted:
+        logger.debug("%s: only %d ranges of work, so %d workers instead of %d", path, len(ranges),
+                     max(len(ranges), 1), wanted)
+    return ranges, max(1, min(wanted, len(ranges)))
+
+
 def _ranges(path: str, workers: int):
     chunks = 1 if workers <= 1 else workers * _CHUNKS_PER_WORKER
     offsets = find_offsets(path, chunks)
-    return list(zip(offsets[:-1], offsets[1:]))
+    # A small file gives many equal offsets; an empty range is no work, and a process for it only costs.
+    return [(start, end) for start, end in zip(offsets[:-1], offsets[1:]) if end > start]
 
 
-def _map_ranges(fn, tasks, workers: int, bar):
-    """``fn`` over the tasks, results in task order; in-process when ``workers`` is 1."""
+@contextlib.contextmanager
+def _mapped(fn, tasks, workers: int, bar):
+    """``with _mapped(...) as results``: ``fn`` over the tasks, in task order; in-process when
+    ``workers`` is 1. Leaving the block early (an error, Ctrl-C) kills the workers at once."""
     with bar:
         if workers <= 1:
-            for task in tasks:
-                yield fn(task, bar.update)
+            yield (fn(task, bar.update) for task in tasks)
             return
-        with multiprocessing.get_context().Pool(workers) as pool:
-            for task, result in zip(tasks, pool.imap(fn, tasks)):
-                bar.update(task[2] - task[1])
-                yield result
+        procs, conns = [], []
+        try:
+            with stop_signals_deferred():  # a half-started worker set could not be stopped cleanly
+                _start_workers(fn, tasks, workers, procs, conns)
+            yield _in_order(procs, conns, tasks, bar)
+        finally:
+            with stop_signals_deferred():  # a second Ctrl-C must not leave workers running
+                _stop_workers(procs)
+
+
+def _start_workers(fn, tasks, workers: int, procs, conns) -> None:
+    """Worker ``i`` runs tasks ``i, i + workers, ...`` and sends each result on its own pipe.
+
+    Not multiprocessing.Pool: its workers share a queue lock, and a worker killed while holding it
+    (a scheduler's SIGTERM reaches every process) hangs Pool.terminate() for good. Here a dead worker
+    shows up as EOF on its pipe. The ranges are of equal size, so a fixed share balances well enough."""
+    ctx = multiprocessing.get_context()
+    # Workers inherit the mask: with the stop signals blocked, none reaches a worker before
+    # _worker_main has set its handlers.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        for i in range(workers):
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker_main, args=(fn, tasks[i::workers], send, mask), daemon=True)
+            proc.start()
+            send.close()  # only the worker may hold the sending end, or its death would not show as EOF
+            procs.append(proc)
+            conns.append(receive)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _worker_main(fn, tasks, send, mask) -> None:
+    # Ctrl-C reaches every process in the group; only the parent acts on it (by killing the workers), so
+    # the workers print no KeyboardInterrupt tracebacks. SIGTERM kills at once, whatever the parent set.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    try:
+        for task in tasks:
+            send.send((True, fn(task)))
+    except BrokenPipeError:
+        pass  # the parent is gone (killed with SIGKILL): nobody to tell
+    except Exception as e:  # e.g. DataError for invalid UTF-8: the parent raises it
+        send.send((False, e))
+
+
+def _in_order(procs, conns, tasks, bar):
+    for i, task in enumerate(tasks):
+        try:
+            ok, result = conns[i % len(conns)].recv()
+        except EOFError:
+            proc = procs[i % len(procs)]
+            proc.join()
+            raise DataError(f"A worker process died (exit status {proc.exitcode}) while reading {task[0]}, "
+                            "perhaps killed for using too much memory. Re-run with fewer --workers.") from None
+        if not ok:
+            raise result
+        bar.update(task[2] - task[1])
+        yield result
+
+
+def _stop_workers(procs) -> None:
+    for proc in procs:
+        proc.kill()  # no-op for a worker that has finished; the parent removes any part files
+    for proc in procs:
+        proc.join()
+
+
+@contextlib.contextmanager
+def stop_signals_deferred():
+    """Hold SIGINT and SIGTERM until the block ends, then act on the first one as usual.
+
+    For steps that must not be cut short (publishing files, cleaning up, starting or stopping the pool).
+    Swaps the Python handlers rather than blocking the signals, since a blocked signal still reaches
+    another thread (tqdm's monitor) and so the main thread's handler. Only the main thread may set
+    handlers; elsewhere this does nothing."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    # getsignal() gives None for a handler set outside Python, which signal() could not restore.
+    if threading.current_thread() is not threading.main_thread() or None in map(signal.getsignal, signals):
+        yield
+        return
+    caught = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # with the handler restored: raise, die or be ignored, as before
 
 
 def _progress_bar(path: str, what: str, enabled: bool) -> tqdm:

@@ -5,17 +5,22 @@ format (with ``--tokenizer space`` the files equal fairseq-preprocess's byte for
 byte), ``preprocess.json`` (how to tokenize a prompt) and, for sentencepiece,
 ``spm.model``. Everything is written into a staging directory first and moved
 into place at the end, so a failed run never leaves a half-written data-bin.
+That holds for Ctrl-C too (and for SIGTERM, which shard-preprocess turns into
+an exception): the clean-up runs on the way out, and a second signal waits
+until the publish or clean-up in progress is done.
 """
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import shutil
 import tempfile
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from shardtrain.config.fields import field
-from shardtrain.data.binarize import binarize_file, count_symbols, iter_lines
+from shardtrain.data.binarize import (binarize_file, count_symbols, iter_lines, stop_signals_deferred,
+                                     usable_workers)
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.fileio import atomic_write_bytes
 from shardtrain.data.tokenizers import (PREPROCESS_JSON, SPM_MODEL_FILE, SPM_MODEL_TYPES, TOKENIZERS,
@@ -56,22 +61,55 @@ class PreprocessConfig:
 def preprocess(cfg: PreprocessConfig) -> None:
     """Build the data-bin ``cfg.destdir`` from the text files named in ``cfg``."""
     splits = check_config(cfg)
-    created = not os.path.exists(cfg.destdir)
-    staging = _make_staging_dir(cfg.destdir)
+    cfg = dataclasses.replace(cfg, workers=_cap_workers(cfg.workers))
+    created = _missing_dirs(cfg.destdir)
+    staging = None
     try:
-        tokenizer = _build_tokenizer(cfg, staging)
-        dictionary = _build_dictionary(cfg, tokenizer, staging)
-        for split, path in splits.items():
-            binarize_file(path, os.path.join(staging, split), dictionary, tokenizer.encode,
-                          workers=cfg.workers, progress=not cfg.no_progress_bar)
-        spec = tokenizer_spec(cfg.tokenizer, SPM_MODEL_FILE if cfg.tokenizer == "spm" else None)
-        atomic_write_bytes(os.path.join(staging, PREPROCESS_JSON), (json.dumps(spec, indent=2) + "\n").encode())
-        _publish(staging, cfg.destdir, splits)
+        with stop_signals_deferred():  # no signal between creating the staging dir and knowing its name
+            staging = _make_staging_dir(cfg.destdir)
+        dictionary = _build(cfg, splits, staging)
+        with stop_signals_deferred():  # a signal mid-publish would mix old and new files
+            _publish(staging, cfg.destdir, splits)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created and os.path.isdir(cfg.destdir) and not os.listdir(cfg.destdir):
-            os.rmdir(cfg.destdir)  # failed before publishing: leave no empty data-bin behind
+        with stop_signals_deferred():  # a second Ctrl-C must not cut the clean-up short
+            _remove_leftovers(staging, created)
     logger.info("wrote data-bin %s (%d symbols; splits: %s)", cfg.destdir, len(dictionary), ", ".join(splits))
+
+
+def _build(cfg: PreprocessConfig, splits: Dict[str, str], staging: str) -> Dictionary:
+    tokenizer = _build_tokenizer(cfg, staging)
+    dictionary = _build_dictionary(cfg, tokenizer, staging)
+    for split, path in splits.items():
+        binarize_file(path, os.path.join(staging, split), dictionary, tokenizer.encode,
+                      workers=cfg.workers, progress=not cfg.no_progress_bar)
+    spec = tokenizer_spec(cfg.tokenizer, SPM_MODEL_FILE if cfg.tokenizer == "spm" else None)
+    atomic_write_bytes(os.path.join(staging, PREPROCESS_JSON), (json.dumps(spec, indent=2) + "\n").encode())
+    return dictionary
+
+
+def _cap_workers(requested: int) -> int:
+    workers = usable_workers(requested)
+    if workers < requested:
+        logger.info("--workers %d capped at %d (two processes per available CPU); more would only add "
+                    "start-up cost", requested, workers)
+    return workers
+
+
+def _missing_dirs(path: str) -> List[str]:
+    """The directories ``os.makedirs(path)`` would create, deepest first."""
+    missing, path = [], os.path.abspath(path)
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def _remove_leftovers(staging: Optional[str], created: List[str]) -> None:
+    if staging:
+        shutil.rmtree(staging, ignore_errors=True)
+    for directory in created:  # failed before publishing: leave no empty data-bin (or parents) behind
+        with contextlib.suppress(OSError):  # not empty: something was published, or someone else wrote there
+            os.rmdir(directory)
 
 
 def check_config(cfg: PreprocessConfig) -> Dict[str, str]:

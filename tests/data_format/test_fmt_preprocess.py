@@ -147,3 +147,31 @@ def test_failure_midway_leaves_destdir_untouched(tmp_path, fairseq_dir):
         preprocess(bad(tmp_path, fairseq_dir, destdir=str(existing), validpref=str(tmp_path / "valid.txt"),
                        thresholdsrc=100))
     assert listing(existing) == before and sorted(os.listdir(existing)) == sorted(before)
+
+
+def test_failure_removes_the_parents_it_created(tmp_path, fairseq_dir):
+    (tmp_path / "valid.txt").write_bytes(b"broken \xff\n")
+    with pytest.raises(DataError, match="not valid UTF-8"):
+        preprocess(bad(tmp_path, fairseq_dir, destdir=str(tmp_path / "a" / "b" / "bin"),
+                       validpref=str(tmp_path / "valid.txt")))
+    assert not (tmp_path / "a").exists()
+
+
+def test_huge_worker_count_is_capped_and_logged(tmp_path, fairseq_dir, caplog):
+    # Uncapped, this would start 100000 processes for a 300-line file (fairseq does).
+    caplog.set_level("INFO", logger="shardtrain.data.preprocess")
+    preprocess(space_cfg(fairseq_dir, tmp_path / "out", workers=100_000))
+    cap = 2 * len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2 * os.cpu_count()
+    assert f"--workers 100000 capped at {cap}" in caplog.text
+    for name in FAIRSEQ_FILES:
+        assert (tmp_path / "out" / name).read_bytes() == (fairseq_dir / name).read_bytes(), name
+
+
+def test_pool_never_exceeds_the_work(tmp_path):
+    from shardtrain.data.binarize import _plan, usable_workers
+    path = tmp_path / "two.txt"
+    path.write_text("a b\nc d\n")
+    assert usable_workers(10**9) <= 2 * (os.cpu_count() or 1) and usable_workers(3) <= 3
+    ranges, workers = _plan(str(path), 10**9)
+    assert workers <= 2 and all(end > start for start, end in ranges)
+    assert _plan(str(tmp_path / "two.txt"), 1) == ([(0, 8)], 1)
