@@ -14,7 +14,7 @@
    loads). Prints cycles survived and updates lost (done before a kill but
    after the checkpoint the next launch resumed from).
 
-    python benchmarks/soak.py [--minutes 10 --min-cycles 10 --max-update 6000]
+    python benchmarks/soak.py [--minutes 10 --min-cycles 10 --max-update 15000]
 """
 import argparse
 import glob
@@ -81,7 +81,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="keep killing for at least this long")
     parser.add_argument("--min-cycles", type=int, default=10, help="and at least this many kills")
-    parser.add_argument("--max-update", type=int, default=6000)
+    # enough that training outlasts --minutes of kills on a fast 2-core machine (~17 updates/s here)
+    parser.add_argument("--max-update", type=int, default=15000)
     parser.add_argument("--save-every", type=int, default=25, help="--save-interval-updates")
     parser.add_argument("--kill-after", type=float, nargs=2, default=(15.0, 60.0),
                         help="a launch is killed after a uniformly random delay in this range (seconds)")
@@ -117,6 +118,9 @@ def main():
         if proc.returncode != 0:
             sys.exit(f"launch {launches} failed with exit {proc.returncode}; see {log}")
         if checkpoint_updates(soak_dir) >= args.max_update:
+            if keep_killing:
+                print(f"the run reached --max-update {args.max_update} before {args.minutes:g} minutes and "
+                      f"{args.min_cycles} kills: raise --max-update for this machine", flush=True)
             break
     minutes = (time.time() - start) / 60
     if reference.wait() != 0:

@@ -7,6 +7,7 @@ the same records. The handlers are marked as ours, so calling
 them (tests call it; so may a long-lived process between runs).
 """
 import logging
+import os
 import sys
 from typing import Optional
 
@@ -42,6 +43,9 @@ def setup_logging(log_file: Optional[str] = None, rank: int = 0) -> None:
 
 
 def _open_log_file(path: str) -> _FileHandler:
+    if os.path.isdir(path):
+        raise ConfigError(f"--log-file {path!r} is a directory; pass a file path such as "
+                          f"{os.path.join(path, 'train.log')!r}.")
     try:
         return _FileHandler(path, mode="a", encoding="utf-8")
     except OSError as e:

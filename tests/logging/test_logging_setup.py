@@ -69,3 +69,8 @@ def test_setup_twice_replaces_its_handlers(tmp_path, capsys):
 def test_unwritable_log_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="--log-file .*Create its directory"):
         setup_logging(log_file=str(tmp_path / "missing" / "train.log"))
+
+
+def test_log_file_that_is_a_directory_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory; pass a file path such as"):
+        setup_logging(log_file=str(tmp_path))
