@@ -12,6 +12,7 @@ until the publish or clean-up in progress is done.
 import contextlib
 import dataclasses
 import json
+import filecmp
 import logging
 import os
 import shutil
@@ -69,7 +70,7 @@ def preprocess(cfg: PreprocessConfig) -> None:
             staging = _make_staging_dir(cfg.destdir)
         dictionary = _build(cfg, splits, staging)
         with stop_signals_deferred():  # a signal mid-publish would mix old and new files
-            _publish(staging, cfg.destdir, splits)
+            _publish(staging, cfg.destdir)
     finally:
         with stop_signals_deferred():  # a second Ctrl-C must not cut the clean-up short
             _remove_leftovers(staging, created)
@@ -198,13 +199,23 @@ def _build_dictionary(cfg: PreprocessConfig, tokenizer, staging: str) -> Diction
     return dictionary
 
 
-def _publish(staging: str, destdir: str, splits) -> None:
+def _publish(staging: str, destdir: str) -> None:
     """Move the staged files into ``destdir``; preprocess.json last, as the 'complete' marker."""
+    _check_no_stale_splits(staging, destdir)
     names = sorted(os.listdir(staging), key=lambda n: (n == "dict.txt", n == PREPROCESS_JSON, n))
     for name in names:
         os.replace(os.path.join(staging, name), os.path.join(destdir, name))
-    stale = [f"{s}.{ext}" for s in SPLITS if s not in splits for ext in ("bin", "idx")
-             if os.path.exists(os.path.join(destdir, f"{s}.{ext}"))]
+
+
+def _check_no_stale_splits(staging: str, destdir: str) -> None:
+    """Splits already in ``destdir`` that this run does not rewrite must keep their dictionary:
+    their token ids mean words of the old dict.txt, and would be read as the new one's."""
+    old_dict, new_dict = os.path.join(destdir, "dict.txt"), os.path.join(staging, "dict.txt")
+    if not os.path.exists(old_dict) or not os.path.exists(new_dict) or filecmp.cmp(old_dict, new_dict, shallow=False):
+        return
+    written = set(os.listdir(staging))
+    stale = sorted(n for n in os.listdir(destdir) if n.endswith((".bin", ".idx")) and n not in written)
     if stale:
-        logger.warning("%s still holds %s from an earlier run; they were binarized with another dictionary, "
-                       "so delete them or re-run with that split's --*pref.", destdir, ", ".join(stale))
+        raise DataError(f"{destdir} holds {', '.join(stale)} from an earlier run, binarized with its dict.txt, which "
+                        "this run replaces with a different one, so those ids would be read as other words. Pass "
+                        "those splits' --*pref too, use an empty --destdir, or delete them (nothing was changed).")

@@ -175,3 +175,17 @@ def test_pool_never_exceeds_the_work(tmp_path):
     ranges, workers = _plan(str(path), 10**9)
     assert workers <= 2 and all(end > start for start, end in ranges)
     assert _plan(str(tmp_path / "two.txt"), 1) == ([(0, 8)], 1)
+
+
+def test_splits_of_another_dictionary_are_not_left_beside_a_new_one(tmp_path, fairseq_dir):
+    dest = tmp_path / "bin"
+    preprocess(space_cfg(fairseq_dir, dest))  # train + valid
+    before = listing(dest)
+    # the same corpus again, train only: the same dict.txt, so the old valid split still fits
+    preprocess(space_cfg(fairseq_dir, dest, validpref=None))
+    assert listing(dest) == before
+    # another corpus, train only: valid.* would be read with the new dict.txt's ids
+    (tmp_path / "other.txt").write_text("completely different words here\n" * 20)
+    with pytest.raises(DataError, match=r"holds valid.bin, valid.idx from an earlier run.*nothing was changed"):
+        preprocess(space_cfg(fairseq_dir, dest, trainpref=str(tmp_path / "other.txt"), validpref=None))
+    assert listing(dest) == before
