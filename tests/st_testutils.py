@@ -104,3 +104,16 @@ def last_checkpoint_state(save_dir) -> dict:
     sharded = os.path.join(save_dir, "checkpoint_last")
     path = os.path.join(sharded, "extra.pt") if os.path.isdir(sharded) else sharded + ".pt"
     return torch.load(path, weights_only=True)
+
+
+def cli_refusal(main, argv, capsys):
+    """Run a CLI ``main`` that must refuse ``argv`` as a user mistake: exit status 2 and
+    one ``PROG: error: ...`` line with no traceback. Returns (stdout, stderr)."""
+    import pytest
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2, (info.value.code, err[-2000:])
+    assert ": error: " in err and "Traceback" not in err and err.count("\n") == 1, err
+    return out, err

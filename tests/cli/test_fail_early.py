@@ -7,7 +7,7 @@ import pytest
 
 from shardtrain.cli import train
 from shardtrain.data.indexed_dataset import MMapIndexedDatasetBuilder
-from st_testutils import make_space_data_bin, tiny_model_flags
+from st_testutils import cli_refusal, make_space_data_bin, tiny_model_flags
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +21,7 @@ def data_bin(tmp_path_factory):
 
 
 def refused_before_training(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as info:
-        train.main(argv)
-    out, err = capsys.readouterr()
-    assert info.value.code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    out, err = cli_refusal(train.main, argv, capsys)
     assert "num_updates" not in out + err  # not one update was trained (and lost)
     return err
 

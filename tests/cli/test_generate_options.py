@@ -3,7 +3,7 @@ message naming the flag; none silently prints nothing or the same line N times."
 import pytest
 
 from shardtrain.cli import generate, train
-from st_testutils import make_space_data_bin, tiny_model_flags
+from st_testutils import cli_refusal, make_space_data_bin, tiny_model_flags
 
 
 @pytest.fixture(scope="module")
@@ -15,11 +15,7 @@ def trained(tmp_path_factory):
 
 
 def refused(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as info:
-        generate.main(argv)
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and "Traceback" not in err and err.count("\n") == 1, err
-    return err
+    return cli_refusal(generate.main, argv, capsys)[1]
 
 
 @pytest.mark.parametrize("flags, expected", [

@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 
 from shardtrain.cli import consolidate, train, validate
 from shardtrain.trainer.safe_loading import METADATA_GLOBALS
-from st_testutils import make_space_data_bin, tiny_model_flags
+from st_testutils import cli_refusal, make_space_data_bin, tiny_model_flags
 
 
 class Payload:
@@ -47,11 +47,7 @@ def saved(data_bin, tmp_path_factory):
 
 
 def refused(main, argv, capsys) -> str:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and "Traceback" not in err and err.count("\n") == 1, err
-    return err
+    return cli_refusal(main, argv, capsys)[1]
 
 
 def assert_live(blob: bytes, marker, loader=pickle.loads):
