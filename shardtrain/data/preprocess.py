@@ -125,6 +125,11 @@ def check_config(cfg: PreprocessConfig) -> Dict[str, str]:
     if cfg.trainpref and not _has_text(cfg.trainpref):
         raise DataError(f"--trainpref {cfg.trainpref} is empty (no text to build the dictionary from). "
                         "Point it at the training text, one sample per line.")
+    for split in ("valid", "test"):  # an empty split would be refused by shard-train only later
+        path = splits.get(split)
+        if path and not _has_text(path):
+            raise DataError(f"--{split}pref {path} is empty (no text), so the {split} split would hold no samples. "
+                            f"Point it at text, one sample per line, or drop --{split}pref.")
     if os.path.exists(cfg.destdir) and not os.path.isdir(cfg.destdir):
         raise DataError(f"--destdir {cfg.destdir} exists and is not a directory. Pick another --destdir.")
     return splits

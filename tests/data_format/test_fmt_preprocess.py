@@ -119,10 +119,11 @@ def test_bad_flags_fail_up_front(tmp_path, fairseq_dir, changes, error, words):
 
 
 @pytest.mark.parametrize("content", [b"", b"  \n\n\t\n"])
-def test_empty_training_file(tmp_path, fairseq_dir, content):
+@pytest.mark.parametrize("split", ["train", "valid", "test"])
+def test_empty_input_file(tmp_path, fairseq_dir, content, split):
     (tmp_path / "empty.txt").write_bytes(content)
-    with pytest.raises(DataError, match="is empty"):
-        preprocess(bad(tmp_path, fairseq_dir, trainpref=str(tmp_path / "empty.txt")))
+    with pytest.raises(DataError, match=f"--{split}pref .* is empty"):
+        preprocess(bad(tmp_path, fairseq_dir, **{f"{split}pref": str(tmp_path / "empty.txt")}))
     assert not (tmp_path / "out").exists()
 
 
