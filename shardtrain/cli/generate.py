@@ -1,6 +1,5 @@
 """``shard-generate DATA --path CKPT --prompt TEXT``: sample a continuation from an LM."""
 import dataclasses
-from typing import Optional
 
 import torch
 
