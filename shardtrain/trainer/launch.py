@@ -130,8 +130,8 @@ def _run_rank(cfg, main, ctx: DistributedContext, init_method: str) -> Any:
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     try:
-        dist.init_process_group(backend=ctx.backend, init_method=init_method, rank=ctx.rank,
-                                world_size=ctx.world_size,
+        dist.init_process_group(backend=rendezvous.process_group_backend(ctx.backend), init_method=init_method,
+                                rank=ctx.rank, world_size=ctx.world_size,
                                 timeout=rendezvous.process_group_timeout(cfg.distributed.heartbeat_timeout))
     except RuntimeError as e:  # DistStoreError is one
         missing = rendezvous.as_rendezvous_error(e, ctx.world_size, init_method, cfg.distributed.heartbeat_timeout)

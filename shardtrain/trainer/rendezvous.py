@@ -48,6 +48,27 @@ def resolve_backend(requested: Optional[str], use_cuda: bool) -> str:
     return backend
 
 
+def process_group_backend(backend: str) -> str:
+    """The backend string for ``init_process_group``: ``backend`` for the device types
+    it serves, plus gloo for CPU tensors when it does not serve the CPU.
+
+    NCCL serves only CUDA tensors, but the trainer also reduces CPU tensors on the
+    same groups: under --cpu-offload the gradient shards and optimizer state are
+    CPU DTensors, so the global gradient norm (and with it clipping and the fp16
+    overflow decision), full state dicts and adafactor's statistics all-reduce CPU
+    tensors over the model's mesh. A group that maps only cuda refuses them ("No
+    backend type associated with device type cpu"), and a 1-rank mesh hides that
+    because it skips the collective. torchtitan maps ``cpu:gloo`` beside
+    ``cuda:nccl`` for the same reason; sub-groups (the mesh's) inherit the map.
+    """
+    if ":" in backend:  # already a device map, e.g. --distributed-backend "cuda:nccl,cpu:gloo"
+        return backend
+    devices = dist.Backend.backend_capability.get(backend.lower(), ["cpu"])
+    if "cpu" in devices:
+        return backend
+    return ",".join(f"{device}:{backend}" for device in devices) + ",cpu:gloo"
+
+
 def process_group_timeout(heartbeat_timeout: int) -> datetime.timedelta:
     """How long a collective may wait for a lost rank before the job fails."""
     return datetime.timedelta(seconds=heartbeat_timeout if heartbeat_timeout > 0 else DEFAULT_TIMEOUT_S)

@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from shardtrain.errors import ConfigError
+from shardtrain.trainer.rendezvous import process_group_backend
 
 
 def ensure_process_group(ctx) -> bool:
@@ -19,8 +20,8 @@ def ensure_process_group(ctx) -> bool:
     if dist.is_initialized():
         return False
     path = os.path.join(tempfile.mkdtemp(prefix="shardtrain-pg-"), "rendezvous")
-    dist.init_process_group("nccl" if ctx.device.type == "cuda" else "gloo", init_method=f"file://{path}",
-                            rank=0, world_size=1)
+    backend = process_group_backend("nccl" if ctx.device.type == "cuda" else "gloo")  # cpu:gloo beside nccl
+    dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1)
     return True
 
 
