@@ -7,6 +7,7 @@ therefore ``max_positions + padding_idx + 1`` rows long, which is what lets
 fairseq checkpoints load unchanged.
 """
 import math
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -66,8 +67,10 @@ class LearnedPositionalEmbedding(nn.Embedding):
     def init_weights(self) -> None:
         init_embedding(self.weight, self.padding_idx)
 
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        return super().forward(positions)
+    def forward(self, positions: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The embeddings of ``positions``, in ``dtype`` (that of what they are added to) if given."""
+        out = super().forward(positions)
+        return out if dtype is None else out.to(dtype)
 
 
 class SinusoidalPositionalEmbedding(nn.Module):
@@ -94,8 +97,15 @@ class SinusoidalPositionalEmbedding(nn.Module):
         with torch.no_grad():
             self.weights.copy_(table)
 
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        return F.embedding(positions, self.weights)
+    def forward(self, positions: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The embeddings of ``positions``, in ``dtype`` (that of what they are added to) if given.
+
+        The table is a buffer, and FSDP's mixed precision casts parameters only: left in fp32 it
+        would promote bf16/fp16 activations to fp32 (and crash a low-precision LayerNorm after it).
+        """
+        # Cast the table rather than the lookup: it is usually the smaller of the two.
+        table = self.weights if dtype is None else self.weights.to(dtype)
+        return F.embedding(positions, table)
 
     def extra_repr(self) -> str:
         return f"{self.weights.size(0)}, {self.embedding_dim}, padding_idx={self.padding_idx}"

@@ -229,7 +229,9 @@ class TransformerLanguageModel(nn.Module):
         if self.project_in_dim is not None:
             x = self.project_in_dim(x)
         if self.embed_positions is not None:
-            x = x + self.embed_positions(make_positions(src_tokens, self.padding_idx, offset=past))
+            # In x's dtype: an fp32 table (a buffer, which FSDP's mixed precision does not
+            # cast) would promote bf16/fp16 activations to fp32.
+            x = x + self.embed_positions(make_positions(src_tokens, self.padding_idx, offset=past), x.dtype)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout(x)
