@@ -43,13 +43,16 @@ class MarkovChain:
 
 
 def write_markov_corpus(directory: str, chain: MarkovChain, train_tokens: int, valid_tokens: int,
-                        line_len: int = 400) -> dict:
-    """Write train.txt/valid.txt: one continuous chain cut into long lines."""
+                        line_len=400) -> dict:
+    """Write train.txt/valid.txt: one continuous chain cut into lines of ``line_len``
+    tokens (a list of lengths is cycled through: lines of uneven length)."""
     os.makedirs(directory, exist_ok=True)
     paths = {}
+    lengths = [line_len] if isinstance(line_len, int) else list(line_len)
     for split, count in (("train", train_tokens), ("valid", valid_tokens)):
         ids = chain.sample(count)
-        lines = [" ".join(chain.words[i] for i in ids[s:s + line_len]) for s in range(0, count, line_len)]
+        starts = np.cumsum([0] + [lengths[i % len(lengths)] for i in range(count)])
+        lines = [" ".join(chain.words[i] for i in ids[a:b]) for a, b in zip(starts, starts[1:]) if a < count]
         paths[split] = os.path.join(directory, f"{split}.txt")
         with open(paths[split], "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -83,7 +86,7 @@ def tiny_model_flags():
 
 
 def make_space_data_bin(directory: str, n_words: int = 8, train_tokens: int = 4000, valid_tokens: int = 400,
-                        line_len: int = 40, seed: int = 0) -> str:
+                        line_len=40, seed: int = 0) -> str:
     """A small whitespace-tokenized data-bin of a Markov language."""
     from shardtrain.cli import preprocess
 

@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from shardtrain.checkpoint_import import fairseq_lm, fairseq_pickle
 from shardtrain.errors import CheckpointError
 from shardtrain.fileio import atomic_open, fsync_dir, probe_writable_dir, remove_quietly, temp_sibling
+from shardtrain.trainer.rng import gather_rng_states
 from shardtrain.trainer.save_dir_lock import SaveDirLock
 from shardtrain.trainer.sharded_checkpoints import ShardedSaver, marker
 from shardtrain.trainer.safe_loading import load_weights_only
@@ -101,7 +102,7 @@ class CheckpointManager:
                 "another one) and relaunch the same command.") from None
 
     def _save_file(self, trainer, extra: Dict, names: List[str]) -> List[str]:
-        state = {**extra, **trainer.state_dict()}
+        state = {**extra, **trainer.state_dict(), "rng_per_rank": gather_rng_states()}  # a collective
         if not self.is_master:
             return []
         os.makedirs(self.cfg.save_dir, exist_ok=True)

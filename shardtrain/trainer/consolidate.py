@@ -83,7 +83,7 @@ def read_sharded(src: str, model_only: bool) -> Dict:
     # already allocated, which needs the model; this reads named keys whole.
     with reading_shards(src):
         loaded = _load_state_dict_from_keys(keys, storage_reader=SafeFileSystemReader(src))
-    extra.pop("rng_per_rank", None)
+    # a full-state file keeps rng_per_rank: it resumes on as many ranks bit for bit, like the directory
     state = {k: extra[k] for k in MODEL_ONLY_KEYS if k in extra} if model_only else extra
     state.update(loaded)
     return state

@@ -7,9 +7,8 @@ from shardtrain.errors import CheckpointError
 from shardtrain.trainer.backends import unwrap
 from shardtrain.config.build import to_dict
 from shardtrain.trainer.checkpoints import load_checkpoint, resolve_checkpoint_path
-from shardtrain.trainer.sharded_checkpoints import (
-    is_sharded, load_extra, load_sharded_into, rng_for_this_rank,
-)
+from shardtrain.trainer.rng import reseed_for_resume, rng_for_this_rank
+from shardtrain.trainer.sharded_checkpoints import is_sharded, load_extra, load_sharded_into
 
 logger = logging.getLogger(__name__)
 
@@ -57,16 +56,26 @@ def _load_trainer_state(trainer, path: str, cfg) -> Dict:
         state = load_checkpoint(path)
         check_same_optimizer(state, path, cfg)
         load_model_weights(trainer, state, path, cfg, load=False)
+        _own_rng(state, cfg.common.seed)
         trainer.load_state_dict(state, reset_optimizer=ck.reset_optimizer, reset_lr_scheduler=ck.reset_lr_scheduler)
         return state
     state = load_extra(path)
     check_same_model(trainer, state, path, cfg)
     check_same_optimizer(state, path, cfg)
     load_sharded_into(path, trainer.model, None if ck.reset_optimizer else trainer.optimizer)
-    # each rank's own RNG stream, when the world size is the one that saved it
-    state["train_state"]["rng"] = rng_for_this_rank(state)
+    _own_rng(state, cfg.common.seed)
     trainer.load_extra_state(state, reset_optimizer=ck.reset_optimizer, reset_lr_scheduler=ck.reset_lr_scheduler)
     return state
+
+
+def _own_rng(state: Dict, seed: int) -> None:
+    """Each rank resumes its own generators (the trainer restores ``train_state["rng"]``)
+    when the checkpoint was saved by this many ranks; otherwise they are re-seeded now.
+    The ``rng`` saved there is rank 0's, never restored on other ranks."""
+    own = rng_for_this_rank(state)
+    if own is None:
+        reseed_for_resume(state, seed)
+    state["train_state"]["rng"] = own
 
 
 def check_same_optimizer(state: Dict, path: str, cfg) -> None:

@@ -34,7 +34,8 @@ from shardtrain.errors import CheckpointError
 from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.fileio import atomic_open, atomic_write_bytes, fsync_dir, remove_quietly, temp_sibling
 from shardtrain.trainer.safe_loading import SafeFileSystemReader, load_weights_only
-from shardtrain.trainer.train_state import rng_state
+from shardtrain.trainer import ranks
+from shardtrain.trainer.rng import gather_rng_states
 
 COMPLETE = "COMPLETE"
 EXTRA = "extra.pt"
@@ -75,16 +76,16 @@ class ShardedSaver:
              interval: bool = False, after: Optional[Callable[[], None]] = None) -> str:
         """Collective: every rank calls it. ``after`` runs on rank 0 once the checkpoint is in place."""
         self.wait()
-        rank = _rank()
+        rank = ranks.rank()
         final = os.path.join(save_dir, name)
         partial = os.path.join(save_dir, f".{name}.partial")
         if rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # left by a crashed save of the same update
             os.makedirs(partial)
-        _barrier()
+        ranks.barrier()
         state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
-        rngs = _gather(rng_state())
-        info = {"format": FORMAT, "world_size": _world(), "name": name, "interval": interval}
+        rngs = gather_rng_states()  # every rank's own generators (see rng.py)
+        info = {"format": FORMAT, "world_size": ranks.world_size(), "name": name, "interval": interval}
 
         def finish():
             if rank == 0:
@@ -100,7 +101,7 @@ class ShardedSaver:
                 if rank == 0:
                     shutil.rmtree(partial, ignore_errors=True)
                 raise
-            _barrier()
+            ranks.barrier()
             return final
         future = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group())
         self._pending = threading.Thread(target=self._complete, args=(future, finish), daemon=True)
@@ -119,7 +120,7 @@ class ShardedSaver:
         if self._pending is not None:
             self._pending.join()
             self._pending = None
-            _barrier()
+            ranks.barrier()
         if self._error is not None:
             error, self._error = self._error, None
             raise CheckpointError(f"A background checkpoint save failed: {type(error).__name__}: {error}. "
@@ -226,12 +227,6 @@ def _refusal(e: BaseException) -> Optional[CheckpointError]:
     return None
 
 
-def rng_for_this_rank(extra: Dict) -> Optional[Dict]:
-    """This rank's saved RNG state when the world size is unchanged, else None."""
-    rngs = extra.get("rng_per_rank") or []
-    return rngs[_rank()] if len(rngs) == _world() else None
-
-
 def replace_dir(src: str, dst: str) -> None:
     if os.path.lexists(dst):  # saving the same update twice (a rerun): swap the old one out
         old = temp_sibling(dst)
@@ -249,24 +244,3 @@ def _point(link: str, target_name: str) -> None:
     tmp = temp_sibling(link)
     os.symlink(target_name, tmp)
     os.replace(tmp, link)
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _gather(obj) -> List:
-    if not dist.is_initialized():
-        return [obj]
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(obj, out, dst=0)
-    return out

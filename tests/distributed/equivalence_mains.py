@@ -7,15 +7,7 @@ def train_and_record(cfg, ctx):
     """Train through the real loop; rank 0 returns (per-update losses, full final weights,
     the bytes of training state rank 0 holds)."""
     run = Run(cfg, ctx)
-    losses = []
-    step = run.trainer.train_step
-
-    def recording_step(samples):
-        out = step(samples)
-        losses.append(out["logs"][0]["loss"] / out["sample_size"])  # unrounded, summed over ranks
-        return out
-
-    run.trainer.train_step = recording_step
+    losses = record_losses(run.trainer)
     try:
         train(run)
         held = state_bytes(run.trainer.params, run.trainer.optimizer)
@@ -23,3 +15,17 @@ def train_and_record(cfg, ctx):
     finally:
         run.close()
     return (losses, {k: v.float().numpy() for k, v in weights.items()}, held) if ctx.is_master else None
+
+
+def record_losses(trainer) -> list:
+    """Make ``trainer.train_step`` append each update's loss to the list returned."""
+    losses = []
+    step = trainer.train_step
+
+    def recording_step(samples):
+        out = step(samples)
+        losses.append(out["logs"][0]["loss"] / out["sample_size"])  # unrounded, summed over ranks
+        return out
+
+    trainer.train_step = recording_step
+    return losses
