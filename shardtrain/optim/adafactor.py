@@ -61,22 +61,30 @@ class Adafactor(torch.optim.Optimizer):
             for p in group["params"]:
                 RowShards.of(p)  # refuses, up front, a sharding it cannot reduce over
 
+    #: Multiplies the gradients of the next step() once they are fp32 (then resets to 1):
+    #: --memory-efficient-fp16 unscales here, as fp16 gradients unscaled in place would
+    #: flush their small entries to zero.
+    grad_multiplier = 1.0
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        multiplier, self.grad_multiplier = self.grad_multiplier, 1.0
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self._update(p, group)
+                    self._update(p, group, multiplier)
         return loss
 
-    def _update(self, p: torch.Tensor, group) -> None:
+    def _update(self, p: torch.Tensor, group, multiplier: float = 1.0) -> None:
         shards = RowShards.of(p)
         # Statistics in fp32 even for fp16/bf16 parameters, as fairseq.
         grad = _at_least_fp32(_local(p.grad))
+        if multiplier != 1.0:
+            grad = grad * multiplier
         param = _at_least_fp32(_local(p))
         state = self.state[p]
         if not state:

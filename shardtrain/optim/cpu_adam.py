@@ -80,6 +80,10 @@ class CPUAdam(torch.optim.Optimizer):
                         adamw_mode=adamw_mode, fp16_adam_stats=fp16_adam_stats)
         super().__init__(params, defaults)
         self._force_master_copy = _master_copy
+        #: Multiplies the gradients of the next step() once they are fp32 (then resets to 1):
+        #: --memory-efficient-fp16 unscales here, as fp16 gradients unscaled in place would
+        #: flush their small entries to zero.
+        self.grad_multiplier = 1.0
         for p in itertools.chain.from_iterable(g["params"] for g in self.param_groups):
             if isinstance(p, DTensor) and _local(p).device.type != "cpu":
                 raise ConfigError(
@@ -120,6 +124,7 @@ class CPUAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        multiplier, self.grad_multiplier = self.grad_multiplier, 1.0
         for group in self.param_groups:
             fused, chunked = [], []
             for p in group["params"]:
@@ -134,21 +139,24 @@ class CPUAdam(torch.optim.Optimizer):
                 same_kind = (_local(p).dtype == grad.dtype == torch.float32 and grad.device.type == "cpu"
                              and _local(p).is_contiguous() and grad.is_contiguous())
                 (fused if plain and same_kind else chunked).append(p)
-            self._step_fused(group, fused)
+            self._step_fused(group, fused, multiplier)
             scratch = _Scratch()
             for p in chunked:
-                self._step_chunked(group, p, scratch)
+                self._step_chunked(group, p, scratch, multiplier)
         return loss
 
-    def _step_fused(self, group, params: List[torch.Tensor]) -> None:
+    def _step_fused(self, group, params: List[torch.Tensor], multiplier: float) -> None:
         if not params:
             return
+        if multiplier != 1.0:  # fp32 gradients: in place
+            for p in params:
+                _local(p.grad).mul_(multiplier)
         states = [self.state[p] for p in params]
         _adam(group, [_local(p) for p in params], [_local(p.grad) for p in params],
               [_local(s["exp_avg"]) for s in states], [_local(s["exp_avg_sq"]) for s in states],
               [s["step"] for s in states])
 
-    def _step_chunked(self, group, p: torch.Tensor, scratch: "_Scratch") -> None:
+    def _step_chunked(self, group, p: torch.Tensor, scratch: "_Scratch", multiplier: float) -> None:
         """Step one tensor chunk by chunk in fp32 scratch buffers; tensors that
         are fp32 and on the CPU already are used in place."""
         state = self.state[p]
@@ -166,6 +174,8 @@ class CPUAdam(torch.optim.Optimizer):
         for start in range(0, numel, chunk):
             views = [t if whole else t.view(-1)[start:start + chunk] for t in tensors + [target]]
             bufs = [scratch.fp32(i, v) for i, v in enumerate(views[:4])]
+            if multiplier != 1.0:
+                bufs[1].mul_(multiplier)
             if fp16:
                 bufs[2].mul_(1 / _FP16_STATS_SCALE)
                 bufs[3].mul_(1 / _FP16_STATS_SCALE).square_()

@@ -1,7 +1,8 @@
 """Criterions: ``cross_entropy`` and ``label_smoothed_cross_entropy``.
 
 A criterion returns the *summed* loss (nats) with the sample size that
-normalises it; the trainer divides gradients by the total sample size across
+normalises it; the trainer backpropagates the summed loss (fp16 gradients keep
+their range) and then divides the gradients by the total sample size across
 accumulation steps and ranks, so every rank and ``--update-freq`` computes the
 same update as one big batch. Losses are reported in base 2, as fairseq does.
 """

@@ -13,7 +13,7 @@ training step changing:
 """
 import contextlib
 import logging
-from typing import Dict, Iterable, Optional
+from typing import Dict, Optional
 
 import torch
 
@@ -51,8 +51,14 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def unscale_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Turn the accumulated gradients into true gradients (before norm and clipping)."""
+    def unscale_factor(self) -> float:
+        """What the accumulated gradients are multiplied by to undo ``backward``'s scaling."""
+        return 1.0
+
+    def step(self, optimizer, backend, params, grad_multiplier: float) -> None:
+        """Apply ``grad_multiplier`` (unscaling, 1/sample size, clipping) to the gradients, then step."""
+        backend.multiply_grads(params, grad_multiplier)
+        optimizer.step()
 
     def accept(self, grad_norm: torch.Tensor, update: int) -> bool:
         """Whether update number ``update`` may apply its gradient (norm ``grad_norm``,
@@ -96,12 +102,8 @@ class LossScaledPrecision(Precision):
     def backward(self, loss):
         (loss * self.scaler.loss_scale).backward()
 
-    @torch.no_grad()
-    def unscale_grads(self, params):
-        inverse = 1.0 / self.scaler.loss_scale
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(inverse)
+    def unscale_factor(self):
+        return 1.0 / self.scaler.loss_scale
 
     def accept(self, grad_norm, update):
         # grad_norm is a global norm (a collective under every backend), so an
@@ -121,6 +123,29 @@ class LossScaledPrecision(Precision):
     def load_state_dict(self, state):
         if "loss_scaler" in state:  # absent in checkpoints from fp32/bf16 runs: keep --fp16-init-scale
             self.scaler.load_state_dict(state["loss_scaler"])
+
+
+class MemoryEfficientFP16Precision(LossScaledPrecision):
+    """fairseq's --memory-efficient-fp16: parameters and gradients stored in fp16, the
+    optimizer (cpu_adam, adafactor) keeps fp32 state. The gradients stay scaled in fp16
+    and the optimizer applies the multiplier to each one once it is fp32: unscaled in
+    place (as fairseq does) they would be true gradients in fp16, whose small entries
+    flush to zero, and an adaptive optimizer would then miss their whole update."""
+
+    name = "memory_efficient_fp16"
+
+    def step(self, optimizer, backend, params, grad_multiplier):
+        _innermost(optimizer).grad_multiplier = grad_multiplier
+        optimizer.step()
+
+
+def _innermost(optimizer):
+    """The optimizer that steps (inside ZeroRedundancyOptimizer's ``optim``), which must take
+    a ``grad_multiplier``; the config checks allow --memory-efficient-fp16 only with those."""
+    while not hasattr(optimizer, "grad_multiplier") and hasattr(optimizer, "optim"):
+        optimizer = optimizer.optim
+    assert hasattr(optimizer, "grad_multiplier"), type(optimizer)
+    return optimizer
 
 
 def low_precision_dtype(common) -> Optional[torch.dtype]:
@@ -144,7 +169,7 @@ def build_precision(cfg, backend) -> Precision:
     if cfg.common.memory_efficient_fp16:
         # fairseq's memory-efficient fp16: the model itself is stored in fp16 (parameters and
         # gradients, also what DDP all-reduces); the optimizer (cpu_adam) keeps fp32 state.
-        return LossScaledPrecision(build_scaler(cfg, backend.world_size), None, backend.device.type, dtype)
+        return MemoryEfficientFP16Precision(build_scaler(cfg, backend.world_size), None, backend.device.type, dtype)
     # Backends that cast parameters themselves (FSDP's MixedPrecisionPolicy) need no autocast.
     autocast = None if backend.casts_params else dtype
     if dtype == torch.float16:

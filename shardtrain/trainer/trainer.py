@@ -49,34 +49,36 @@ class Trainer:
         """Forward/backward over ``samples`` (the --update-freq batches), then one update."""
         self.model.train()
         samples = [self._to_device(s) for s in samples]
-        # The loss is pre-divided by the global sample size of the whole update,
-        # so accumulation and data parallelism give the gradient of one big batch.
         sizes = torch.tensor([float(self.criterion_sample_size(s)) for s in samples if s] or [0.0]).sum()
         sample_size = float(self.backend.all_reduce_sum(sizes.to(self.device)))
-        scale = (self.backend.world_size if self.backend.grads_are_averaged else 1.0) / max(sample_size, 1.0)
         logs = []
         for i, sample in enumerate(samples):
             last = i == len(samples) - 1
-            weight = scale if sample else 0.0
             with contextlib.nullcontext() if last else self.backend.no_sync(self.model):
                 with self.precision.autocast():
                     loss, _, log = self.criterion(self.model, sample or self.dummy_batch)
-                self.precision.backward(loss * weight)
+                # Backward of the *summed* loss, as fairseq: dividing by the sample size first
+                # would push fp16 gradients below fp16's range (a 50k vocabulary's logit
+                # gradients flush to zero); _update divides once the gradients are fp32 or reduced.
+                self.precision.backward(loss if sample else loss * 0.0)
             logs.append(log if sample else {k: 0 * v for k, v in log.items()})
         self.backend.reduce_grads(self.params)
         return self._update(logs, sample_size)
 
     def _update(self, logs: List[Dict], sample_size: float) -> Dict:
-        self.precision.unscale_grads(self.params)
-        gnorm = self.backend.grad_norm(self.params)
+        # The gradients are loss_scale x the summed loss's gradient (averaged over ranks by
+        # DDP/FSDP): one multiply makes them the gradient of the update's mean loss, clipped.
+        ranks = self.backend.world_size if self.backend.grads_are_averaged else 1.0
+        multiplier = self.precision.unscale_factor() * ranks / max(sample_size, 1.0)
+        gnorm = self.backend.grad_norm(self.params) * multiplier
         clip = self.cfg.optimization.clip_norm
         clipped = False
         stepped = self.precision.accept(gnorm, self.num_updates + 1)  # False: skipped (fp16 overflow, NaN)
         if stepped:
             clipped = clip > 0 and float(gnorm) > clip
-            if clipped:
-                self.backend.clip_grads(self.params, clip, gnorm)
-            self.optimizer.step()
+            if clipped:  # torch's and fairseq's clip coefficient
+                multiplier *= clip / (float(gnorm) + 1e-6)
+            self.precision.step(self.optimizer, self.backend, self.params, multiplier)
             self.state.num_updates += 1
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.lr_scheduler.step_update(self.num_updates)

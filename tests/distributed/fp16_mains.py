@@ -26,7 +26,7 @@ def train_with_injected_overflows(cfg, ctx):
     run = Run(cfg, ctx)
     trainer = run.trainer
     calls, records = [0], []
-    criterion, unscale, step = trainer.criterion, trainer.precision.unscale_grads, trainer.train_step
+    criterion, grad_norm, step = trainer.criterion, trainer.backend.grad_norm, trainer.train_step
 
     class Injecting:
         def __getattr__(self, name):
@@ -36,11 +36,11 @@ def train_with_injected_overflows(cfg, ctx):
             loss, size, log = criterion(model, sample)
             return (loss * math.inf if ctx.rank == 1 and calls[0] == LOSS_INF_AT else loss), size, log
 
-    def injecting_unscale(params):
+    def injecting_grad_norm(params):  # after the gradients are reduced, before the global norm
         if ctx.rank == 1 and calls[0] == SHARD_INF_AT and cfg.distributed.ddp_backend == "fully_sharded":
             grad = next(p.grad for p in params if p.grad is not None)
             (grad.to_local() if isinstance(grad, DTensor) else grad).view(-1)[0] = math.inf
-        unscale(params)
+        return grad_norm(params)
 
     def recording_step(samples):
         calls[0] += 1
@@ -50,7 +50,7 @@ def train_with_injected_overflows(cfg, ctx):
                         _checksum(trainer.params)))
         return out
 
-    trainer.criterion, trainer.precision.unscale_grads, trainer.train_step = Injecting(), injecting_unscale, recording_step
+    trainer.criterion, trainer.backend.grad_norm, trainer.train_step = Injecting(), injecting_grad_norm, recording_step
     try:
         train(run)
         gathered = [None] * ctx.world_size

@@ -66,13 +66,22 @@ class Backend:
         return values
 
     def grad_norm(self, params: Iterable[nn.Parameter]) -> torch.Tensor:
-        """Norm of the full (unsharded) gradient."""
+        """Norm of the full (unsharded) gradient, in fp32."""
         grads = [p.grad for p in params if p.grad is not None]
-        return torch.nn.utils.get_total_norm(grads, foreach=True)
+        if all(g.dtype == torch.float32 for g in grads):
+            return torch.nn.utils.get_total_norm(grads, foreach=True)
+        # fp16 gradients (--memory-efficient-fp16) hold loss_scale x the summed loss's
+        # gradient: their norm may pass fp16's maximum while every element is finite.
+        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+        return torch.linalg.vector_norm(torch.stack(norms))
 
-    def clip_grads(self, params, max_norm: float, total_norm: torch.Tensor) -> None:
-        # takes the parameters (it scales their .grad), unlike get_total_norm above
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm, foreach=True)
+    @torch.no_grad()
+    def multiply_grads(self, params: Iterable[nn.Parameter], multiplier: float) -> None:
+        """Scale every gradient in place (unscaling, 1/sample size and clipping in one pass)."""
+        if multiplier != 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(multiplier)
 
     def model_state_dict(self, module: nn.Module) -> Dict:
         return unwrap(module).state_dict()
