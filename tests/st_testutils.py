@@ -120,3 +120,17 @@ def cli_refusal(main, argv, capsys):
     assert info.value.code == 2, (info.value.code, err[-2000:])
     assert ": error: " in err and "Traceback" not in err and err.count("\n") == 1, err
     return out, err
+
+
+def record_losses(trainer) -> list:
+    """Make ``trainer.train_step`` append each update's loss to the list returned."""
+    losses = []
+    step = trainer.train_step
+
+    def recording_step(samples):
+        out = step(samples)
+        losses.append(out["logs"][0]["loss"] / out["sample_size"])  # unrounded, summed over ranks
+        return out
+
+    trainer.train_step = recording_step
+    return losses

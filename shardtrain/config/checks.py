@@ -75,6 +75,10 @@ RULES: List[Tuple[Callable, str]] = [
     (lambda c: c.distributed.cpu_offload and c.distributed.ddp_backend != "fully_sharded",
      "--cpu-offload needs --ddp-backend fully_sharded (it offloads the parameter shards); "
      "add --ddp-backend fully_sharded or drop --cpu-offload."),
+    (lambda c: c.distributed.fsdp_unsharded_accumulation and c.distributed.ddp_backend != "fully_sharded",
+     "--fsdp-unsharded-accumulation changes how --ddp-backend fully_sharded accumulates gradients over "
+     "--update-freq; the other backends already skip communication on accumulation steps. Add --ddp-backend "
+     "fully_sharded or drop --fsdp-unsharded-accumulation."),
     (lambda c: c.checkpoint.async_save and c.distributed.ddp_backend != "fully_sharded",
      "--async-save writes sharded checkpoints with torch.distributed.checkpoint and needs --ddp-backend "
      "fully_sharded; add it or drop --async-save."),

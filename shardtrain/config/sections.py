@@ -137,6 +137,11 @@ class DistributedConfig:
                                            "backward (more memory, less communication; ZeRO-2 like)")
     cpu_offload: bool = field(False, help="fully_sharded: keep parameter shards, gradients and optimizer state in "
                               "CPU memory")
+    fsdp_unsharded_accumulation: bool = field(False, help="fully_sharded with --update-freq > 1: keep unsharded "
+                                              "gradients until the last micro-batch and reduce once (less "
+                                              "communication, but every rank holds the whole model's fp32 "
+                                              "gradients); off, every micro-batch reduce-scatters into the "
+                                              "sharded gradients")
     min_params_to_wrap: int = field(100_000_000, help="fully_sharded, for models without blocks: group modules into "
                                     "FSDP units of at least this many parameters")
     reduce_in_low_precision: bool = field(False, help="with --bf16/--fp16: reduce gradients in that precision "

@@ -218,6 +218,7 @@ RULE_VIOLATIONS = {
     "--memory-efficient-fp16 stores the whole model": ["--memory-efficient-fp16", "--optimizer", "adafactor",
                                                        "--ddp-backend", "fully_sharded"],
     "--cpu-offload": ["--cpu-offload", "--ddp-backend", "legacy_ddp"],
+    "--fsdp-unsharded-accumulation": ["--fsdp-unsharded-accumulation", "--update-freq", "2"],
     "--async-save": ["--async-save"],
     "--distributed-world-size": ["--distributed-world-size", "0"],
     "--no-save and --save-interval-updates": ["--no-save", "--save-interval-updates", "10"],

@@ -1,6 +1,7 @@
 """Entry points run on every rank by the equivalence tests (importable by spawned children)."""
 from shardtrain.trainer.loop import Run, train
 from shardtrain.trainer.memory import state_bytes
+from st_testutils import record_losses
 
 
 def train_and_record(cfg, ctx):
@@ -15,17 +16,3 @@ def train_and_record(cfg, ctx):
     finally:
         run.close()
     return (losses, {k: v.float().numpy() for k, v in weights.items()}, held) if ctx.is_master else None
-
-
-def record_losses(trainer) -> list:
-    """Make ``trainer.train_step`` append each update's loss to the list returned."""
-    losses = []
-    step = trainer.train_step
-
-    def recording_step(samples):
-        out = step(samples)
-        losses.append(out["logs"][0]["loss"] / out["sample_size"])  # unrounded, summed over ranks
-        return out
-
-    trainer.train_step = recording_step
-    return losses

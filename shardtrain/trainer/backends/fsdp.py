@@ -5,6 +5,7 @@ is built on the meta device, sharded, then materialised: each rank allocates
 only its own shards, and ``init_weights`` fills them with exactly the values
 an unsharded model gets from the same seed (see ``shardtrain.models.init``).
 """
+import contextlib
 import logging
 import time
 
@@ -68,7 +69,17 @@ class FullyShardedBackend(Backend):
         return model
 
     def no_sync(self, module):
-        return _no_gradient_sync(module)
+        """Accumulation steps. By default every micro-batch reduce-scatters into the sharded
+        ``.grad``: skipping it (FSDP2's ``set_requires_gradient_sync(False)``) would keep every
+        parameter's unsharded fp32 gradient on every rank until the last micro-batch, the whole
+        model's gradients, which sharding and --cpu-offload exist to avoid (fairseq does not skip
+        it either). On a 2-D mesh (hybrid_*) only the cross-replica all-reduce waits: the
+        reduce-scattered shards accumulate in a sharded buffer until the last micro-batch."""
+        if self.cfg.fsdp_unsharded_accumulation:
+            return _switched_off(module.set_requires_gradient_sync)
+        if self.mesh.ndim == 2:
+            return _switched_off(module.set_requires_all_reduce)
+        return contextlib.nullcontext()
 
     def grad_norm(self, params):
         norm = super().grad_norm(params)
@@ -98,14 +109,11 @@ class FullyShardedBackend(Backend):
             torch.distributed.destroy_process_group()
 
 
-class _no_gradient_sync:
-    """Accumulation steps: gradients stay local and unreduced until the last micro-batch."""
-
-    def __init__(self, module):
-        self.module = module
-
-    def __enter__(self):
-        self.module.set_requires_gradient_sync(False)
-
-    def __exit__(self, *exc):
-        self.module.set_requires_gradient_sync(True)
+@contextlib.contextmanager
+def _switched_off(setter):
+    """One FSDP2 setting (of the root and every unit below it) off for one accumulation step."""
+    setter(False)
+    try:
+        yield
+    finally:
+        setter(True)
