@@ -85,13 +85,6 @@ class FullyShardedBackend(Backend):
         norm = super().grad_norm(params)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
-    def clip_grads(self, params, max_norm, total_norm):
-        coef = max_norm / (float(total_norm) + 1e-6)
-        if coef < 1.0:
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(coef)
-
     def model_state_dict(self, module):
         return get_model_state_dict(module, options=_FULL)
 
