@@ -227,7 +227,32 @@ def _reason(e: Exception) -> str:
 
 def _atomic_torch_save(obj, path: str) -> None:
     with atomic_open(path) as f:
-        torch.save(obj, f)
+        writer = _WriteErrors(f)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError:
+            # torch's zip writer turns a failed write (a full disk) into "unexpected pos N vs M";
+            # the OSError it swallowed says what happened.
+            if writer.error is not None:
+                raise writer.error from None
+            raise
+
+
+class _WriteErrors:
+    """A file's ``write``, remembering the OSError a write raised."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def _atomic_link_or_copy(src: str, dst: str) -> None:
