@@ -1,0 +1,76 @@
+"""Running shard-train on the visible GPUs for the GPU scenarios, with its JSON records read back."""
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+import numpy as np
+
+from shardtrain.data.dictionary import Dictionary
+from shardtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_int_dtype
+
+
+def learnable_data_bin(directory: str, vocab: int = 50_000, tokens: int = 2_000_000, seed: int = 0) -> str:
+    """A data-bin whose loss can fall: each token is a fixed function of the one before
+    (one of 4 successors), so a model learns it in tens of updates. Random tokens
+    (benchmarks/make_data.py) cannot show a "decreasing loss"."""
+    if os.path.exists(os.path.join(directory, "valid.idx")):
+        return directory  # safe to run twice
+    os.makedirs(directory, exist_ok=True)
+    d = Dictionary()
+    for i in range(vocab):
+        d.add_symbol(f"t{i}", n=vocab - i)
+    d.finalize()
+    d.save(os.path.join(directory, "dict.txt"))
+    rng = np.random.RandomState(seed)
+    successors = rng.randint(d.nspecial, len(d), size=(len(d), 4))
+    for split, count in (("train", tokens), ("valid", tokens // 50)):
+        ids = np.empty(count, dtype=np.int64)
+        ids[0], choice = d.nspecial, rng.randint(0, 4, size=count)
+        for i in range(1, count):
+            ids[i] = successors[ids[i - 1], choice[i]]
+        prefix = os.path.join(directory, split)
+        builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=best_fitting_int_dtype(len(d)))
+        for line in np.array_split(ids, max(count // 1000, 1)):
+            builder.add_item(np.append(line, d.eos()))
+        builder.finalize(prefix + ".idx")
+    return directory
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def train(data_bin: str, workdir: str, name: str, flags: List[str], timeout: int = 900) -> Dict:
+    """One shard-train run; returns its train_inner/train/valid records, wall time and log path."""
+    log = os.path.join(workdir, f"{name}.log")
+    save_dir = os.path.join(workdir, f"{name}-ck")
+    argv = [sys.executable, "-m", "shardtrain.cli.train", data_bin, "--save-dir", save_dir, "--log-file", log,
+            "--log-format", "json", "--log-interval", "1", *flags]
+    if os.path.exists(log):
+        os.remove(log)  # a second run of the suite starts clean
+    start = time.time()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RunFailed(f"{name}: exit {done.returncode}\n{' '.join(argv)}\n{done.stderr[-3000:]}")
+    return {"records": records(log), "seconds": time.time() - start, "log": log}
+
+
+def records(log: str) -> Dict[str, List[Dict]]:
+    """JSON records by tag (train_inner, train, valid), numbers as floats."""
+    out: Dict[str, List[Dict]] = {}
+    with open(log) as f:
+        for line in f:
+            parts = line.rstrip("\n").split(" | ", 3)
+            if len(parts) == 4 and parts[3].startswith("{"):
+                out.setdefault(parts[2], []).append({k: _number(v) for k, v in json.loads(parts[3]).items()})
+    return out
+
+
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value

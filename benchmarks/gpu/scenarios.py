@@ -1,0 +1,123 @@
+"""The GPU scenarios of ``run_all.py``: each trains through the real CLI and returns
+rows for the table and ``RESULT`` lines (name, value, target)."""
+import math
+import os
+from typing import Dict, List, Tuple
+
+import torch
+
+from runs import train
+
+Result = Tuple[str, float, str]  # name, value, target ("<=1.10", ">=0.40")
+# dense bf16/fp16 tensor-core peak, FLOP/s, by a substring of torch.cuda.get_device_name()
+PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
+             ("A10", 125e12), ("V100", 125e12)]
+# host bytes per parameter of the offload recipe: fp32 shard + fp32 gradient + Adam's two moments,
+# plus pinned staging and Python/torch (measured 19.7 in fairseq's guide; benchmarks/largest_model.py)
+HOST_BYTES_PER_PARAM = 20
+GPT3 = [("transformer_lm_gpt3_13", 13e9), ("transformer_lm_gpt3_6_7", 6.7e9), ("transformer_lm_gpt3_2_7", 2.7e9),
+        ("transformer_lm_gpt3_xl", 1.3e9), ("transformer_lm_gpt3_large", 0.76e9),
+        ("transformer_lm_gpt3_medium", 0.35e9), ("transformer_lm_gpt3_small", 0.125e9)]
+
+
+def peak_flops() -> float:
+    name = torch.cuda.get_device_name(0)
+    return next((flops for key, flops in PEAK_BF16 if key in name), float("nan"))
+
+
+def host_available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return info["MemAvailable"]
+
+
+def largest_fitting_arch() -> Tuple[str, float]:
+    budget = 0.8 * host_available_bytes()
+    return next(((a, n) for a, n in GPT3 if n * HOST_BYTES_PER_PARAM <= budget), GPT3[-1])
+
+
+def _mean(values: List[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _steady(records: List[Dict], key: str) -> float:
+    """Mean of ``key`` over the records after the first 5 (warm-up, allocator growth)."""
+    values = [r[key] for r in records[5:] if key in r] or [r[key] for r in records if key in r]
+    return _mean(values) if values else float("nan")
+
+
+def _peak_gb(records: List[Dict]) -> float:
+    """Peak GPU memory over the run, from the records' memory fields (GiB)."""
+    for key in ("gb_peak_alloc", "gb_peak_allocated"):
+        values = [r[key] for r in records if key in r]
+        if values:
+            return max(values)
+    total = torch.cuda.get_device_properties(0).total_memory / 2 ** 30
+    free = [r["gb_free"] for r in records if "gb_free" in r]
+    return total - min(free) if free else float("nan")
+
+
+def headline_recipe(data_bin: str, workdir: str) -> Tuple[List[Dict], List[Result]]:
+    """fairseq's 13B-on-one-GPU recipe scaled to this card and host: --update-freq 1 and 4."""
+    arch, params = largest_fitting_arch()
+    base = ["--arch", arch, "--tokens-per-sample", "2048", "--batch-size", "1", "--distributed-world-size", "1",
+            "--ddp-backend", "fully_sharded", "--cpu-offload", "--fp16", "--optimizer", "cpu_adam", "--lr", "2e-4",
+            "--checkpoint-activations", "--max-update", "30", "--no-save", "--disable-validation"]
+    rows, runs = [], {}
+    for name, extra in (("uf1", ["--update-freq", "1"]), ("uf4", ["--update-freq", "4"]),
+                        ("uf1-offload-activations", ["--update-freq", "1", "--offload-activations"])):
+        run = train(data_bin, workdir, f"headline-{name}", base + extra, timeout=1200)
+        inner = run["records"]["train_inner"]
+        losses = [r["loss"] for r in inner]
+        assert len(losses) == 30 and all(math.isfinite(x) for x in losses), (name, losses)
+        assert _mean(losses[-5:]) < _mean(losses[:5]), (name, losses)  # it learns
+        runs[name] = inner
+        rows.append({"scenario": f"headline {arch} --{name}", "words/s": round(_steady(inner, "wps")),
+                     "GPU peak GiB": round(_peak_gb(inner), 2), "host RSS GiB": round(_steady(inner, "gb_rss"), 1),
+                     "loss first->last": f"{_mean(losses[:5]):.2f}->{_mean(losses[-5:]):.2f}"})
+    ratio = _peak_gb(runs["uf4"]) / _peak_gb(runs["uf1"])
+    return rows, [(f"headline_params_billion", params / 1e9, ">=1.3"),
+                  ("headline_words_per_s", _steady(runs["uf1"], "wps"), ">=310"),  # fairseq: 13B on a V100
+                  ("headline_uf4_gpu_peak_ratio", ratio, "<=1.10")]
+
+
+def mfu(data_bin: str, workdir: str) -> Tuple[List[Dict], List[Result]]:
+    """Model-FLOPs utilisation of a ~1.3B bf16 model, fully_sharded without offload, on every GPU."""
+    layers, dim, seq = 24, 2048, 2048
+    flags = ["--arch", "transformer_lm_gpt3_xl", "--tokens-per-sample", str(seq), "--batch-size", "4",
+             "--bf16", "--ddp-backend", "fully_sharded", "--optimizer", "adam", "--lr", "2e-4",
+             "--max-update", "30", "--no-save", "--disable-validation"]
+    run = train(data_bin, workdir, "mfu", flags, timeout=1200)
+    inner = run["records"]["train_inner"]
+    gpus = torch.cuda.device_count()
+    tokens_per_s = _steady(inner, "wps")  # words = tokens for a language model, over all ranks
+    params = 1.3e9
+    flops_per_token = 6 * params + 12 * layers * dim * seq  # dense matmuls + attention (PaLM's formula)
+    value = tokens_per_s * flops_per_token / (gpus * peak_flops())
+    row = {"scenario": f"MFU gpt3_xl bf16 fully_sharded x{gpus}", "words/s": round(tokens_per_s),
+           "GPU peak GiB": round(_peak_gb(inner), 2), "MFU": f"{100 * value:.1f}%"}
+    return [row], [("mfu", value, ">=0.40")]
+
+
+def fp16_vs_bf16(data_bin: str, workdir: str) -> Tuple[List[Dict], List[Result]]:
+    """The same 125M model, 300 updates, in fp16 (loss scaling) and bf16."""
+    base = ["--arch", "transformer_lm_gpt3_small", "--tokens-per-sample", "1024", "--batch-size", "8",
+            "--distributed-world-size", "1", "--optimizer", "adam", "--lr", "6e-4", "--lr-scheduler", "polynomial_decay",
+            "--warmup-updates", "30", "--total-num-update", "300", "--max-update", "300", "--clip-norm", "0",
+            "--no-save", "--validate-interval-updates", "100"]
+    rows, final = [], {}
+    for precision in ("fp16", "bf16"):
+        run = train(data_bin, workdir, f"precision-{precision}", base + [f"--{precision}"], timeout=1200)
+        valid = run["records"]["valid"]
+        final[precision] = valid[-1]["loss"]
+        inner = run["records"]["train_inner"]
+        scales = [r["loss_scale"] for r in inner if "loss_scale" in r]
+        skipped = 300 - len(inner)
+        rows.append({"scenario": f"125M {precision} 300 updates", "words/s": round(_steady(inner, "wps")),
+                     "valid loss": round(final[precision], 3),
+                     "loss scale": f"{scales[0]:g}->{min(scales):g}->{scales[-1]:g}" if scales else "-",
+                     "skipped updates": skipped if scales else "-"})
+    return rows, [("fp16_bf16_valid_loss_gap", abs(final["fp16"] - final["bf16"]), "<=0.05")]
+
+
+SCENARIOS = {"headline": headline_recipe, "mfu": mfu, "precision": fp16_vs_bf16}
