@@ -8,8 +8,8 @@ from typing import Dict, List
 
 import numpy as np
 
-from shardtrain.data.dictionary import Dictionary
-from shardtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_int_dtype
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from make_data import write_dictionary, write_split  # noqa: E402
 
 
 def learnable_data_bin(directory: str, vocab: int = 50_000, tokens: int = 2_000_000, seed: int = 0) -> str:
@@ -18,12 +18,7 @@ def learnable_data_bin(directory: str, vocab: int = 50_000, tokens: int = 2_000_
     (benchmarks/make_data.py) cannot show a "decreasing loss"."""
     if os.path.exists(os.path.join(directory, "valid.idx")):
         return directory  # safe to run twice
-    os.makedirs(directory, exist_ok=True)
-    d = Dictionary()
-    for i in range(vocab):
-        d.add_symbol(f"t{i}", n=vocab - i)
-    d.finalize()
-    d.save(os.path.join(directory, "dict.txt"))
+    d = write_dictionary(directory, vocab)
     rng = np.random.RandomState(seed)
     successors = rng.randint(d.nspecial, len(d), size=(len(d), 4))
     for split, count in (("train", tokens), ("valid", tokens // 50)):
@@ -31,11 +26,7 @@ def learnable_data_bin(directory: str, vocab: int = 50_000, tokens: int = 2_000_
         ids[0], choice = d.nspecial, rng.randint(0, 4, size=count)
         for i in range(1, count):
             ids[i] = successors[ids[i - 1], choice[i]]
-        prefix = os.path.join(directory, split)
-        builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=best_fitting_int_dtype(len(d)))
-        for line in np.array_split(ids, max(count // 1000, 1)):
-            builder.add_item(np.append(line, d.eos()))
-        builder.finalize(prefix + ".idx")
+        write_split(directory, split, d, np.array_split(ids, max(count // 1000, 1)))
     return directory
 
 
