@@ -15,4 +15,14 @@ def train_and_record(cfg, ctx):
         weights = run.backend.model_state_dict(run.trainer.model)  # a collective under FSDP
     finally:
         run.close()
-    return (losses, {k: v.float().numpy() for k, v in weights.items()}, held) if ctx.is_master else None
+    return (losses, {k: v.float().cpu().numpy() for k, v in weights.items()}, held) if ctx.is_master else None
+
+
+def initial_weights(cfg, ctx):
+    """The full weights a run starts from (before any update), on rank 0, as numpy."""
+    run = Run(cfg, ctx)
+    try:
+        weights = run.backend.model_state_dict(run.trainer.model)  # a collective under FSDP
+    finally:
+        run.close()
+    return {k: v.float().cpu().numpy() for k, v in weights.items()} if ctx.is_master else None
