@@ -56,8 +56,15 @@ class Precision:
         return 1.0
 
     def step(self, optimizer, backend, params, grad_multiplier: float) -> None:
-        """Apply ``grad_multiplier`` (unscaling, 1/sample size, clipping) to the gradients, then step."""
-        backend.multiply_grads(params, grad_multiplier)
+        """Apply ``grad_multiplier`` (unscaling, 1/sample size, clipping) to the gradients, then step.
+
+        An optimizer with a ``grad_multiplier`` (cpu_adam, adafactor) applies it as it reads each
+        gradient, in fp32; for the others the backend multiplies the gradients in place first."""
+        stepping = _innermost(optimizer)
+        if hasattr(stepping, "grad_multiplier"):
+            stepping.grad_multiplier = grad_multiplier
+        else:
+            backend.multiply_grads(params, grad_multiplier)
         optimizer.step()
 
     def accept(self, grad_norm: torch.Tensor, update: int) -> bool:
@@ -135,16 +142,15 @@ class MemoryEfficientFP16Precision(LossScaledPrecision):
     name = "memory_efficient_fp16"
 
     def step(self, optimizer, backend, params, grad_multiplier):
-        _innermost(optimizer).grad_multiplier = grad_multiplier
-        optimizer.step()
+        # the config checks allow --memory-efficient-fp16 only with optimizers that take it
+        assert hasattr(_innermost(optimizer), "grad_multiplier"), type(optimizer)
+        super().step(optimizer, backend, params, grad_multiplier)
 
 
 def _innermost(optimizer):
-    """The optimizer that steps (inside ZeroRedundancyOptimizer's ``optim``), which must take
-    a ``grad_multiplier``; the config checks allow --memory-efficient-fp16 only with those."""
+    """The optimizer that steps (inside ZeroRedundancyOptimizer's ``optim``)."""
     while not hasattr(optimizer, "grad_multiplier") and hasattr(optimizer, "optim"):
         optimizer = optimizer.optim
-    assert hasattr(optimizer, "grad_multiplier"), type(optimizer)
     return optimizer
 
 

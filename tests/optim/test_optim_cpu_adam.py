@@ -86,6 +86,23 @@ def test_equals_torch_adam(adamw_mode, master_copy, small_chunks):
     assert ("master_param" in state) == master_copy
 
 
+@pytest.mark.parametrize("master_copy", [False, True], ids=["fused", "master_copy"])
+def test_grad_multiplier_equals_multiplied_gradients(master_copy, small_chunks):
+    """The trainer's one gradient multiply (unscaling, 1/sample size, clip) handed to the kernel:
+    the same steps as multiplying the gradients first, and it applies to the next step only."""
+    multiplier = 1 / 3000.0  # large gradients made small: Adam's eps makes the scale visible
+    ref_params = make_params()
+    ref = torch.optim.AdamW(ref_params, lr=LR, eps=1e-3, weight_decay=WD)
+    expected = train(ref, ref_params, steps=3, grad_scale=lambda p: 1000.0 * multiplier)
+    params = make_params()
+    optimizer = CPUAdam(params, lr=LR, eps=1e-3, weight_decay=WD, _master_copy=master_copy)
+    for step in range(3):
+        optimizer.grad_multiplier = multiplier
+        got = train(optimizer, params, steps=1, start=step, grad_scale=lambda p: 1000.0)
+        assert optimizer.grad_multiplier == 1.0  # reset: a skipped update cannot reuse it
+    assert max_rel_err(got, expected) < 1e-6
+
+
 def test_decoupled_and_l2_decay_differ():
     # Or the adamw_mode test above would prove nothing about the flag.
     results = [train(CPUAdam(ps, lr=LR, weight_decay=0.5, adamw_mode=mode), ps)
