@@ -166,13 +166,13 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
             continue
         run.metrics.log_update(trainer.criterion, out, trainer.num_updates)
         if progress.due(trainer.num_updates):
-            progress.log(run.metrics.stats(run.metrics.inner, trainer.num_updates), "train_inner",
-                         trainer.num_updates)
+            stats = run.metrics.stats(run.metrics.inner, trainer.num_updates, "train_inner")
+            progress.log(stats, "train_inner", trainer.num_updates)
             run.metrics.inner.reset()
         valid_loss, should_stop = validate_and_save(run, epoch_itr, end_of_epoch)
         if should_stop:
             break
-    progress.print(run.metrics.stats(run.metrics.epoch, trainer.num_updates), "train", trainer.num_updates)
+    progress.print(run.metrics.stats(run.metrics.epoch, trainer.num_updates, "train"), "train", trainer.num_updates)
     progress.close()
     run.metrics.epoch.reset()
     return valid_loss, should_stop
@@ -224,9 +224,10 @@ def validate(run: Run, epoch: int) -> List[Optional[float]]:
         itr = run.batch_iterator(subset, epoch=1, shuffle=False, valid=True).next_epoch_itr(shuffle=False)
         progress = run.progress(itr, epoch, prefix=f"valid on '{subset}' subset")
         metrics = MetricsLogger()
+        run.metrics.begin_valid()
         for sample in progress:
             run.trainer.criterion.reduce_metrics(run.trainer.valid_step(sample), metrics)
-        stats = run.metrics.stats(metrics, run.trainer.num_updates)
+        stats = run.metrics.stats(metrics, run.trainer.num_updates, "valid")
         metric = stats.get(run.cfg.checkpoint.best_checkpoint_metric)
         best = run.trainer.state.best
         if metric is not None:

@@ -25,5 +25,6 @@ def state_bytes(params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Opt
 
 
 def state_gb(params, optimizer) -> Dict[str, float]:
-    """The same, in GB rounded for log records (``param_gb``, ``grad_gb``, ``optim_gb``)."""
-    return {k.replace("_bytes", "_gb"): round(v / 1e9, 4) for k, v in state_bytes(params, optimizer).items()}
+    """The same, in GiB (like every memory figure in the log records) for
+    ``param_gb``, ``grad_gb``, ``optim_gb``."""
+    return {k.replace("_bytes", "_gb"): round(v / 2**30, 4) for k, v in state_bytes(params, optimizer).items()}

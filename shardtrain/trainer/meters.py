@@ -147,14 +147,6 @@ def resident_memory_gb() -> float:
         return peak / 1024**3 if sys.platform == "darwin" else peak / 1024**2
 
 
-def cuda_gb_free(device: Optional[torch.device] = None) -> Optional[float]:
-    """Free memory on a CUDA device in GiB (fairseq's ``gb_free``); None without CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    free_bytes, _total = torch.cuda.mem_get_info(device)
-    return free_bytes / 1024**3
-
-
 # --- meters -----------------------------------------------------------------
 
 

@@ -1,19 +1,27 @@
 """What a training run logs, in fairseq's record shapes (train_inner/train/valid)."""
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
+from shardtrain.trainer.device_memory import ROUND, MemoryCalls, PeakWindows, accelerator_memory
 from shardtrain.trainer.memory import state_gb
-from shardtrain.trainer.meters import MetricsLogger, cuda_gb_free, resident_memory_gb
+from shardtrain.trainer.meters import MetricsLogger, resident_memory_gb
+
+# Each tag's device-memory peak is over the window since that tag's previous record;
+# "run" is never recorded: the whole run's peak, for run_peak_alloc_bytes().
+WINDOWS = ("train_inner", "train", "valid", "run")
 
 
 class RunMetrics:
     """The run's meters: ``inner`` resets every --log-interval, ``epoch`` every epoch."""
 
-    def __init__(self, device: torch.device, trainer=None):
+    def __init__(self, device: torch.device, trainer=None, memory_calls: Optional[MemoryCalls] = None):
+        """``memory_calls``: the device allocator's calls (tests pass stand-ins)."""
         self.device = device
         self.trainer = trainer
+        calls = memory_calls if memory_calls is not None else accelerator_memory(device)
+        self.peaks = PeakWindows(calls, WINDOWS) if calls is not None else None
         self.start = time.perf_counter()
         self.update_started = None  # set by begin_update()
         self.inner = MetricsLogger()
@@ -45,20 +53,32 @@ class RunMetrics:
                 if key in out:
                     m.log_scalar(key, out[key], round=4)
 
-    def stats(self, logger: MetricsLogger, num_updates: int) -> Dict:
+    def begin_valid(self) -> None:
+        """A valid record's device peak is validation's alone, not the training before it."""
+        if self.peaks is not None:
+            self.peaks.restart("valid")
+
+    def stats(self, logger: MetricsLogger, num_updates: int, window: str) -> Dict:
+        """``window``: "train_inner", "train" or "valid" (whose memory peak to report and restart)."""
         stats = dict(logger.smoothed_values())
         stats["num_updates"] = num_updates
-        stats.update(self.memory())
+        stats.update(self.memory(window))
         stats["wall"] = round(time.perf_counter() - self.start, 0)
         return stats
 
-    def memory(self) -> Dict:
-        process = ({"gb_free": round(cuda_gb_free(self.device), 1)} if self.device.type == "cuda"
-                   else {"gb_rss": round(resident_memory_gb(), 2)})
-        return {**process, **self.state_memory()}
+    def memory(self, window: str) -> Dict:
+        """Device figures (GiB; none on the CPU), host RSS (GiB; binds under --cpu-offload), state GiB."""
+        device = self.peaks.record(window) if self.peaks is not None else {}
+        return {**device, "gb_rss": round(resident_memory_gb(), ROUND), **self.state_memory()}
+
+    def run_peak_alloc_bytes(self) -> Optional[int]:
+        """The device's peak allocated bytes since the run began (None on the CPU).
+        Every record resets the allocator's own peak, so code measuring a whole run
+        reads this instead of ``torch.cuda.max_memory_allocated``."""
+        return self.peaks.peak_alloc("run") if self.peaks is not None else None
 
     def state_memory(self) -> Dict:
-        """This rank's parameter/gradient/optimizer-state GB (local shards only)."""
+        """This rank's parameter/gradient/optimizer-state GiB (local shards only)."""
         return state_gb(self.trainer.params, self.trainer.optimizer) if self.trainer is not None else {}
 
     def state_dict(self) -> Dict:
