@@ -9,7 +9,7 @@ from shardtrain.config.fields import field
 from shardtrain.data.tokenizers import load_tokenizer
 from shardtrain.errors import ConfigError
 from shardtrain.models.sampling import sample
-from shardtrain.trainer.inference import load_for_inference
+from shardtrain.trainer.inference import inference_dtype, load_for_inference
 
 
 @dataclasses.dataclass
@@ -26,13 +26,17 @@ class GenerateConfig:
     nbest: int = field(1, help="number of continuations to print")
     seed: int = field(1, help="random seed for sampling")
     cpu: bool = field(False, help="generate on the CPU even when CUDA is available")
+    fp16: bool = field(False, help="load the weights straight into fp16 on the device and compute in fp16 "
+                                   "(the loss/log-probs in fp32); no fp32 copy of the model is ever held")
+    bf16: bool = field(False, help="load the weights straight into bf16 on the device and compute in bf16 "
+                                   "(the loss/log-probs in fp32); no fp32 copy of the model is ever held")
 
 
 @cli_entry("shard-generate")
 def main(argv):
     args = flags.parse_dataclass(GenerateConfig, argv, "shard-generate", __doc__)
-    check_args(args)
-    cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu)
+    dtype = check_args(args)
+    cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype)
     tokenizer = load_tokenizer(args.data)
     dictionary = task.source_dictionary
     # A sample starts after an end-of-sentence, as every line does in training.
@@ -55,8 +59,9 @@ def main(argv):
     return outputs
 
 
-def check_args(args: GenerateConfig) -> None:
-    """Every option, before the model is loaded."""
+def check_args(args: GenerateConfig) -> torch.dtype:
+    """Every option, before the model is loaded; -> the dtype to load the model in."""
+    dtype = inference_dtype(args.fp16, args.bf16)
     problems = []
     if args.beam != 1:
         problems.append(f"--beam {args.beam} is not supported: shard-generate decodes greedily (--beam 1) or "
@@ -85,6 +90,7 @@ def check_args(args: GenerateConfig) -> None:
                 problems.append(f"{flag} applies only to sampling; add --sampling or drop {flag}")
     if problems:
         raise ConfigError("Invalid generation options: " + "; ".join(problems) + ".")
+    return dtype
 
 
 if __name__ == "__main__":

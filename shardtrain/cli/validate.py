@@ -8,7 +8,7 @@ from shardtrain.config import flags
 from shardtrain.config.fields import field
 from shardtrain.config.sections import LOG_FORMATS
 from shardtrain.trainer import build
-from shardtrain.trainer.inference import evaluate, load_for_inference
+from shardtrain.trainer.inference import evaluate, inference_dtype, load_for_inference
 from shardtrain.trainer.logging_setup import setup_logging
 from shardtrain.trainer.meters import MetricsLogger
 from shardtrain.trainer.progress import build_progress_bar
@@ -24,14 +24,19 @@ class ValidateConfig:
     max_tokens: Optional[int] = field(None, help="max tokens per batch (default: the checkpoint's)")
     batch_size: Optional[int] = field(None, help="max sequences per batch (default: the checkpoint's)")
     cpu: bool = field(False, help="evaluate on the CPU even when CUDA is available")
+    fp16: bool = field(False, help="load the weights straight into fp16 on the device and compute in fp16 "
+                                   "(the loss/log-probs in fp32); no fp32 copy of the model is ever held")
+    bf16: bool = field(False, help="load the weights straight into bf16 on the device and compute in bf16 "
+                                   "(the loss/log-probs in fp32); no fp32 copy of the model is ever held")
     log_format: str = field("simple", help="log format", choices=LOG_FORMATS)
 
 
 @cli_entry("shard-validate")
 def main(argv):
     args = flags.parse_dataclass(ValidateConfig, argv, "shard-validate", __doc__)
+    dtype = inference_dtype(args.fp16, args.bf16)
     setup_logging()
-    cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu)
+    cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype)
     criterion = build.build_criterion(cfg, task)
     results = {}
     for subset in args.valid_subset.split(","):

@@ -57,11 +57,14 @@ class UnsafeGlobal(pickle.UnpicklingError):
     """A pickle refers to a global outside the allow-list."""
 
 
-def load_weights_only(source: Union[str, IO[bytes]], what: str):
+def load_weights_only(source: Union[str, IO[bytes]], what: str, mmap: bool = False):
     """``torch.load(source, weights_only=True)``; a refused global becomes a
-    :class:`CheckpointError` that names it. Other failures propagate."""
+    :class:`CheckpointError` that names it. Other failures propagate.
+
+    ``mmap``: the tensors stay in the file (paged in as they are read), so a
+    loader that converts them one by one never holds all of them in RAM."""
     try:
-        return torch.load(source, map_location="cpu", weights_only=True)
+        return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         # a dotted name: a text file read as a pickle yields garbage "globals"
         found = re.search(r"GLOBAL ([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)", str(e))
