@@ -36,7 +36,7 @@ class CommonConfig:
     tensorboard_logdir: Optional[str] = field(None, help="write tensorboard scalars under this directory")
     user_dir: Optional[str] = field(None, help="path to a Python package with custom tasks/models/... to import")
     no_progress_bar: bool = field(False, help="disable the progress bar (log with the simple format)")
-    threads: int = field(0, help="CPU threads for torch (0: torch's default)")
+    threads: int = field(0, help="CPU threads per rank (0: usable cores / ranks on this node)")
     bf16: bool = field(False, help="compute in bfloat16 (fp32 master weights)")
     fp16: bool = field(False, help="compute in float16 (fp32 master weights) with dynamic loss scaling")
     memory_efficient_fp16: bool = field(

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 
 from shardtrain.errors import ConfigError, ShardtrainError
 from shardtrain.fileio import atomic_write_bytes, remove_quietly
-from shardtrain.trainer import rendezvous
+from shardtrain.trainer import rendezvous, threads
 from shardtrain.trainer.logging_setup import setup_logging
 from shardtrain.trainer.preemption import forwarding_signals
 
@@ -70,12 +70,13 @@ def call_main(cfg, main: Callable[[Any, DistributedContext], Any]) -> Any:
     gpu_count = torch.cuda.device_count() if use_cuda else 0
     world_size = resolve_world_size(cfg.distributed.distributed_world_size, use_cuda, gpu_count)
     if world_size == 1:
-        return main(cfg, make_context(0, 0, 1, use_cuda, backend=None))
+        setup_logging(cfg.common.log_file, 0)
+        return _run_rank(cfg, main, make_context(0, 0, 1, use_cuda, backend=None), "", launcher=None)
     return _spawn(cfg, main, world_size, use_cuda)
 
 
 def training_on_cuda(cfg) -> bool:
-    return torch.cuda.is_available() and not cfg.common.cpu
+    return not cfg.common.cpu and torch.cuda.is_available()
 
 
 def resolve_world_size(requested: Optional[int], use_cuda: bool, gpu_count: int) -> int:
@@ -120,11 +121,14 @@ def _run_launched(cfg, main, launched: rendezvous.LaunchedRank, use_cuda: bool) 
     if launched.world_size > 1:
         backend = rendezvous.resolve_backend(cfg.distributed.distributed_backend, use_cuda)
     ctx = make_context(launched.rank, launched.local_rank, launched.world_size, use_cuda, backend)
-    return _run_rank(cfg, main, ctx, launched.init_method)
+    return _run_rank(cfg, main, ctx, launched.init_method, launcher=launched.launcher)
 
 
-def _run_rank(cfg, main, ctx: DistributedContext, init_method: str) -> Any:
+def _run_rank(cfg, main, ctx: DistributedContext, init_method: str, launcher: Optional[str],
+              spawned_ranks: int = 1) -> Any:
     """Call main inside this rank's process group (none for a single rank)."""
+    # Every launcher's ranks come through here: the one place the thread policy is applied.
+    threads.apply_threads(cfg.common.threads, ctx.rank, launcher, spawned_ranks)
     if ctx.backend is None:
         return main(cfg, ctx)
     if ctx.device.type == "cuda":
@@ -160,15 +164,13 @@ class _SpawnPlan:
     init_method: str
     use_cuda: bool
     run_dir: str  # results and failure reports; also the rendezvous file by default
-    threads_per_rank: int
 
 
 def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
     backend = rendezvous.resolve_backend(cfg.distributed.distributed_backend, use_cuda)
     with tempfile.TemporaryDirectory(prefix="shardtrain-ranks-") as run_dir:
         init_method = cfg.distributed.distributed_init_method or "file://" + os.path.join(run_dir, "rendezvous")
-        plan = _SpawnPlan(world_size, backend, init_method, use_cuda, run_dir,
-                          threads_per_rank=max(1, _cpu_count() // world_size))
+        plan = _SpawnPlan(world_size, backend, init_method, use_cuda, run_dir)
         context = mp.start_processes(_spawned_rank, args=(cfg, main, plan), nprocs=world_size,
                                      join=False, start_method="spawn")
         with forwarding_signals(context.processes):
@@ -180,12 +182,8 @@ def _spawned_rank(rank: int, cfg, main, plan: _SpawnPlan) -> None:
     """Body of each spawned process (torch.multiprocessing passes the rank first)."""
     try:
         setup_logging(cfg.common.log_file, rank)
-        if not plan.use_cuda and cfg.common.threads <= 0 and "OMP_NUM_THREADS" not in os.environ:
-            # N ranks each using every core would oversubscribe the CPU; torchrun
-            # makes the same call by setting OMP_NUM_THREADS.
-            torch.set_num_threads(plan.threads_per_rank)
         ctx = make_context(rank, rank, plan.world_size, plan.use_cuda, plan.backend)
-        result = _run_rank(cfg, main, ctx, plan.init_method)
+        result = _run_rank(cfg, main, ctx, plan.init_method, launcher=None, spawned_ranks=plan.world_size)
         # Every rank marks that main returned: a rank that exits 0 without it was
         # cut short (torch.multiprocessing turns Ctrl-C into exit code 0).
         atomic_write_bytes(_result_path(plan.run_dir, rank), pickle.dumps(result if rank == 0 else None))
@@ -320,10 +318,3 @@ def _result_path(run_dir: str, rank: int) -> str:
 
 def _report_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, f"failure-rank{rank}.pkl")
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1

@@ -39,9 +39,7 @@ class Run:
     """Everything one training run holds; the functions below drive it."""
 
     def __init__(self, cfg, ctx):
-        self.cfg = cfg
-        if cfg.common.threads > 0:
-            torch.set_num_threads(cfg.common.threads)
+        self.cfg = cfg  # --threads is applied by launch, for every launcher
         torch.manual_seed(cfg.common.seed)
         self.backend = build_backend(cfg, ctx)
         self.task = build.build_task(cfg)

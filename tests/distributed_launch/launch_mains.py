@@ -82,13 +82,13 @@ def main_in_process(cfg, ctx):
     return "ran-in-process"
 
 
-if __name__ == "__main__":  # under torchrun: launch_mains.py OUT_DIR
+if __name__ == "__main__":  # under torchrun: launch_mains.py OUT_DIR [shard-train flags]
     from shardtrain.config.build import parse_train_args
     from shardtrain.trainer.launch import call_main
 
     out_dir = sys.argv[1]
     cfg = parse_train_args([out_dir, "--cpu", "--batch-size", "1", "--save-dir", out_dir,
-                            "--heartbeat-timeout", "60"])
+                            "--heartbeat-timeout", "60", *sys.argv[2:]])
     result = call_main(cfg, main_all_reduce)
     with open(os.path.join(out_dir, f"after{os.environ['RANK']}.json"), "w") as f:
         json.dump({"result": result, "group_initialized_after": dist.is_initialized()}, f)

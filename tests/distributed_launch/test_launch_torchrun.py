@@ -10,13 +10,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-def test_torchrun_ranks_join_one_group_of_two(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+def torchrun_two_ranks(tmp_path, *flags) -> str:
+    """launch_mains.py on 2 local CPU ranks under torchrun; returns its output."""
+    tmp_path.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               launch_mains.__file__, str(tmp_path)]
+               launch_mains.__file__, str(tmp_path), *flags]
     done = subprocess.run(command, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def threads_seen(tmp_path):
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text())["threads"] for rank in (0, 1)]
+
+
+def test_torchrun_ranks_join_one_group_of_two(tmp_path):
+    torchrun_two_ranks(tmp_path)
 
     pids = set()
     for rank in (0, 1):
@@ -31,3 +42,19 @@ def test_torchrun_ranks_join_one_group_of_two(tmp_path):
         assert after == {"result": {"from_rank": rank, "value": 0.5 + rank}, "group_initialized_after": False}
         pids.add(seen["pid"])
     assert len(pids) == 2
+
+
+def test_torchrun_ranks_share_the_cores_unless_threads_is_given(tmp_path):
+    # torchrun sets OMP_NUM_THREADS=1 for 2 local ranks (its warning is in the output); each
+    # rank must still get its share of the cores: the --cpu-offload optimizer runs on them.
+    cores = len(os.sched_getaffinity(0))
+    output = torchrun_two_ranks(tmp_path / "policy")
+    assert "Setting OMP_NUM_THREADS environment variable" in output
+    share = max(1, cores // 2)
+    assert threads_seen(tmp_path / "policy") == [share, share]
+    assert (f"rank 0: {share} thread{'s' if share > 1 else ''} ({cores} usable cores / 2 local ranks; "
+            "torchrun's default OMP_NUM_THREADS=1 ignored; --threads to override)") in output
+
+    output = torchrun_two_ranks(tmp_path / "override", "--threads", "3")
+    assert threads_seen(tmp_path / "override") == [3, 3]
+    assert "rank 0: 3 threads (--threads 3)" in output
