@@ -11,7 +11,7 @@ logger = logging.getLogger(__name__)
 
 
 def select_device(cfg) -> torch.device:
-    if torch.cuda.is_available() and not cfg.common.cpu:
+    if not cfg.common.cpu and torch.cuda.is_available():  # --cpu never asks the driver
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

@@ -20,7 +20,7 @@ from shardtrain.errors import ConfigError
 from shardtrain.trainer.backends.base import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.build import init_weights
 from shardtrain.trainer.backends.fsdp_wrap import (
-    apply_fsdp, build_mesh, ensure_process_group, mixed_precision, return_transient_buffers_to_the_os,
+    apply_fsdp, build_mesh, ensure_process_group, mixed_precision, offload_policy, return_transient_buffers_to_the_os,
 )
 from shardtrain.trainer.meters import resident_memory_gb
 from shardtrain.trainer.precision import low_precision_dtype
@@ -53,7 +53,7 @@ class FullyShardedBackend(Backend):
         strategy = self.cfg.fsdp_sharding_strategy
         reshard = not (self.cfg.no_reshard_after_forward or strategy in ("shard_grad_op", "hybrid_shard_zero2"))
         apply_fsdp(model, self.mesh, mixed_precision(self.param_dtype, self.cfg.reduce_in_low_precision),
-                   reshard_after_forward=reshard, cpu_offload=self.cfg.cpu_offload,
+                   reshard_after_forward=reshard, offload=offload_policy(self.cfg.cpu_offload, self.device),
                    min_params_to_wrap=self.cfg.min_params_to_wrap)
         model.to_empty(device=self.optimizer_device)
         for module in model.modules():  # buffers are not offloaded: keep them where compute happens

@@ -25,10 +25,12 @@ def ensure_process_group(ctx) -> bool:
     return True
 
 
-def shard_group_size(world_size: int, requested: Optional[int]) -> int:
+def shard_group_size(world_size: int, requested: Optional[int], device: torch.device) -> int:
     if requested is not None:
         return requested
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or torch.cuda.device_count() or world_size
+    # The machine's GPUs say nothing about a --cpu run's ranks per node.
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or gpus or world_size
     return min(per_node, world_size)
 
 
@@ -37,7 +39,7 @@ def build_mesh(ctx, strategy: str, group_size: Optional[int]):
     world = ctx.world_size
     if strategy in ("full_shard", "shard_grad_op"):
         return init_device_mesh(ctx.device.type, (world,), mesh_dim_names=("shard",))
-    size = 1 if strategy == "no_shard" else shard_group_size(world, group_size)
+    size = 1 if strategy == "no_shard" else shard_group_size(world, group_size, ctx.device)
     if size < 1 or world % size != 0:
         raise ConfigError(f"--fsdp-sharding-strategy {strategy} shards within groups of --shard-group-size "
                           f"{size} ranks, which does not divide the world size {world}. Choose a group size "
@@ -72,8 +74,17 @@ def size_based_units(model: nn.Module, min_params: int) -> List[nn.Module]:
     return units
 
 
+def offload_policy(cpu_offload: bool, device: torch.device) -> OffloadPolicy:
+    """Shards on the CPU under --cpu-offload, pinned only when they travel to a GPU:
+    pinning allocates through CUDA, so a --cpu run on a GPU machine would create a
+    CUDA context (and hold GPU driver memory) for nothing."""
+    if not cpu_offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=device.type == "cuda")
+
+
 def apply_fsdp(model: nn.Module, mesh, mp_policy: MixedPrecisionPolicy, *, reshard_after_forward: bool,
-               cpu_offload: bool, min_params_to_wrap: int) -> nn.Module:
+               offload: OffloadPolicy, min_params_to_wrap: int) -> nn.Module:
     """fully_shard every block (or size-based unit), then the root; set up prefetching.
 
     Order matters: inner units first, so the root's unit holds only what is
@@ -81,7 +92,6 @@ def apply_fsdp(model: nn.Module, mesh, mp_policy: MixedPrecisionPolicy, *, resha
     """
     blocks = getattr(model, "blocks", None)
     units = list(blocks) if blocks is not None and len(blocks) else size_based_units(model, min_params_to_wrap)
-    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
     kwargs = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
     for unit in units:
         fully_shard(unit, reshard_after_forward=reshard_after_forward, **kwargs)

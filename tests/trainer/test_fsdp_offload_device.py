@@ -1,0 +1,58 @@
+"""--cpu on a GPU machine: what fully_sharded builds depends on the run's device,
+never on whether the machine has a GPU (tests/gpu/test_cpu_flag_no_cuda.py checks
+the CUDA context itself on a GPU machine)."""
+import pytest
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy
+
+from shardtrain.config.build import parse_train_args
+from shardtrain.trainer.backends import build_backend
+from shardtrain.trainer.backends.fsdp_wrap import offload_policy, shard_group_size
+from shardtrain.trainer.launch import make_context
+
+CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
+
+
+@pytest.fixture
+def gpu_machine(monkeypatch):
+    """This process believes 8 GPUs are visible (none is touched: a context cannot be made here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+
+
+def test_offload_pins_memory_only_for_a_cuda_run(gpu_machine):
+    assert isinstance(offload_policy(True, CPU), CPUOffloadPolicy) and not offload_policy(True, CPU).pin_memory
+    assert offload_policy(True, GPU).pin_memory
+    assert not isinstance(offload_policy(False, GPU), CPUOffloadPolicy)
+
+
+def test_hybrid_shard_group_counts_gpus_only_for_a_cuda_run(gpu_machine):
+    assert shard_group_size(16, None, CPU) == 16  # all ranks of a --cpu run: the GPUs are not its ranks
+    assert shard_group_size(16, None, GPU) == 8
+    assert shard_group_size(16, 4, CPU) == 4
+
+
+class TwoBlocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def init_weights(self):
+        for block in self.blocks:
+            block.reset_parameters()
+
+
+def test_a_cpu_run_wraps_with_unpinned_shards_on_a_gpu_machine(gpu_machine, tmp_path):
+    # Pinning on this CPU-only torch raises, so this also fails if the backend pins.
+    cfg = parse_train_args([str(tmp_path), "--cpu", "--ddp-backend", "fully_sharded", "--cpu-offload"])
+    backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None))
+    try:
+        with torch.device("meta"):
+            model = TwoBlocks()
+        model = backend.wrap(model)
+        shards = [p.to_local() for p in model.parameters()]
+        assert shards and all(s.device.type == "cpu" and not s.is_pinned() for s in shards)
+    finally:
+        backend.close()
