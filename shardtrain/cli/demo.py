@@ -1,7 +1,7 @@
 """``shard-demo``: the whole product on text already on this machine.
 
 Builds a data-bin from the Python standard library's own ``.py`` files (no
-download), trains a small transformer LM on 2 processes with
+download), trains a small transformer LM on 2 processes (1 with one GPU) with
 ``--ddp-backend fully_sharded`` and a progress bar, stops halfway and resumes
 from its checkpoint, validates, and prints a generated sample.
 """
@@ -10,6 +10,7 @@ import math
 import os
 import signal
 import sysconfig
+from typing import Optional, Tuple
 
 import torch
 
@@ -71,7 +72,8 @@ def parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--max-update", type=int, default=1200,
                         help="updates in total, at least 2 (the demo stops and resumes halfway)")
     parser.add_argument("--log-format", default="tqdm", choices=("tqdm", "simple", "json", "none"))
-    parser.add_argument("--ranks", type=int, default=2, help="data-parallel processes (fully_sharded)")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="data-parallel processes (fully_sharded); default 2, or 1 on a machine with 1 GPU")
     return parser.parse_args(argv)
 
 
@@ -89,11 +91,11 @@ def check_options(args) -> None:
         # The first phase trains max_update // 2 updates, and shard-train reads --max-update 0 as "no limit".
         raise ConfigError(f"--max-update must be at least 2, got {args.max_update}: the demo trains half of the "
                           "updates, stops, and resumes for the other half. Pass --max-update 2 or more.")
-    if args.ranks < 1:
+    if args.ranks is not None and args.ranks < 1:
         raise ConfigError(f"--ranks must be at least 1, got {args.ranks}. Pass the number of training processes "
                           "(the default is 2).")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus and args.ranks > gpus:
+    gpus = visible_gpus()
+    if gpus and args.ranks is not None and args.ranks > gpus:
         raise ConfigError(f"--ranks {args.ranks} asks for one process per GPU, but only {gpus} GPU(s) are "
                           f"visible. Pass --ranks {gpus} or less, or check CUDA_VISIBLE_DEVICES.")
     try:
@@ -101,6 +103,21 @@ def check_options(args) -> None:
     except OSError as e:
         raise ConfigError(f"Cannot use --workdir {args.workdir!r}: {e.strerror or e}. Pass a directory that "
                           "can be created or written to (an existing file cannot be one).") from None
+
+
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_ranks(gpus: int) -> Tuple[int, Optional[str]]:
+    """--ranks when not given, and a note when it is fewer than the 2 that show sharding.
+
+    shard-train runs one process per GPU, so on a GPU machine the demo cannot
+    ask for more ranks than GPUs; 2 CPU ranks on a CPU-only machine."""
+    if gpus == 1:
+        return 1, ("one GPU is visible, so the demo trains on 1 process (fully_sharded on one rank shards "
+                   "nothing; with 2 GPUs it uses 2)")
+    return 2, None
 
 
 class StopSignals:
@@ -158,6 +175,10 @@ class StopSignals:
 def main(argv):
     args = parse_args(argv)
     check_options(args)
+    if args.ranks is None:
+        args.ranks, note = default_ranks(visible_gpus())
+        if note:
+            print(f"== shard-demo: {note}")
     os.makedirs(args.workdir, exist_ok=True)
     corpus = write_corpus(args.workdir, int(args.corpus_mb * 1e6))
     data = os.path.join(args.workdir, "data-bin")
@@ -195,8 +216,7 @@ def train_flags(data: str, save_dir: str, args) -> list:
             "--log-format", args.log_format, "--log-interval", "50", "--validate-interval-updates", "200",
             "--save-interval-updates", "100", "--keep-interval-updates", "2", "--max-tokens-valid", "8192",
             # data-parallel ranks with sharded parameters, gradients and optimizer state
-            "--distributed-world-size", str(args.ranks), "--ddp-backend", "fully_sharded",
-            "--threads", str(max(1, (os.cpu_count() or 1) // args.ranks))]
+            "--distributed-world-size", str(args.ranks), "--ddp-backend", "fully_sharded"]
 
 
 if __name__ == "__main__":

@@ -58,6 +58,24 @@ def test_more_ranks_than_gpus_is_refused_as_ranks(tmp_path, capsys, monkeypatch)
     assert "--ranks 1 or less" in err and "--distributed-world-size" not in err
 
 
+@pytest.mark.parametrize("gpus,ranks", [(0, 2), (1, 1), (2, 2), (8, 2)])
+def test_default_ranks_fit_the_machine(gpus, ranks):
+    chosen, note = demo.default_ranks(gpus)
+    assert chosen == ranks
+    assert (note is not None) == (ranks < 2)  # fewer ranks than the demo shows best: say so
+
+
+def test_one_gpu_machine_trains_on_one_rank_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    FakeTools(monkeypatch)
+    argvs = []
+    monkeypatch.setattr(demo.train, "main", argvs.append)
+    demo.main(["--workdir", str(tmp_path / "demo"), "--corpus-mb", "0.1", "--max-update", "2"])
+    assert all(argv[argv.index("--distributed-world-size") + 1] == "1" for argv in argvs) and len(argvs) == 2
+    assert "one GPU is visible, so the demo trains on 1 process" in capsys.readouterr().out
+
+
 def refused(argv, capsys) -> str:
     with pytest.raises(SystemExit) as info:
         demo.main(argv)
