@@ -11,6 +11,9 @@ and still catches a wrong dtype, a missed weight or reinterpreted bytes,
 which move it by far more. fp16 (11 bits) is held to the same bound.
 """
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -109,6 +112,44 @@ def test_generate_low_precision_produces_text(trained, flag, capsys):
         out = generate.main([data, "--path", ckpt, "--prompt", "w1 w2", "--max-len", "5", flag])
         assert out[0].startswith("w1 w2") and len(out[0].split()) > 2, out
     assert "H\tw1 w2" in capsys.readouterr().out
+
+
+# Run in a fresh process: warm up on a small checkpoint (imports, first-call costs), then
+# sample this process's anonymous resident memory while the large one loads.
+RSS_MAIN = """
+import sys, threading, time, torch
+from shardtrain.trainer.inference import host_private_bytes, load_for_inference
+load_for_inference(sys.argv[1], dtype=torch.bfloat16)
+base, peak, done = host_private_bytes(), [0], []
+def sample():
+    while not done:
+        peak[0] = max(peak[0], host_private_bytes())
+        time.sleep(0.0005)
+thread = threading.Thread(target=sample)
+thread.start()
+model = load_for_inference(sys.argv[2], dtype=torch.bfloat16)[2]
+done.append(1)
+thread.join()
+print(peak[0] - base, sum(p.numel() * p.element_size() for p in model.parameters()))
+"""
+
+
+def test_single_file_is_memory_mapped_not_read_into_ram(trained, tmp_path):
+    """The fp32 file (weights and Adam's two moments: 12 bytes a parameter) is never
+    read into the process's own memory: the peak grows by about the bf16 model
+    (2 bytes a parameter), not by the file's size."""
+    data, small, _ = trained
+    big = ["--decoder-embed-dim", "512", "--decoder-ffn-embed-dim", "2048", "--decoder-attention-heads", "8"]
+    train.main([data, *tiny_model_flags(), *big, "--cpu", "--max-update", "1", "--optimizer", "adam",
+                "--save-dir", str(tmp_path), "--log-file", str(tmp_path / "log")])
+    path = str(tmp_path / "checkpoint_last.pt")
+    done = subprocess.run([sys.executable, "-c", RSS_MAIN, small, path], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-3000:]
+    peak, model_bytes = map(int, done.stdout.split()[-2:])
+    file_bytes = os.path.getsize(path)
+    assert file_bytes > 5 * model_bytes > 50_000_000
+    assert peak < 2 * model_bytes, (peak, model_bytes, file_bytes)
 
 
 @pytest.mark.parametrize("main", [validate.main, generate.main], ids=["validate", "generate"])
