@@ -251,8 +251,7 @@ def _failure(run_dir: str, processes, failed: List[int]) -> Exception:
         return ShardtrainError(
             f"rank {rank} (pid {processes[rank].pid}) stopped without raising an exception: "
             f"{describe_exit(processes[rank].exitcode)}. The other ranks were stopped. Look for the cause in "
-            f"rank {rank}'s output above; SIGKILL usually means the system ran out of memory (lower "
-            "--batch-size/--max-tokens or --distributed-world-size).")
+            f"rank {rank}'s output above{likely_cause(processes[rank].exitcode)}")
     rank = raised[0][1]
     return RankFailedError(f"rank {rank} failed; the other ranks were stopped. Its traceback:\n\n"
                            f"{reports[rank]['traceback']}", rank)
@@ -265,6 +264,21 @@ def _user_error(rank: int, report: dict) -> ShardtrainError:
     except Exception:  # noqa: BLE001 - a class the parent cannot import, or another constructor
         error = ShardtrainError(message)
     return error if isinstance(error, ShardtrainError) else ShardtrainError(message)
+
+
+def likely_cause(exitcode: int) -> str:
+    """What a rank's silent death by this exit code usually means (the end of the message)."""
+    if exitcode == -signal.SIGKILL:
+        return ("; SIGKILL usually means the system ran out of memory (lower --batch-size/--max-tokens or "
+                "--distributed-world-size).")
+    if exitcode == -signal.SIGABRT:
+        # NCCL's watchdog aborts the process when a collective times out: Python never sees an
+        # exception, so this is where the user learns about the hung peer.
+        return ("; on GPUs SIGABRT usually means NCCL's watchdog ended the rank because a collective waited "
+                "more than --heartbeat-timeout for another rank (a hung, suspended or lost rank: the job was "
+                "stopped and its checkpoints are intact, so relaunching the same command resumes; raise "
+                "--heartbeat-timeout if the ranks are only slow), otherwise a CUDA or C++ error the output names.")
+    return "."
 
 
 def describe_exit(exitcode: int) -> str:

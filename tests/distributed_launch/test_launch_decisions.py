@@ -85,6 +85,19 @@ def test_describe_exit():
     assert describe_exit(3).startswith("exit code 3 ")
 
 
+def test_a_silent_death_names_its_likely_cause(tmp_path):
+    """SIGKILL: the out-of-memory killer; SIGABRT: NCCL's watchdog after a collective timeout (on
+    a GPU the hung-rank case ends this way, never as Python's CollectiveTimeoutError)."""
+    def message(code):
+        return str(launch._failure(str(tmp_path), _processes(0, code), [1]))
+
+    assert "ran out of memory" in message(-9) and "heartbeat" not in message(-9)
+    aborted = message(-6)
+    assert "killed by signal SIGABRT" in aborted and "--heartbeat-timeout" in aborted
+    assert "out of memory" not in aborted
+    assert message(-11).endswith("output above.")
+
+
 def _report(run_dir, rank, error):
     try:
         raise error
