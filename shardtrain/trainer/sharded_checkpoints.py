@@ -35,6 +35,7 @@ from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.fileio import atomic_open, atomic_write_bytes, fsync_dir, remove_quietly, temp_sibling
 from shardtrain.trainer.safe_loading import SafeFileSystemReader, load_weights_only
 from shardtrain.trainer import ranks
+from shardtrain.trainer.async_staging import RunStager
 from shardtrain.trainer.rng import gather_rng_states
 
 COMPLETE = "COMPLETE"
@@ -60,14 +61,18 @@ def check_complete(path: str) -> None:
 class ShardedSaver:
     """Writes sharded checkpoints, synchronously or in the background (``--async-save``).
 
-    With async saves, DCP stages the state (copies it off the live tensors)
-    and returns; the shards are written by a background thread, and rank 0
-    then writes the marker and renames the directory into place, still
-    atomically. One save is in flight at a time; ``wait()`` finishes it.
+    With async saves, DCP stages the state (copies it off the live tensors into
+    the run's one reused staging buffer, see async_staging.py) and returns; the
+    shards are written by a background thread, and rank 0 then writes the
+    marker and renames the directory into place, still atomically. One save is
+    in flight at a time; ``wait()`` finishes it, ``close()`` also frees the buffer.
     """
 
-    def __init__(self, async_save: bool = False):
+    def __init__(self, async_save: bool = False, reuse_staging: bool = True):
+        """``reuse_staging=False``: DCP's own stager, a fresh copy per save (the old
+        behaviour, kept for benchmarks/async_save.py to compare against)."""
         self.async_save = async_save
+        self.stager = RunStager() if reuse_staging else None
         self._pending: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._group = None
@@ -103,7 +108,9 @@ class ShardedSaver:
                 raise
             ranks.barrier()
             return final
-        future = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group())
+        # save() began with wait(), so no write still reads the buffer being refilled
+        future = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group(),
+                                async_stager=self.stager.get(state) if self.stager else None)
         self._pending = threading.Thread(target=self._complete, args=(future, finish), daemon=True)
         self._pending.start()
         return final
@@ -126,6 +133,14 @@ class ShardedSaver:
             raise CheckpointError(f"A background checkpoint save failed: {type(error).__name__}: {error}. "
                                   "The previous checkpoints are intact; check --save-dir (space, "
                                   "permissions).") from error
+
+    def close(self) -> None:
+        """End of the run: the last save lands, then the staging buffer is freed."""
+        try:
+            self.wait()
+        finally:
+            if self.stager is not None:
+                self.stager.close()
 
     def _async_group(self):
         # Background collectives get their own gloo group so they never interleave
