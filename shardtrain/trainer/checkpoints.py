@@ -132,8 +132,12 @@ class CheckpointManager:
             self.sharded_saver.wait()
 
     def close(self) -> None:
-        self.wait()
-        self.lock.release()
+        """End of the run: a background save lands, its staging buffers are freed, the lock released."""
+        try:
+            if self.sharded_saver is not None:
+                self.sharded_saver.close()
+        finally:
+            self.lock.release()
 
     def prune_sharded(self) -> None:
         """Drop epoch aliases beyond --keep-last-epochs, interval checkpoints beyond
