@@ -16,7 +16,8 @@ of three ways:
   the temporary memory stays bounded whatever the model size.
 * master copy: parameters on another device (e.g. CUDA; DeepSpeed's CPU Adam
   used on its own). An fp32 master copy and the state stay on the CPU; each
-  chunk's gradient is copied to the CPU, stepped, and copied back.
+  chunk's gradient is copied to the CPU, stepped, and copied back, overlapped
+  with the stepping (pinned double buffers: :mod:`shardtrain.optim.chunk_pipe`).
 
 ``--fp16-adam-stats`` stores ``exp_avg`` and ``sqrt(exp_avg_sq)``, each times
 ``_FP16_STATS_SCALE``, in fp16 under the state keys ``exp_avg_fp16`` and
@@ -42,6 +43,7 @@ from torch.optim.adam import adam as functional_adam
 
 from shardtrain.config.fields import field
 from shardtrain.errors import CheckpointError, ConfigError
+from shardtrain.optim.chunk_pipe import ChunkPipe
 from shardtrain.optim.optimizers import AdamConfig, parse_betas, check_non_negative
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer
 
@@ -141,9 +143,11 @@ class CPUAdam(torch.optim.Optimizer):
                              and _local(p).is_contiguous() and grad.is_contiguous())
                 (fused if plain and same_kind else chunked).append(p)
             self._step_fused(group, fused, multiplier)
-            scratch = _Scratch()
+            scratch, pipes = _Scratch(), {}
             for p in chunked:
-                self._step_chunked(group, p, scratch, multiplier)
+                self._step_chunked(group, p, scratch, pipes, multiplier)
+            for pipe in pipes.values():
+                pipe.finish()
         return loss
 
     def _step_fused(self, group, params: List[torch.Tensor], multiplier: float) -> None:
@@ -157,9 +161,9 @@ class CPUAdam(torch.optim.Optimizer):
               [_local(s["exp_avg"]) for s in states], [_local(s["exp_avg_sq"]) for s in states],
               [s["step"] for s in states], grad_scale)
 
-    def _step_chunked(self, group, p: torch.Tensor, scratch: "_Scratch", multiplier: float) -> None:
+    def _step_chunked(self, group, p: torch.Tensor, scratch: "_Scratch", pipes: Dict, multiplier: float) -> None:
         """Step one tensor chunk by chunk in fp32 scratch buffers; tensors that
-        are fp32 and on the CPU already are used in place."""
+        are fp32 and on the CPU already are used in place. ``pipes``: a ChunkPipe per device."""
         state = self.state[p]
         fp16 = group["fp16_adam_stats"]
         master = state.get("master_param")
@@ -171,10 +175,19 @@ class CPUAdam(torch.optim.Optimizer):
         # A non-contiguous tensor has no flat view to chunk: step it whole.
         whole = not all(t.is_contiguous() for t in tensors + [target])
         chunk = max(numel, 1) if whole else _CHUNK_NUMEL
+        starts = range(0, numel, chunk)
+        chunks = lambda t, start: t if whole else t.view(-1)[start:start + chunk]
+        device = target.device if master is not None else torch.device("cpu")
+        pipe = pipes[device] = pipes.get(device) or ChunkPipe(device)
+        if starts:
+            pipe.fetch(0, chunks(tensors[1], 0))
         step = torch.empty_like(state["step"])
-        for start in range(0, numel, chunk):
-            views = [t if whole else t.view(-1)[start:start + chunk] for t in tensors + [target]]
-            bufs = [scratch.fp32(i, v) for i, v in enumerate(views[:4])]
+        for i, start in enumerate(starts):
+            if i + 1 < len(starts):  # chunk i+1's gradient travels while chunk i is stepped
+                pipe.fetch(i + 1, chunks(tensors[1], starts[i + 1]))
+            views = [chunks(t, start) for t in tensors + [target]]
+            views[1] = pipe.take(i)
+            bufs = [scratch.fp32(slot, v) for slot, v in enumerate(views[:4])]
             if multiplier != 1.0:
                 bufs[1].mul_(multiplier)
             if fp16:
@@ -186,7 +199,7 @@ class CPUAdam(torch.optim.Optimizer):
                 views[2].copy_(bufs[2].mul_(_FP16_STATS_SCALE).clamp_(-_FP16_MAX, _FP16_MAX))
                 views[3].copy_(bufs[3].sqrt_().mul_(_FP16_STATS_SCALE).clamp_(max=_FP16_MAX))
             if master is not None:
-                views[4].copy_(bufs[0])  # to the parameter's device and dtype
+                pipe.put(i, views[4], bufs[0])
             elif bufs[0] is not views[0]:
                 views[0].copy_(bufs[0])  # rounds to the parameter's fp16/bf16
         state["step"].add_(1)
