@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from shardtrain.models.init import init_
+from shardtrain.models.init import init_, zero_row_
 
 
 def make_positions(tokens: torch.Tensor, padding_idx: int, offset: int = 0) -> torch.Tensor:
@@ -48,12 +48,10 @@ def sinusoidal_table(
 
 def init_embedding(weight: torch.Tensor, padding_idx: int) -> None:
     """fairseq's ``Embedding`` init: normal(0, dim**-0.5), zero padding row."""
-    init_(weight, _embedding_init, padding_idx)
-
-
-def _embedding_init(weight: torch.Tensor, padding_idx: int) -> None:
-    nn.init.normal_(weight, mean=0.0, std=weight.size(1) ** -0.5)
-    weight[padding_idx].zero_()
+    # Two steps, not one custom init function, so the normal draw goes blockwise
+    # (each rank draws only its rows) and only the rank holding the row zeroes it.
+    init_(weight, nn.init.normal_, mean=0.0, std=weight.size(1) ** -0.5)
+    zero_row_(weight, padding_idx)
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
