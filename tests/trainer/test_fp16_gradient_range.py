@@ -105,12 +105,17 @@ def check_fp16_follows_fp32(data_bin, tmp_path, optimizer, fp16, bound, cpu=True
             continue
         assert torch.allclose(w0_16[name], w0[name], atol=1e-3), name  # same start (fp16-rounded at most)
         error = ((w16[name] - w0_16[name]) - moved).abs()
+        if "adam" in optimizer[1] and name.endswith("qkv_proj.bias"):
+            # The key bias (the middle third) has a true gradient of 0 (softmax ignores a constant
+            # per query): Adam turns its round-off, which fp16 and fp32 draw differently, into
+            # lr-sized steps. The query and value biases are checked like everything else.
+            third = moved.numel() // 3
+            keep = torch.cat([torch.arange(third), torch.arange(2 * third, moved.numel())])
+            moved, error = moved[keep], error[keep]
         if "adam" in optimizer[1]:
             # An Adam step is about lr per element: no element may be off by half of 20 steps.
             # A gradient that flushed to zero in fp16 would leave its element 20 x lr behind.
             assert (error > 0.5 * lr * UPDATES).double().mean() <= 0.03, name
-            if name.endswith("qkv_proj.bias"):
-                continue  # the key bias's true gradient is 0: Adam turns round-off into lr-sized steps
         assert error.norm() <= bound * moved.norm(), (name, float(error.norm() / moved.norm()))
 
 
