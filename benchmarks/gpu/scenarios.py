@@ -1,7 +1,6 @@
 """The GPU scenarios of ``run_all.py``: each trains through the real CLI and returns
 rows for the table and ``RESULT`` lines (name, value, target)."""
 import math
-import os
 from typing import Dict, List, Tuple
 
 import torch
@@ -76,7 +75,7 @@ def headline_recipe(data_bin: str, workdir: str) -> Tuple[List[Dict], List[Resul
                      "GPU peak GiB": round(_peak_gb(inner), 2), "host RSS GiB": round(_steady(inner, "gb_rss"), 1),
                      "loss first->last": f"{_mean(losses[:5]):.2f}->{_mean(losses[-5:]):.2f}"})
     ratio = _peak_gb(runs["uf4"]) / _peak_gb(runs["uf1"])
-    return rows, [(f"headline_params_billion", params / 1e9, ">=1.3"),
+    return rows, [("headline_params_billion", params / 1e9, ">=1.3"),
                   ("headline_words_per_s", _steady(runs["uf1"], "wps"), ">=310"),  # fairseq: 13B on a V100
                   ("headline_uf4_gpu_peak_ratio", ratio, "<=1.10")]
 

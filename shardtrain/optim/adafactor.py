@@ -62,8 +62,8 @@ class Adafactor(torch.optim.Optimizer):
                 RowShards.of(p)  # refuses, up front, a sharding it cannot reduce over
 
     #: Multiplies the gradients of the next step() once they are fp32 (then resets to 1):
-    #: --memory-efficient-fp16 unscales here, as fp16 gradients unscaled in place would
-    #: flush their small entries to zero.
+    #: the trainer's unscaling, 1/sample size and clipping, so fp16 gradients
+    #: (--memory-efficient-fp16) are not unscaled in fp16, where small entries flush to zero.
     grad_multiplier = 1.0
 
     @torch.no_grad()

@@ -13,8 +13,6 @@ tensors are refused exactly as NCCL refuses them unless launch maps cpu:gloo.
 import functools
 import math
 
-import pytest
-import torch.distributed as dist
 
 from accelerator_only_mains import ACCELERATOR_ONLY, register, train_variants
 from shardtrain.config.build import parse_train_args

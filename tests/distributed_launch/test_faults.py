@@ -63,6 +63,34 @@ def wait_for_update(proc, update: int, timeout_s: float) -> None:
     pytest.fail(f"the run ended before update {update}")
 
 
+def stop_rank_1(argv, stderr_path, reach_s: float, end_s: float):
+    """Start the job, SIGSTOP rank 1 once update 3 is logged, and wait up to ``end_s`` for the
+    job to end. Returns (exit code, stderr, seconds from the stop to the end, ranks still alive);
+    no rank is left behind, even when a check fails."""
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    ranks, left_behind = [], []
+    try:
+        wait_for_update(proc, 3, timeout_s=reach_s)
+        ranks = spawned_ranks(proc.pid)
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[1], signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        proc.communicate(timeout=end_s)
+        elapsed = time.monotonic() - stopped_at
+        left_behind = [pid for pid in ranks if os.path.exists(f"/proc/{pid}")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return proc.returncode, stderr_path.read_text(), elapsed, left_behind
+
+
 def assert_gone(pid: int) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
@@ -124,31 +152,10 @@ def test_hung_rank_ends_the_run_after_the_heartbeat_timeout(data, tmp_path):
     """A rank that stops responding (SIGSTOP: alive, holding its sockets, not
     computing) must not hang the job: the others give up after
     --heartbeat-timeout and the whole job ends, naming the timeout."""
-    stderr_path = tmp_path / "stderr.txt"
-    with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen(train_command(data, tmp_path / "ck", "--max-update", "100000"),
-                                stdout=subprocess.PIPE, stderr=stderr, text=True)
-    ranks, left_behind = [], []
-    try:
-        wait_for_update(proc, 3, timeout_s=60)
-        ranks = spawned_ranks(proc.pid)
-        assert len(ranks) == 2, ranks
-        os.kill(ranks[1], signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        proc.communicate(timeout=HEARTBEAT_TIMEOUT_S + MARGIN_S)
-        elapsed = time.monotonic() - stopped_at
-        left_behind = [pid for pid in ranks if os.path.exists(f"/proc/{pid}")]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in ranks:  # never leave a stopped process behind, even when a check failed
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    err = stderr_path.read_text()
-    assert proc.returncode == 2, err[-3000:]
+    returncode, err, elapsed, left_behind = stop_rank_1(
+        train_command(data, tmp_path / "ck", "--max-update", "100000"), tmp_path / "stderr.txt",
+        reach_s=60, end_s=HEARTBEAT_TIMEOUT_S + MARGIN_S)
+    assert returncode == 2, err[-3000:]
     assert HEARTBEAT_TIMEOUT_S <= elapsed < HEARTBEAT_TIMEOUT_S + MARGIN_S
     assert re.search(r"shard-train: error: rank 0: A collective operation waited more than 20 s "
                      r"\(--heartbeat-timeout\) for another rank", err), err[-3000:]

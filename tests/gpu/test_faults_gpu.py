@@ -3,10 +3,8 @@ fewer (or no) GPUs are visible, and a hung rank on NCCL ends the job with shardt
 """
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -15,7 +13,7 @@ import gpu_runs
 from conftest import needs_gpus
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed_launch"))
-from test_faults import spawned_ranks, wait_for_update  # noqa: E402
+from test_faults import stop_rank_1  # noqa: E402
 
 HEARTBEAT_TIMEOUT_S = 30
 
@@ -61,26 +59,10 @@ def test_hung_rank_on_nccl_ends_the_job_naming_the_timeout(data, tmp_path):
             "--distributed-world-size", "2", "--ddp-backend", "fully_sharded", "--max-update", "100000",
             "--disable-validation", "--log-format", "json", "--log-interval", "1",
             "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ranks = []
-    try:
-        wait_for_update(proc, 3, timeout_s=300)
-        ranks = spawned_ranks(proc.pid)
-        assert len(ranks) == 2, ranks
-        os.kill(ranks[1], signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        _, err = proc.communicate(timeout=2 * HEARTBEAT_TIMEOUT_S + 60)
-        elapsed = time.monotonic() - stopped_at
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in ranks:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    assert proc.returncode == 2, err[-3000:]
+    returncode, err, elapsed, left_behind = stop_rank_1(argv, tmp_path / "stderr.txt", reach_s=300,
+                                                        end_s=2 * HEARTBEAT_TIMEOUT_S + 60)
+    assert returncode == 2, err[-3000:]
     assert elapsed < 2 * HEARTBEAT_TIMEOUT_S + 60, elapsed
+    assert not left_behind
     assert re.search(r"--heartbeat-timeout", err), err[-3000:]  # named, whether Python saw it or NCCL aborted
     assert "out of memory" not in err, err[-3000:]

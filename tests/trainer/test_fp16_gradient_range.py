@@ -5,7 +5,6 @@ Dividing the loss by the sample size before backward (as shardtrain once did)
 makes a 32k+ vocabulary's logit gradients p/sample_size * scale: a third of them
 flush to zero and most of the rest are subnormal in fp16.
 """
-import math
 
 import numpy as np
 import pytest
