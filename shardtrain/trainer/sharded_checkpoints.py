@@ -35,7 +35,7 @@ from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.fileio import atomic_open, atomic_write_bytes, fsync_dir, remove_quietly, temp_sibling
 from shardtrain.trainer.safe_loading import SafeFileSystemReader, load_weights_only
 from shardtrain.trainer import ranks
-from shardtrain.trainer.async_staging import RunStager
+from shardtrain.trainer.async_staging import Prestaged, RunStager, StepGate, step_only_storages
 from shardtrain.trainer.rng import gather_rng_states
 
 COMPLETE = "COMPLETE"
@@ -61,18 +61,22 @@ def check_complete(path: str) -> None:
 class ShardedSaver:
     """Writes sharded checkpoints, synchronously or in the background (``--async-save``).
 
-    With async saves, DCP stages the state (copies it off the live tensors into
-    the run's one reused staging buffer, see async_staging.py) and returns; the
-    shards are written by a background thread, and rank 0 then writes the
-    marker and renames the directory into place, still atomically. One save is
-    in flight at a time; ``wait()`` finishes it, ``close()`` also frees the buffer.
+    With async saves, ``save()`` copies what must be copied (GPU tensors, into
+    the run's one reused pinned buffer) and returns; the shards are written by a
+    background thread, CPU parameters and optimizer state straight from the live
+    tensors while the next optimizer step waits for the write (see
+    async_staging.py). Rank 0 then writes the marker and renames the directory
+    into place, still atomically. One save is in flight at a time; ``wait()``
+    finishes it, ``close()`` also frees the buffer.
     """
 
-    def __init__(self, async_save: bool = False, reuse_staging: bool = True):
-        """``reuse_staging=False``: DCP's own stager, a fresh copy per save (the old
-        behaviour, kept for benchmarks/async_save.py to compare against)."""
+    def __init__(self, async_save: bool = False, staging: str = "split"):
+        """``staging``: "split" (above); "copy": copy every tensor into the reused
+        buffer; "dcp": DCP's own stager, a fresh copy per save. The last two are
+        the behaviours before, kept for benchmarks/async_save.py to compare against."""
         self.async_save = async_save
-        self.stager = RunStager() if reuse_staging else None
+        self.stager = RunStager(copy_everything=staging == "copy") if staging != "dcp" else None
+        self.gate = StepGate()
         self._pending: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._group = None
@@ -109,15 +113,29 @@ class ShardedSaver:
             ranks.barrier()
             return final
         # save() began with wait(), so no write still reads the buffer being refilled
-        future = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group(),
-                                async_stager=self.stager.get(state) if self.stager else None)
+        if self.stager is None:
+            future = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group())
+        else:
+            staged = self.stager.stage(state, step_only_storages(model, state["optimizer"]))
+            if self.stager.in_place_bytes:
+                self.gate.close()
+            try:
+                future = dcp.async_save(staged, checkpoint_id=partial, process_group=self._async_group(),
+                                        async_stager=Prestaged())
+            except BaseException:
+                self.gate.landed()
+                self.gate.open()
+                raise
         self._pending = threading.Thread(target=self._complete, args=(future, finish), daemon=True)
         self._pending.start()
         return final
 
     def _complete(self, future, finish) -> None:
         try:
-            future.result()
+            try:
+                future.result()
+            finally:
+                self.gate.landed()  # the live tensors are free to change
             finish()
         except BaseException as e:  # noqa: BLE001 - reported by wait() on the training thread
             self._error = e
@@ -127,6 +145,7 @@ class ShardedSaver:
         if self._pending is not None:
             self._pending.join()
             self._pending = None
+            self.gate.open()
             ranks.barrier()
         if self._error is not None:
             error, self._error = self._error, None

@@ -1,11 +1,16 @@
-"""Entry points for test_async_save_cpu (importable by spawned children): an async save
-whose live state is changed in place the moment ``save()`` returns."""
+"""Entry points for test_async_save_cpu (importable by spawned children): async saves
+whose live state changes the moment ``save()`` returns."""
+import time
+
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
 from shardtrain.trainer.loop import Run, train
 from shardtrain.trainer.sharded_checkpoints import ShardedSaver, load_sharded_into
+
+WRITE_DELAY = 1.0  # seconds every shard write is held back, so the next step surely comes first
 
 
 def live_tensors(model, optimizer) -> dict:
@@ -31,9 +36,9 @@ def snapshot(model, optimizer) -> dict:
 
 @torch.no_grad()
 def mutate(model, optimizer) -> None:
-    """What the next optimizer step does to a checkpoint in flight: change every
-    parameter, moment and step count in place (alike on every rank: replicated
-    tensors such as the step are written by one rank and must stay equal)."""
+    """Change every parameter, moment and step count in place, outside any optimizer
+    step (alike on every rank: replicated tensors such as the step are written by one
+    rank and must stay equal)."""
     for tensor in live_tensors(model, optimizer).values():
         if tensor.is_floating_point():
             tensor.add_(1.0)
@@ -47,30 +52,53 @@ def worst_difference(expected: dict, actual: dict) -> float:
     return float(worst)
 
 
-def save_mutate_load(cfg, ctx):
-    """Two async saves, each followed at once by an in-place change of the live state.
-    Returns (worst difference of each loaded checkpoint from the state at its save(),
-    stagers the saver created, whether the second save staged into the first's buffers)."""
+def slow_writes(monkeypatched=FileSystemWriter.write_data):
+    """Every shard write starts WRITE_DELAY late (this process only)."""
+    def write_data(self, plan, planner):
+        time.sleep(WRITE_DELAY)
+        return monkeypatched(self, plan, planner)
+    FileSystemWriter.write_data = write_data
+
+
+def save_change_load(cfg, ctx):
+    """Two async saves in each staging mode, each followed at once by a change of the
+    live state: for "split" a real training update (its optimizer step must wait for
+    the write), for "copy" an in-place change outside any step (the copy protects it).
+    Returns {mode: {"differences": worst |loaded - state at save()| per save,
+    "waited": steps that waited for a write, "in_place": bytes written live,
+    "copied": bytes copied, "copiers": copiers made, "reused": second save refilled
+    the first one's buffers}}."""
+    slow_writes()
     run = Run(cfg, ctx)
+    results = {}
     try:
         train(run)
+        itr = run.batch_iterator("train", 1, shuffle=True).next_epoch_itr()
         model, optimizer, save_dir = run.trainer.model, run.trainer.optimizer, cfg.checkpoint.save_dir
-        saver = ShardedSaver(async_save=True)
-        differences, staged = [], []
-        for i in range(2):
-            before = snapshot(model, optimizer)
-            path = saver.save(save_dir, f"torn{i}", model, optimizer, extra={}, aliases=[])
-            staged.append(saver.stager.get(None))
-            mutate(model, optimizer)  # training goes on while the write is in the background
-            saver.wait()
-            mutated = snapshot(model, optimizer)
-            load_sharded_into(path, model, optimizer)
-            differences.append(worst_difference(before, snapshot(model, optimizer)))
-            live = live_tensors(model, optimizer)  # put training's state back
-            for key, value in mutated.items():
-                live[key].copy_(value)
-        created = saver.stager.created
-        saver.close()
+        for mode in ("split", "copy"):
+            saver = ShardedSaver(async_save=True, staging=mode)
+            differences, copiers = [], []
+            for i in range(2):
+                before = snapshot(model, optimizer)
+                path = saver.save(save_dir, f"{mode}{i}", model, optimizer, extra={}, aliases=[])
+                copiers.append(saver.stager._copier)
+                if mode == "split":
+                    run.trainer.train_step([next(itr)])  # training goes on while the write runs
+                else:
+                    mutate(model, optimizer)
+                saver.wait()
+                after = snapshot(model, optimizer)
+                load_sharded_into(path, model, optimizer)
+                differences.append(worst_difference(before, snapshot(model, optimizer)))
+                changed = worst_difference(before, after)
+                assert changed > 0, "the change after save() changed nothing: the check would be empty"
+                live = live_tensors(model, optimizer)  # put training's state back
+                for key, value in after.items():
+                    live[key].copy_(value)
+            results[mode] = {"differences": differences, "waited": saver.gate.waited,
+                             "in_place": saver.stager.in_place_bytes, "copied": saver.stager.copied_bytes,
+                             "copiers": saver.stager.created, "reused": copiers[0] is copiers[1]}
+            saver.close()
     finally:
         run.close()
-    return differences, created, staged[0] is staged[1]
+    return results

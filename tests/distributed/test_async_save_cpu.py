@@ -1,9 +1,11 @@
-"""--async-save snapshots the state before save() returns, into one reused buffer.
+"""--async-save writes the state as it was at save(), never a mix of two updates.
 
-Two real gloo ranks under fully_sharded: right after each async save() returns,
-every parameter and optimizer moment is changed in place (as the next optimizer
-step would), then the checkpoint must hold the values at save(), not a mix. The
-second save checks the run's one stager is reused and refreshed, not rebuilt.
+Two real gloo ranks under fully_sharded on the CPU, every shard write held back
+1 s. "split" (the default): parameters and optimizer state are written from the
+live tensors, nothing is copied, and the next training update's optimizer step
+waits for the write. "copy": everything is copied into one buffer reused by
+every save, and the live state may change at once. Either way each checkpoint
+must hold the values at its save().
 """
 import pytest
 import torch
@@ -11,7 +13,7 @@ import torch
 from shardtrain.config.build import parse_train_args
 from shardtrain.trainer.async_staging import staging_options
 from shardtrain.trainer.launch import call_main
-from async_save_mains import save_mutate_load
+from async_save_mains import save_change_load
 from st_testutils import make_space_data_bin
 
 
@@ -21,7 +23,7 @@ def data_bin(tmp_path_factory):
                                valid_tokens=200, line_len=40)
 
 
-def test_async_save_is_a_snapshot_and_reuses_one_stager(data_bin, tmp_path):
+def test_async_save_writes_the_state_at_save(data_bin, tmp_path):
     cfg = parse_train_args([
         data_bin, "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "16",
         "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
@@ -29,9 +31,14 @@ def test_async_save_is_a_snapshot_and_reuses_one_stager(data_bin, tmp_path):
         "--disable-validation", "--no-save", "--cpu", "--threads", "1", "--log-format", "none",
         "--save-dir", str(tmp_path), "--ddp-backend", "fully_sharded", "--distributed-world-size", "2",
         "--heartbeat-timeout", "60"])
-    differences, created, same_stager = call_main(cfg, save_mutate_load)
-    assert differences == [0.0, 0.0], "a checkpoint holds values changed after its save() returned (torn)"
-    assert created == 1 and same_stager, "the stager must be made once per run, not per save"
+    results = call_main(cfg, save_change_load)
+    split, copied = results["split"], results["copy"]
+    assert split["differences"] == [0.0, 0.0], "a checkpoint holds values of the update after its save() (torn)"
+    assert split["waited"] == 2, "the optimizer step after each save must wait for the write"
+    assert 0 <= split["copied"] < split["in_place"] / 100, "CPU parameters and moments are written live"
+    assert copied["differences"] == [0.0, 0.0], "a copied checkpoint holds values changed after save()"
+    assert copied["in_place"] == 0 and copied["copied"] == split["in_place"] + split["copied"]
+    assert copied["copiers"] == 1 and copied["reused"], "one copier per run, its buffers reused by every save"
 
 
 def test_staging_options_follow_the_state_device():
