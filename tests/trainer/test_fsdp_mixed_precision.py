@@ -1,0 +1,24 @@
+"""fully_sharded's mixed-precision policy: compute in --bf16/--fp16 from fp32 shards, reduce the
+gradients in fp32 unless --reduce-in-low-precision. On one rank a bf16 reduction changes no value
+(there is nothing to sum), so the decision itself is tested here."""
+import pytest
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from shardtrain.trainer.backends.fsdp_wrap import mixed_precision
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_compute_reduces_in_fp32_by_default(dtype):
+    policy = mixed_precision(dtype, reduce_in_low_precision=False)
+    assert policy.param_dtype == dtype and policy.reduce_dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduce_in_low_precision_reduces_in_the_compute_dtype(dtype):
+    policy = mixed_precision(dtype, reduce_in_low_precision=True)
+    assert policy.param_dtype == dtype and policy.reduce_dtype == dtype
+
+
+def test_fp32_is_torchs_default_policy():
+    assert mixed_precision(None, reduce_in_low_precision=False) == MixedPrecisionPolicy()
