@@ -1,12 +1,17 @@
 """SIGKILL at any moment of a save never leaves a torn checkpoint under a checkpoint name.
 
-Training saves after every update; the job is killed after different delays,
-so the kill lands at different points of model/optimizer writes, the extra
-state, the COMPLETE marker, the rename and the alias swap. After each kill,
-checkpoint_last must load and every visible checkpoint must be complete; a
-partial directory is never picked, and naming one explicitly is an error.
+Training saves after every update; each kill waits until the run has saved a
+newer update than at the previous kill (so it lands among back-to-back saves of
+a running training, never during start-up), then comes after a different short
+delay, landing at different points of model/optimizer writes, the extra state,
+the COMPLETE marker, the rename and the alias swap. After each kill,
+checkpoint_last must load, hold at least the update seen before the kill, and
+every visible checkpoint must be complete; a partial directory is never picked,
+and naming one explicitly is an error. Each phase is killed deterministically in
+test_save_crash_phases.py; this test is the end-to-end check with real signals.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +22,7 @@ import torch
 
 from shardtrain.errors import CheckpointError
 from shardtrain.trainer.checkpoints import load_checkpoint
-from shardtrain.trainer.sharded_checkpoints import check_complete, load_extra
+from shardtrain.trainer.sharded_checkpoints import check_complete, load_extra, load_sharded_into
 from st_testutils import make_space_data_bin
 
 
@@ -36,41 +41,85 @@ def start(data_bin, save_dir, backend):
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+ADVANCE_TIMEOUT = 600  # seconds for a (re)started run to save a newer update: start-up is ~6 s idle, far more loaded
+KILL_DELAYS = (0.013, 0.057, 0.101, 0.149, 0.211)  # after a new save shows: land in different phases of the next ones
+
+
 @pytest.mark.parametrize("backend", ["fully_sharded", "pytorch_ddp"])
 def test_kill_during_saves_leaves_a_loadable_checkpoint_last(backend, data_bin, tmp_path):
-    save = tmp_path / "ck"
-    proc = start(data_bin, save, backend)
-    deadline = time.time() + 120
-    while not (save / ("checkpoint_last" if backend == "fully_sharded" else "checkpoint_last.pt")).exists():
-        assert time.time() < deadline and proc.poll() is None, "training did not start saving"
+    save, seen = tmp_path / "ck", 0
+    for delay in KILL_DELAYS:
+        proc = start(data_bin, save, backend)  # a fresh run, then resuming from checkpoint_last
+        try:
+            wait_for_a_save_after(seen, proc, save, backend)
+            time.sleep(delay)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        seen = check_save_dir(save, backend, at_least=seen + 1)
+
+
+def wait_for_a_save_after(update, proc, save, backend):
+    """Poll until checkpoint_last names an update later than ``update``."""
+    deadline = time.time() + ADVANCE_TIMEOUT
+    while last_update(save, backend) <= update:
+        assert proc.poll() is None, f"training exited ({proc.returncode}) before saving past update {update}"
+        assert time.time() < deadline, f"no save after update {update} in {ADVANCE_TIMEOUT} s"
         time.sleep(0.05)
-    for delay in (0.013, 0.057, 0.101, 0.149, 0.211):  # land in different phases of back-to-back saves
-        time.sleep(delay)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        check_save_dir(save, backend)
-        proc = start(data_bin, save, backend)  # resumes from checkpoint_last, keeps saving
-        time.sleep(2.0)  # let it start and save again
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    check_save_dir(save, backend)
 
 
-def check_save_dir(save, backend):
-    if backend == "fully_sharded":
-        extra = load_extra(str(save / "checkpoint_last"))
-        assert extra["train_state"]["num_updates"] >= 1
-        for entry in save.iterdir():
-            if entry.name.startswith("checkpoint"):
-                check_complete(str(entry))  # every visible name is whole
-            elif entry.name != "config.yaml":  # the run's resolved config, written after each save
-                assert entry.name.startswith("."), entry  # only hidden temporaries besides
-                if entry.is_dir():
-                    with pytest.raises(CheckpointError, match="incomplete"):
-                        check_complete(str(entry))
+def last_update(save, backend) -> int:
+    """The update checkpoint_last names (0 before the first save), from names alone:
+    the directory a link points to, or the interval file a hard link shares."""
+    try:
+        if backend == "fully_sharded":
+            return int(re.fullmatch(r"checkpoint_\d+_(\d+)", os.readlink(save / "checkpoint_last")).group(1))
+        last = os.stat(save / "checkpoint_last.pt")
+    except FileNotFoundError:
+        return 0
+    for entry in save.iterdir():
+        found = re.fullmatch(r"checkpoint_\d+_(\d+)\.pt", entry.name)
+        try:
+            if found and os.path.samestat(last, os.stat(entry)):
+                return int(found.group(1))
+        except FileNotFoundError:  # a temporary, renamed away meanwhile
+            continue
+    return 0
+
+
+def check_save_dir(save, backend, at_least: int) -> int:
+    """Check every name; return the update checkpoint_last holds (at least ``at_least``)."""
+    sharded = backend == "fully_sharded"
+    if sharded:
+        updates = load_extra(str(save / "checkpoint_last"))["train_state"]["num_updates"]
     else:
-        state = load_checkpoint(str(save / "checkpoint_last.pt"))
-        assert state["train_state"]["num_updates"] >= 1
-        for entry in save.iterdir():
-            if entry.name.startswith("checkpoint"):
-                torch.load(entry, weights_only=True)
+        updates = load_checkpoint(str(save / "checkpoint_last.pt"))["train_state"]["num_updates"]
+    for entry in save.iterdir():
+        if entry.name.startswith("checkpoint") and sharded:  # every visible name is whole
+            check_complete(str(entry))
+        elif entry.name.startswith("checkpoint"):
+            torch.load(entry, weights_only=True)
+        elif entry.name != "config.yaml":  # the run's resolved config, written after each save
+            assert entry.name.startswith("."), entry  # only hidden temporaries besides
+            if entry.is_dir() and not (entry / "COMPLETE").exists():  # killed before its marker
+                with pytest.raises(CheckpointError, match="incomplete"):
+                    check_complete(str(entry))
+    assert updates >= at_least, f"checkpoint_last went back to update {updates} (update {at_least - 1} was saved)"
+    return updates
+
+
+@pytest.mark.parametrize("name,files", [("checkpoint_1_5", [".metadata", "extra.pt", "__0_0.distcp"]),
+                                        (".checkpoint_1_5.partial", ["__0_0.distcp"])])
+def test_a_directory_without_complete_is_refused(name, files, tmp_path):
+    """Every reader refuses it before reading a shard, with the one-paragraph error."""
+    path = tmp_path / name
+    path.mkdir()
+    for file in files:
+        (path / file).write_bytes(b"written")
+    if "extra.pt" in files:  # whole and loadable: only the marker is missing
+        torch.save({"train_state": {"num_updates": 5}}, path / "extra.pt")
+    for read in (check_complete, load_extra, lambda p: load_sharded_into(p, None, None)):
+        with pytest.raises(CheckpointError) as refused:
+            read(str(path))
+        message = str(refused.value)
+        assert f"{str(path)!r} is incomplete (no COMPLETE marker)" in message and "\n" not in message, message
