@@ -212,7 +212,7 @@ MUTANTS = [
     Mutant("incomplete_checkpoint_accepted", "naming an incomplete checkpoint directory is an error",
            T + "sharded_checkpoints.py", "    if not os.path.isfile(os.path.join(path, COMPLETE)):\n",
            "    if False:\n",
-           ("tests/distributed/test_sharded_checkpoints.py", "tests/distributed/test_checkpoint_atomicity.py")),
+           ("tests/distributed/test_checkpoint_atomicity.py::test_a_directory_without_complete_is_refused",)),
     # -- configuration, launching, run control ---------------------------------------------------
     Mutant("refused_combination_accepted", "--zero-sharding os is refused with fully_sharded",
            "shardtrain/config/checks.py",
@@ -232,7 +232,8 @@ MUTANTS = [
     Mutant("preemption_not_agreed", "every rank stops at the same update on SIGTERM/SIGUSR1",
            T + "preemption.py", "        if backend.world_size == 1:\n            return local\n",
            "        return local\n",
-           ("tests/cli/test_preemption.py",)),
+           ("tests/cli/test_preemption.py::test_a_stop_on_one_rank_is_agreed_by_every_rank",
+            "tests/cli/test_preemption.py::test_signal_saves_and_exits_zero_then_resumes")),
     Mutant("activation_checkpointing_off", "--checkpoint-activations recomputes each block in backward",
            T + "activation_checkpointing.py", "    if not torch.is_grad_enabled():\n", "    if True:\n",
            ("tests/trainer/test_activation_checkpointing.py",)),
@@ -294,7 +295,7 @@ MUTANTS = [
     Mutant("single_file_save_not_atomic", "checkpoints are written atomically (temporary file, fsync, rename)",
            T + "checkpoints.py", "    with atomic_open(path) as f:\n        writer = _WriteErrors(f)\n",
            '    with open(path, "wb") as f:\n        writer = _WriteErrors(f)\n',
-           ("tests/cli/test_full_disk.py", "tests/distributed/test_checkpoint_atomicity.py")),
+           ("tests/cli/test_full_disk.py", "tests/distributed/test_save_crash_phases.py")),
     Mutant("sharded_rename_before_complete", "a directory appears under its name only when COMPLETE is written",
            T + "sharded_checkpoints.py",
            "    atomic_write_bytes(os.path.join(partial, COMPLETE), json.dumps(info).encode())\n"
@@ -302,5 +303,5 @@ MUTANTS = [
            "    replace_dir(partial, final)\n"
            "    atomic_write_bytes(os.path.join(final, COMPLETE), json.dumps(info).encode())\n"
            "    fsync_dir(final)\n",
-           ("tests/distributed/test_checkpoint_atomicity.py",)),
+           ("tests/distributed/test_save_crash_phases.py",)),
 ]

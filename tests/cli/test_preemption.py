@@ -5,7 +5,9 @@ import sys
 import time
 
 import pytest
+import torch
 
+from shardtrain.trainer.preemption import PreemptionWatcher
 from st_testutils import last_checkpoint_state, make_space_data_bin
 
 
@@ -37,3 +39,29 @@ def test_signal_saves_and_exits_zero_then_resumes(sig, ranks, tmp_path):
 
 def updates_in(save) -> int:
     return last_checkpoint_state(save)["train_state"]["num_updates"]
+
+
+class TwoRanks:
+    """A backend of 2 ranks whose all-reduce adds ``others`` (the other rank's stop flag)."""
+
+    world_size, device = 2, torch.device("cpu")
+
+    def __init__(self, others: float):
+        self.others = others
+
+    def all_reduce_sum(self, values):
+        return values + self.others
+
+
+def test_a_stop_on_one_rank_is_agreed_by_every_rank():
+    """The launcher forwards a signal to every rank, but each sees it (or its clock pass
+    --stop-time-hours) at its own moment: a rank that saw nothing must stop too."""
+    watcher = PreemptionWatcher()
+    try:
+        assert not watcher.agreed(TwoRanks(others=0.0))
+        assert watcher.agreed(TwoRanks(others=1.0))  # only the other rank was signalled
+        assert watcher.agreed(TwoRanks(others=0.0), also=True)  # this rank's own clock
+        watcher._handle(signal.SIGTERM, None)
+        assert watcher.agreed(TwoRanks(others=0.0))
+    finally:
+        watcher.close()
