@@ -60,6 +60,10 @@ def test_checkpoint_names_keep_policy_and_validate_generate(data_bin, tmp_path, 
     assert "checkpoint1.pt" in names and "checkpoint2.pt" in names
     interval = sorted(n for n in names if n.count("_") == 2)
     assert len(interval) == 2, names  # --keep-interval-updates 2 pruned the older ones
+    updates = torch.load(f"{save}/checkpoint_last.pt", weights_only=True)["train_state"]["num_updates"]
+    kept = sorted(int(n[:-len(".pt")].split("_")[2]) for n in interval)
+    # the newest two: the last interval save is under 10 updates back (an epoch's end takes no interval name)
+    assert kept[1] - kept[0] in (5, 10) and updates - kept[1] < 10, (kept, updates)
     # no temporary files left (the run lock stays: see shardtrain/trainer/save_dir_lock.py)
     assert not [n for n in os.listdir(save) if n.startswith(".") and n != LOCK_NAME]
     valid = json_records(log, "valid")
