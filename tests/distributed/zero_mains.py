@@ -8,6 +8,7 @@ import functools
 import torch
 import torch.distributed as dist
 
+from equivalence_mains import record_steps
 from shardtrain.errors import ConfigError
 from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer.logging_setup import setup_logging
@@ -17,20 +18,12 @@ from shardtrain.trainer.zero import ShardedStateOptimizer
 
 
 def record(cfg, ctx):
-    """Train through the real loop. Rank 0 returns the per-update losses, which updates
-    were clipped, the final weights, the optimizer's class and every rank's optimizer-state bytes."""
+    """Train through the real loop. Rank 0 returns the per-update losses, gradient norms and
+    whether each update was clipped, the final weights, the optimizer's class and every
+    rank's optimizer-state bytes."""
     setup_logging(cfg.common.log_file, ctx.rank)  # as loop.main: this run's --log-file
     run = Run(cfg, ctx)
-    losses, clipped = [], []
-    step = run.trainer.train_step
-
-    def recording_step(samples):
-        out = step(samples)
-        losses.append(out["logs"][0]["loss"] / out["sample_size"])  # unrounded, summed over ranks
-        clipped.append(out["clip"])
-        return out
-
-    run.trainer.train_step = recording_step
+    steps = record_steps(run.trainer)
     try:
         train(run)
         held = state_bytes(run.trainer.params, run.trainer.optimizer)["optim_bytes"]
@@ -43,7 +36,7 @@ def record(cfg, ctx):
         dist.all_gather_object(every, held)
     if not ctx.is_master:
         return None
-    return {"losses": losses, "clipped": clipped, "weights": {k: v.float().numpy() for k, v in weights.items()},
+    return {**steps, "weights": {k: v.float().numpy() for k, v in weights.items()},
             "optim_bytes": every, "optimizer": type(run.trainer.optimizer).__name__}
 
 
