@@ -45,8 +45,12 @@ _BACKWARD_TO_MULTIPLIER = """\
 MUTANTS = [
     # -- gradients, norms, accumulation ----------------------------------------------------------
     Mutant("grad_norm_local_shard", "the gradient norm is always that of the full gradient",
-           T + "backends/fsdp.py", "return norm.full_tensor() if isinstance(norm, DTensor) else norm",
-           "return norm.to_local() if isinstance(norm, DTensor) else norm",
+           # (torch 2.13's get_total_norm already returns a Replicate DTensor for sharded gradients, so
+           # `.to_local()` in place of `.full_tensor()` changes nothing: the bug is a norm of local tensors)
+           T + "backends/fsdp.py",
+           "        norm = super().grad_norm(params)\n        return norm.full_tensor() if isinstance(norm, DTensor) else norm\n",
+           "        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]\n"
+           "        return torch.nn.utils.get_total_norm(local, foreach=True)\n",
            ("tests/distributed/test_fp16_loss_scaling.py::test_both_ranks_skip_in_lockstep",)),
     Mutant("accumulation_divides_twice", "--update-freq: the same training as one big batch",
            T + "trainer.py", "self.precision.backward(loss if sample else loss * 0.0)",
