@@ -93,8 +93,13 @@ def as_timeout_error(error: BaseException, heartbeat_timeout: int) -> Optional[C
 
 def as_rendezvous_error(error: BaseException, world_size: int, init_method: str,
                         heartbeat_timeout: int) -> Optional[ConfigError]:
-    """The user-facing form of ranks that never all met, or None for any other error."""
-    if not isinstance(error, dist.DistStoreError) and "waiting for clients" not in str(error):
+    """The user-facing form of ranks that never all met, or None for any other error.
+
+    Two ways: the store's "waiting for clients" (a rank never connected), and gloo's
+    "Wait timeout" while the ranks exchange addresses (a rank connected to the store but
+    reached the process group's set-up too late, e.g. slow to start on a loaded node)."""
+    if not isinstance(error, dist.DistStoreError) and not re.search("waiting for clients|^Wait timeout",
+                                                                     str(error)):
         return None
     joined = re.search(r"(\d+)/(\d+) clients joined", str(error))
     who = f"only {joined.group(1)} of {world_size}" if joined else f"not all {world_size}"

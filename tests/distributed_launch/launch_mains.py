@@ -71,7 +71,7 @@ def main_exit_on_rank1(cfg, ctx):
 
 def main_stall_on_rank1(cfg, ctx):
     """Rank 1 stays alive but never joins rank 0's barrier: only the group's timeout ends rank 0."""
-    _record(cfg, ctx)
+    _record(cfg, ctx, barrier_at=time.time())
     if ctx.rank == 1:
         time.sleep(600)
     dist.barrier()

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from st_testutils import last_checkpoint_state, make_space_data_bin
+from st_testutils import last_checkpoint_state, make_space_data_bin, scaled
 
 HEARTBEAT_TIMEOUT_S = 20
 # Beyond the group timeout: stopping the surviving rank and the launcher's own exit.
@@ -109,7 +109,7 @@ def test_sigkilled_rank_mid_training_ends_the_run_promptly_and_is_named(data, tm
         victim = ranks[1]
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
-        proc.communicate(timeout=HEARTBEAT_TIMEOUT_S + MARGIN_S)
+        proc.communicate(timeout=HEARTBEAT_TIMEOUT_S + scaled(MARGIN_S))
         elapsed = time.monotonic() - killed_at
     finally:
         if proc.poll() is None:  # only after a failed check: never leave the job behind
@@ -117,7 +117,7 @@ def test_sigkilled_rank_mid_training_ends_the_run_promptly_and_is_named(data, tm
             proc.wait()
     err = stderr_path.read_text()
     assert proc.returncode == 2, err[-3000:]  # the CLI's exit code for a ShardtrainError
-    assert elapsed < HEARTBEAT_TIMEOUT_S + MARGIN_S
+    assert elapsed < HEARTBEAT_TIMEOUT_S + scaled(MARGIN_S)
     assert (f"shard-train: error: rank 1 (pid {victim}) stopped without raising an exception: "
             "killed by signal SIGKILL") in err, err[-3000:]
     assert "Traceback" not in err  # one paragraph for the user, not a secondary failure of rank 0
@@ -154,9 +154,9 @@ def test_hung_rank_ends_the_run_after_the_heartbeat_timeout(data, tmp_path):
     --heartbeat-timeout and the whole job ends, naming the timeout."""
     returncode, err, elapsed, left_behind = stop_rank_1(
         train_command(data, tmp_path / "ck", "--max-update", "100000"), tmp_path / "stderr.txt",
-        reach_s=60, end_s=HEARTBEAT_TIMEOUT_S + MARGIN_S)
+        reach_s=60, end_s=HEARTBEAT_TIMEOUT_S + scaled(MARGIN_S))
     assert returncode == 2, err[-3000:]
-    assert HEARTBEAT_TIMEOUT_S <= elapsed < HEARTBEAT_TIMEOUT_S + MARGIN_S
+    assert HEARTBEAT_TIMEOUT_S <= elapsed < HEARTBEAT_TIMEOUT_S + scaled(MARGIN_S)
     assert re.search(r"shard-train: error: rank 0: A collective operation waited more than 20 s "
                      r"\(--heartbeat-timeout\) for another rank", err), err[-3000:]
     assert "relaunching the same command resumes" in err and "Traceback" not in err
