@@ -39,7 +39,8 @@ def test_second_run_in_a_save_dir_is_refused_until_the_first_is_gone(backend, da
     try:
         wait_for_line(first, '"num_updates": "2"', timeout_s=60)
         with pytest.raises(SystemExit) as info:
-            train.main(flags + ["--max-update", "100001"])
+            # bounded: were it not refused, it would end (and fail here) rather than train on
+            train.main(flags + ["--max-update", "100001", "--max-epoch", "1"])
         err = capsys.readouterr().err
         assert info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
         assert f"Another run (pid {first.pid} on " in err and "--save-dir" in err, err
