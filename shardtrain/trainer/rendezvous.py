@@ -97,7 +97,15 @@ def as_rendezvous_error(error: BaseException, world_size: int, init_method: str,
 
     Two ways: the store's "waiting for clients" (a rank never connected), and gloo's
     "Wait timeout" while the ranks exchange addresses (a rank connected to the store but
-    reached the process group's set-up too late, e.g. slow to start on a loaded node)."""
+    reached the process group's set-up too late, e.g. slow to start on a loaded node).
+    Also a rendezvous port that rank 0 cannot listen on."""
+    if "EADDRINUSE" in str(error):
+        return ConfigError(
+            f"Rank 0 cannot open the rendezvous at {init_method}: that port is already in use on its node (another "
+            "job, or a leftover process of an earlier one). Pass --distributed-init-method tcp://HOST:PORT with a "
+            "free port (under torchrun: --master-port / MASTER_PORT; under SLURM the port is derived from "
+            "SLURM_JOB_ID, so two jobs sharing a node only collide by that rule's modulo), or end the process "
+            "holding it.")
     if not isinstance(error, dist.DistStoreError) and not re.search("waiting for clients|^Wait timeout",
                                                                      str(error)):
         return None

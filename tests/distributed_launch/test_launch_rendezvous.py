@@ -3,6 +3,7 @@ import os
 import stat
 
 import pytest
+import torch.distributed as dist
 from hypothesis import given, strategies as st
 
 from shardtrain.errors import ConfigError
@@ -140,6 +141,14 @@ def test_ranks_that_do_not_all_meet_in_time_get_the_rendezvous_paragraph(raised,
     assert "within 3 s (--heartbeat-timeout)" in str(error) and "raise --heartbeat-timeout" in str(error)
 
 
+def test_a_rendezvous_port_in_use_is_named_with_the_fix():
+    raised = dist.DistNetworkError("The server socket has failed to listen on any local network address. port: "
+                                   "14242, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    error = as_rendezvous_error(raised, 2, "tcp://node1:14242", 3)
+    assert isinstance(error, ConfigError) and "tcp://node1:14242" in str(error) and "already in use" in str(error)
+    assert "--distributed-init-method tcp://HOST:PORT" in str(error)
+
+
 def test_other_errors_at_start_up_are_not_called_a_rendezvous():
     assert as_rendezvous_error(RuntimeError("Connection refused"), 2, "tcp://node1:29500", 3) is None
     assert as_rendezvous_error(RuntimeError("Socket Timeout: Wait timeout somewhere else"), 2, "tcp://h:1", 3) is None
@@ -155,8 +164,9 @@ def test_a_rank_that_never_comes_is_named_after_the_timeout(tmp_path):
     from st_testutils import make_space_data_bin, scaled
 
     data = make_space_data_bin(str(tmp_path), n_words=6, train_tokens=500, valid_tokens=100, line_len=20)
-    env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
-           "SLURM_NODELIST": "localhost"}
+    # a job id (so a port) of this test process's own: two suites on one machine must not collide
+    env = {**os.environ, "SLURM_JOB_ID": str(4242 + os.getpid()), "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+           "SLURM_LOCALID": "0", "SLURM_NODELIST": "localhost"}
     start = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "shardtrain.cli.train", data, "--cpu", "--heartbeat-timeout", "3",
                              "--save-dir", str(tmp_path / "ck")], env=env, capture_output=True, text=True,
@@ -165,3 +175,30 @@ def test_a_rank_that_never_comes_is_named_after_the_timeout(tmp_path):
     assert "Only 1 of 2 ranks reached the rendezvous at tcp://localhost:" in result.stderr
     assert "within 3 s (--heartbeat-timeout)" in result.stderr and "`srun`" in result.stderr
     assert time.monotonic() - start < scaled(60)
+
+
+def test_a_port_in_use_ends_with_the_paragraph_not_a_traceback(tmp_path):
+    """The real path: rank 0's rendezvous port (SLURM's, derived from the job id) is held by another socket."""
+    import socket
+    import subprocess
+    import sys
+
+    from shardtrain.trainer.rendezvous import SLURM_BASE_PORT, SLURM_PORT_RANGE
+    from st_testutils import make_space_data_bin
+
+    data = make_space_data_bin(str(tmp_path), n_words=6, train_tokens=500, valid_tokens=100, line_len=20)
+    with socket.socket() as holder:
+        for port in range(SLURM_BASE_PORT + os.getpid() % 10000, SLURM_BASE_PORT + SLURM_PORT_RANGE):
+            try:  # the first free port from this process's own place in SLURM's range, then held
+                holder.bind(("", port))
+                break
+            except OSError:
+                continue
+        holder.listen()
+        env = {**os.environ, "SLURM_JOB_ID": str(port - SLURM_BASE_PORT), "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+               "SLURM_LOCALID": "0", "SLURM_NODELIST": "localhost"}
+        result = subprocess.run([sys.executable, "-m", "shardtrain.cli.train", data, "--cpu", "--heartbeat-timeout",
+                                 "30", "--save-dir", str(tmp_path / "ck")], env=env, capture_output=True, text=True,
+                                timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"cannot open the rendezvous at tcp://localhost:{port}: that port is already in use" in result.stderr
