@@ -13,10 +13,10 @@ from typing import Dict
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 from shardtrain.errors import CheckpointError
 from shardtrain.fileio import atomic_open, atomic_write_bytes, fsync_dir, probe_writable_dir
+from shardtrain.torch_private import load_dcp_keys
 from shardtrain.trainer.checkpoints import load_checkpoint
 from shardtrain.trainer.safe_loading import SafeFileSystemReader
 from shardtrain.trainer.sharded_checkpoints import (COMPLETE, EXTRA, FORMAT, load_extra, reading_shards,
@@ -79,10 +79,8 @@ def read_sharded(src: str, model_only: bool) -> Dict:
     """The single-file form of the sharded checkpoint ``src``, in memory."""
     extra = load_extra(src)
     keys = {"model"} if model_only else {"model", "optimizer"}
-    # The one private helper used: DCP's public API loads only into tensors you
-    # already allocated, which needs the model; this reads named keys whole.
-    with reading_shards(src):
-        loaded = _load_state_dict_from_keys(keys, storage_reader=SafeFileSystemReader(src))
+    with reading_shards(src):  # named keys whole, no model needed (see torch_private)
+        loaded = load_dcp_keys(keys, storage_reader=SafeFileSystemReader(src))
     # a full-state file keeps rng_per_rank: it resumes on as many ranks bit for bit, like the directory
     state = {k: extra[k] for k in MODEL_ONLY_KEYS if k in extra} if model_only else extra
     state.update(loaded)

@@ -24,7 +24,6 @@ older than 0.12 (argparse/omegaconf objects), is loaded only by
 (``shardtrain/checkpoint_import/fairseq_pickle.py``).
 """
 import io
-import os
 import pickle
 import re
 from typing import IO, Union
@@ -34,6 +33,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from shardtrain.errors import CheckpointError
+from shardtrain.torch_private import dcp_metadata_path
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 # Everything torch.distributed.checkpoint's FileSystemWriter pickles into ``.metadata``.
@@ -113,8 +113,8 @@ class SafeFileSystemReader(FileSystemReader):
         self._metadata = self._read_metadata_safely()
 
     def _read_metadata_safely(self) -> Metadata:
-        path = os.fspath(self._get_metadata_path())
-        with self.fs.create_stream(path, "rb") as f:
+        path = dcp_metadata_path(self)
+        with open(path, "rb") as f:
             try:
                 metadata = _MetadataUnpickler(f).load()
             except UnsafeGlobal as e:

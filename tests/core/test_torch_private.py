@@ -1,0 +1,42 @@
+"""The private torch APIs shardtrain calls (shardtrain/torch_private.py) still do what it relies on.
+
+When a torch upgrade moves one, these fail here, naming it."""
+import os
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+
+from shardtrain import torch_private
+from shardtrain.trainer.safe_loading import SafeFileSystemReader
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    state = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "optimizer": {"state": {"w": torch.ones(2)}},
+             "other": torch.zeros(4)}
+    dcp.save(state, checkpoint_id=str(tmp_path), no_dist=True)
+    return str(tmp_path)
+
+
+def test_named_keys_load_whole_and_only_those(checkpoint):
+    loaded = torch_private.load_dcp_keys(["model", "optimizer"], storage_reader=SafeFileSystemReader(checkpoint))
+    assert sorted(loaded) == ["model", "optimizer"]
+    assert torch.equal(loaded["model"]["w"], torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(loaded["optimizer"]["state"]["w"], torch.ones(2))
+
+
+def test_the_metadata_file_is_found(checkpoint):
+    path = torch_private.dcp_metadata_path(FileSystemReader(checkpoint))
+    assert os.path.isfile(path) and os.path.dirname(path) == checkpoint
+
+
+def test_a_moved_private_api_is_named(monkeypatch, checkpoint):
+    monkeypatch.delattr(FileSystemReader, "_get_metadata_path")
+    with pytest.raises(RuntimeError, match="no longer provides FileSystemReader._get_metadata_path"):
+        torch_private.dcp_metadata_path(FileSystemReader(checkpoint))
+    import torch.distributed.checkpoint.state_dict_loader as loader
+    monkeypatch.delattr(loader, "_load_state_dict_from_keys")
+    with pytest.raises(RuntimeError, match="no longer provides .*_load_state_dict_from_keys"):
+        torch_private.load_dcp_keys(["model"], storage_reader=FileSystemReader(checkpoint))
