@@ -203,7 +203,7 @@ MUTANTS = [
            'keys = {"model"}',
            ("tests/distributed/test_consolidate.py",)),
     Mutant("async_save_gate_missing", "--async-save: the next optimizer step waits until the write has landed",
-           T + "async_staging.py", "            self.waited += 1\n            self._landed.wait()\n",
+           T + "async_staging.py", "            self.waited += 1\n            self._released.wait()\n",
            "            self.waited += 1\n",
            ("tests/distributed/test_async_save_cpu.py",)),
     Mutant("weights_only_off", "checkpoints load with torch.load(weights_only=True)",

@@ -131,11 +131,9 @@ class Prestaged:
     """An ``AsyncStager`` for ``dcp.async_save`` whose state was staged already
     (by ``RunStager.stage``, which needs to know what to leave in place)."""
 
-    _synchronize_after_execute = False  # staging was synchronous: nothing to wait for
-
     @property
     def should_synchronize_after_execute(self) -> bool:
-        return False
+        return False  # staging was synchronous: nothing to wait for
 
     def stage(self, state_dict):
         return state_dict
@@ -152,32 +150,34 @@ class StepGate:
 
     A global step pre-hook (torch.optim's own) rather than one on the trainer's
     optimizer: wrappers (ZeRO, precision) step an inner optimizer, and any step
-    of any of them may change the tensors being written. The hook is removed on
-    the training thread by ``open()`` (torch iterates the hooks while it calls them)."""
+    of any of them may change the tensors being written. ``hold()`` before the
+    write, ``release()`` when it has landed (from the writer's thread), then
+    ``detach()`` on the training thread (torch iterates the hooks while it calls
+    them, so the hook cannot remove itself)."""
 
     def __init__(self):
-        self._landed = threading.Event()
-        self._landed.set()
+        self._released = threading.Event()
+        self._released.set()
         self._handle = None
         self.waited = 0  # steps that found the write still running and waited
 
-    def close(self) -> None:
-        """Gate the next steps, until ``landed()``."""
-        self._landed.clear()
+    def hold(self) -> None:
+        """Make the next optimizer steps wait, until ``release()``."""
+        self._released.clear()
         if self._handle is None:
             self._handle = register_optimizer_step_pre_hook(self._before_step)
 
-    def landed(self) -> None:
-        """The write has landed (or failed: the failure is reported elsewhere); called from any thread."""
-        self._landed.set()
+    def release(self) -> None:
+        """The write has landed (or failed: the failure is reported elsewhere); any thread."""
+        self._released.set()
 
-    def open(self) -> None:
-        """Training thread, once the write has landed: remove the hook."""
+    def detach(self) -> None:
+        """Training thread, after ``release()``: remove the hook."""
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
 
     def _before_step(self, optimizer, args, kwargs) -> None:
-        if not self._landed.is_set():
+        if not self._released.is_set():
             self.waited += 1
-            self._landed.wait()
+            self._released.wait()

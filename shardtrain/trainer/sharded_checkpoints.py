@@ -118,13 +118,13 @@ class ShardedSaver:
         else:
             staged = self.stager.stage(state, step_only_storages(model, state["optimizer"]))
             if self.stager.in_place_bytes:
-                self.gate.close()
+                self.gate.hold()
             try:
                 future = dcp.async_save(staged, checkpoint_id=partial, process_group=self._async_group(),
                                         async_stager=Prestaged())
             except BaseException:
-                self.gate.landed()
-                self.gate.open()
+                self.gate.release()
+                self.gate.detach()
                 raise
         self._pending = threading.Thread(target=self._complete, args=(future, finish), daemon=True)
         self._pending.start()
@@ -135,7 +135,7 @@ class ShardedSaver:
             try:
                 future.result()
             finally:
-                self.gate.landed()  # the live tensors are free to change
+                self.gate.release()  # the live tensors are free to change
             finish()
         except BaseException as e:  # noqa: BLE001 - reported by wait() on the training thread
             self._error = e
@@ -145,7 +145,7 @@ class ShardedSaver:
         if self._pending is not None:
             self._pending.join()
             self._pending = None
-            self.gate.open()
+            self.gate.detach()
             ranks.barrier()
         if self._error is not None:
             error, self._error = self._error, None

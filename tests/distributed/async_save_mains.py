@@ -52,12 +52,17 @@ def worst_difference(expected: dict, actual: dict) -> float:
     return float(worst)
 
 
-def slow_writes(monkeypatched=FileSystemWriter.write_data):
-    """Every shard write starts WRITE_DELAY late (this process only)."""
-    def write_data(self, plan, planner):
-        time.sleep(WRITE_DELAY)
-        return monkeypatched(self, plan, planner)
-    FileSystemWriter.write_data = write_data
+_WRITE_DATA = FileSystemWriter.write_data
+
+
+def _late_write_data(self, plan, planner):
+    time.sleep(WRITE_DELAY)
+    return _WRITE_DATA(self, plan, planner)
+
+
+def slow_writes():
+    """Every shard write starts WRITE_DELAY late (this rank process only)."""
+    FileSystemWriter.write_data = _late_write_data
 
 
 def save_change_load(cfg, ctx):
