@@ -7,7 +7,7 @@ setup(
     packages=find_packages(include=["shardtrain", "shardtrain.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "torch>=2.13,<2.14",  # the range tested (.ci/run pins 2.13.0); private APIs: shardtrain/torch_private.py
+        "torch>=2.13,<2.14",  # the range tested (.ci/run pins 2.13.0); private APIs: shardtrain/core/torch_private.py
         "numpy",
         "omegaconf>=2.3",
         "hydra-core>=1.3",

@@ -34,10 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_data import random_data_bin  # noqa: E402
 
 from shardtrain.config.build import parse_train_args  # noqa: E402
-from shardtrain.trainer.launch import call_main  # noqa: E402
+from shardtrain.trainer.launch.start import call_main  # noqa: E402
 from shardtrain.trainer.loop import Run  # noqa: E402
-from shardtrain.trainer.memory import state_bytes  # noqa: E402
-from shardtrain.trainer.sharded_checkpoints import ShardedSaver  # noqa: E402
+from shardtrain.trainer.metrics.state_memory import state_bytes  # noqa: E402
+from shardtrain.trainer.checkpoint.sharded import ShardedSaver  # noqa: E402
 
 
 class PeakRSS:

@@ -29,7 +29,7 @@ from async_save import measure  # noqa: E402
 from make_data import random_data_bin  # noqa: E402
 
 from shardtrain.config.build import parse_train_args  # noqa: E402
-from shardtrain.trainer.launch import make_context  # noqa: E402
+from shardtrain.trainer.launch.start import make_context  # noqa: E402
 from shardtrain.trainer.loop import Run  # noqa: E402
 
 

@@ -51,7 +51,7 @@ def old_init_(tensor, fn, *args, **kwargs) -> None:
 def sharded_model(data_bin: str):
     from shardtrain.config.build import parse_train_args
     from shardtrain.trainer import build
-    from shardtrain.trainer.backends.fsdp_wrap import apply_fsdp
+    from shardtrain.trainer.parallel.fsdp_wrap import apply_fsdp
     cfg = parse_train_args([data_bin, "--arch", ARCH, "--tokens-per-sample", "2048"])
     with torch.device("meta"):
         model = build.build_model(cfg, build.build_task(cfg))

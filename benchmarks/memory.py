@@ -10,7 +10,7 @@ Per rank it reports:
   includes the Python/torch baseline (also shown: the peak when the rank's
   main started, i.e. after importing torch and joining the process group);
 - state (secondary): parameters + gradients + optimizer state this rank holds
-  (local shards), from ``shardtrain.trainer.memory.state_bytes`` right after
+  (local shards), from ``shardtrain.trainer.metrics.state_memory.state_bytes`` right after
   each optimizer step (the trainer then drops the gradients), largest over
   updates. Under fully_sharded with 2 ranks it is half of DDP's by
   construction: it counts shard sizes, it does not measure memory.
@@ -73,10 +73,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_data import random_data_bin  # noqa: E402
 
 from shardtrain.config.build import parse_train_args  # noqa: E402
-from shardtrain.trainer.backends.fsdp_wrap import MMAP_THRESHOLD  # noqa: E402
-from shardtrain.trainer.launch import call_main, make_context  # noqa: E402
+from shardtrain.trainer.parallel.fsdp_wrap import MMAP_THRESHOLD  # noqa: E402
+from shardtrain.trainer.launch.start import call_main, make_context  # noqa: E402
 from shardtrain.trainer.loop import Run, train  # noqa: E402
-from shardtrain.trainer.memory import state_bytes  # noqa: E402
+from shardtrain.trainer.metrics.state_memory import state_bytes  # noqa: E402
 
 BACKENDS = ("pytorch_ddp", "fully_sharded")
 # glibc reads it when a process starts: set in the parent, the spawned ranks inherit it.

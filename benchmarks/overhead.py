@@ -33,10 +33,10 @@ from bench_ranks import fsdp_overhead  # noqa: E402
 
 from shardtrain.config.build import parse_train_args  # noqa: E402
 from shardtrain.trainer import build  # noqa: E402
-from shardtrain.trainer.backends import build_backend  # noqa: E402
-from shardtrain.trainer.launch import call_main, make_context  # noqa: E402
+from shardtrain.trainer.parallel.backends import build_backend  # noqa: E402
+from shardtrain.trainer.launch.start import call_main, make_context  # noqa: E402
 from shardtrain.trainer.precision import build_precision  # noqa: E402
-from shardtrain.trainer.run_metrics import RunMetrics  # noqa: E402
+from shardtrain.trainer.metrics.run_metrics import RunMetrics  # noqa: E402
 from shardtrain.trainer.trainer import Trainer  # noqa: E402
 
 

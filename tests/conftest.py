@@ -14,7 +14,7 @@ def _hygiene():
     torch_state, py_state = torch.get_rng_state(), random.getstate()
     threads = torch.get_num_threads()
     yield
-    from shardtrain.trainer.logging_setup import teardown_logging
+    from shardtrain.trainer.metrics.logging_setup import teardown_logging
 
     teardown_logging()
     logging.getLogger().setLevel(logging.WARNING)

@@ -42,9 +42,9 @@ sys.path.insert(0, HERE)
 from make_mnist_idx import make_mnist_idx  # noqa: E402
 
 from shardtrain.config.build import parse_train_args  # noqa: E402
-from shardtrain.trainer.launch import call_main  # noqa: E402
+from shardtrain.trainer.launch.start import call_main  # noqa: E402
 from shardtrain.trainer.loop import Run, train  # noqa: E402
-from shardtrain.trainer.memory import state_bytes  # noqa: E402
+from shardtrain.trainer.metrics.state_memory import state_bytes  # noqa: E402
 
 PLUGIN = os.path.join(HERE, "fsdp_tutorial")
 NO_WRAP = str(10 ** 12)  # more than any model has: the root is the only unit

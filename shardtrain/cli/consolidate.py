@@ -11,13 +11,13 @@ import os
 
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
-from shardtrain.config.fields import field
-from shardtrain.errors import CheckpointError
-from shardtrain.fileio import atomic_write_bytes
-from shardtrain.trainer.checkpoints import resolve_checkpoint_path
-from shardtrain.trainer.consolidate import (check_output, describe, file_to_sharded, read_sharded,
+from shardtrain.core.fields import field
+from shardtrain.core.errors import CheckpointError
+from shardtrain.core.fileio import atomic_write_bytes
+from shardtrain.trainer.checkpoint.manager import resolve_checkpoint_path
+from shardtrain.trainer.checkpoint.consolidate import (check_output, describe, file_to_sharded, read_sharded,
                                             require_safetensors, safetensors_bytes, write_file)
-from shardtrain.trainer.logging_setup import setup_logging
+from shardtrain.trainer.metrics.logging_setup import setup_logging
 
 logger = logging.getLogger("shardtrain.consolidate")
 

@@ -16,8 +16,8 @@ import torch
 
 from shardtrain.cli import generate, preprocess, train, validate
 from shardtrain.cli.errors import cli_entry
-from shardtrain.errors import ConfigError
-from shardtrain.fileio import probe_writable_dir
+from shardtrain.core.errors import ConfigError
+from shardtrain.core.fileio import probe_writable_dir
 
 # Below this the stdlib corpus is too small to fit the demo's 2000-piece sentencepiece vocabulary.
 MIN_CORPUS_MB = 0.1

@@ -2,7 +2,7 @@
 import functools
 import sys
 
-from shardtrain.errors import ShardtrainError
+from shardtrain.core.errors import ShardtrainError
 
 EXIT_USER_ERROR = 2
 

@@ -5,11 +5,11 @@ import torch
 
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.data.tokenizers import load_tokenizer
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.models.sampling import sample
-from shardtrain.trainer.inference import inference_dtype, load_for_inference
+from shardtrain.trainer.checkpoint.inference import inference_dtype, load_for_inference
 
 
 @dataclasses.dataclass

@@ -19,15 +19,16 @@ from typing import List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from shardtrain import plugins
+from shardtrain.core import plugins
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import hydra_store
 from shardtrain.config.build import from_dict, import_user_dir
 from shardtrain.config.checks import check_config
 from shardtrain.config.flags import new_parser
 from shardtrain.config.sections import COMPONENT_SLOTS
-from shardtrain.errors import ConfigError
-from shardtrain.trainer import launch, loop
+from shardtrain.core.errors import ConfigError
+from shardtrain.trainer import loop
+from shardtrain.trainer.launch import start
 
 PROG = "shard-hydra-train"
 DESCRIPTION = f"""Train a model from a Hydra config: shard-train's options as YAML and key=value overrides.
@@ -127,7 +128,7 @@ def main(argv):
     if args.cfg == "job":
         print(OmegaConf.to_yaml(cfg), end="")
         return cfg
-    return launch.call_main(cfg, loop.main)
+    return start.call_main(cfg, loop.main)
 
 
 if __name__ == "__main__":

@@ -15,18 +15,18 @@ import os
 
 import torch
 
-from shardtrain.checkpoint_import.fairseq_lm import to_shardtrain
-from shardtrain.checkpoint_import.fairseq_pickle import load_fairseq_checkpoint, looks_like_fairseq
+from shardtrain.fairseq_import.fairseq_lm import to_shardtrain
+from shardtrain.fairseq_import.fairseq_pickle import load_fairseq_checkpoint, looks_like_fairseq
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
 from shardtrain.config.build import from_dict
-from shardtrain.config.fields import field
-from shardtrain.errors import CheckpointError
-from shardtrain.fileio import atomic_open
+from shardtrain.core.fields import field
+from shardtrain.core.errors import CheckpointError
+from shardtrain.core.fileio import atomic_open
 from shardtrain.trainer import build
-from shardtrain.trainer.checkpoints import FORMAT_VERSION
-from shardtrain.trainer.consolidate import check_output
-from shardtrain.trainer.logging_setup import setup_logging
+from shardtrain.trainer.checkpoint.manager import FORMAT_VERSION
+from shardtrain.trainer.checkpoint.consolidate import check_output
+from shardtrain.trainer.metrics.logging_setup import setup_logging
 
 logger = logging.getLogger("shardtrain.import_fairseq")
 

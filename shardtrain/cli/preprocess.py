@@ -7,7 +7,7 @@ import threading
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
 from shardtrain.data.preprocess import PreprocessConfig, preprocess
-from shardtrain.trainer.logging_setup import setup_logging
+from shardtrain.trainer.metrics.logging_setup import setup_logging
 
 PROG = "shard-preprocess"
 EXIT_TERMINATED = 128 + signal.SIGTERM  # what a shell reports for a process killed by SIGTERM

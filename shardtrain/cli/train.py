@@ -1,13 +1,14 @@
 """``shard-train DATA --task ... --arch ...``: train a model (on one or many processes)."""
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer import launch, loop
+from shardtrain.trainer import loop
+from shardtrain.trainer.launch import start
 
 
 @cli_entry("shard-train")
 def main(argv):
     cfg = parse_train_args(argv)
-    return launch.call_main(cfg, loop.main)
+    return start.call_main(cfg, loop.main)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,13 @@ from typing import Optional
 
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.config.sections import LOG_FORMATS
 from shardtrain.trainer import build
-from shardtrain.trainer.inference import evaluate, inference_dtype, load_for_inference
-from shardtrain.trainer.logging_setup import setup_logging
-from shardtrain.trainer.meters import MetricsLogger
-from shardtrain.trainer.progress import build_progress_bar
+from shardtrain.trainer.checkpoint.inference import evaluate, inference_dtype, load_for_inference
+from shardtrain.trainer.metrics.logging_setup import setup_logging
+from shardtrain.trainer.metrics.meters import MetricsLogger
+from shardtrain.trainer.metrics.progress import build_progress_bar
 
 logger = logging.getLogger("shardtrain.validate")
 

@@ -7,11 +7,11 @@ from typing import Dict, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from shardtrain import plugins
+from shardtrain.core import plugins
 from shardtrain.config import components, flags
 from shardtrain.config.checks import check_config
 from shardtrain.config.sections import SECTIONS, ComponentsConfig, ShardtrainConfig
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 
 _TITLES = {
     "components": "components", "common": "common", "dataset": "dataset and batching",
@@ -25,7 +25,7 @@ _TRAIN_DESCRIPTION = """Train a model.
 
 The flags of the selected --task, --arch, --criterion, --optimizer and
 --lr-scheduler are listed in their own groups below. Components come from
-shardtrain, from installed plugins (entry-point group "shardtrain.plugins")
+shardtrain, from installed plugins (entry-point group "shardtrain.core.plugins")
 and from --user-dir."""
 
 

@@ -5,7 +5,7 @@ the flags and the fix). Later issues add rows here, not ``if``s elsewhere.
 """
 from typing import Callable, List, Tuple
 
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 
 
 def _positive_or_none(value) -> bool:

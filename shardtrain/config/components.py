@@ -3,7 +3,7 @@ import dataclasses
 from typing import Dict, Optional, Tuple, Type
 
 from shardtrain.config.sections import COMPONENT_SLOTS
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import re
 import typing
 from typing import Any, Dict, Iterable, Optional, Sequence
 
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 
 _NAME_FLAGS = {
     "--task": "task", "--arch": "arch", "--criterion": "criterion",

@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from shardtrain.config import components
 from shardtrain.config.sections import COMPONENT_SLOTS, SECTIONS, ComponentsConfig
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 
 BASE_CONFIG = "shardtrain"
 GROUPS = tuple(COMPONENT_SLOTS)  # task, model, criterion, optimizer, lr_scheduler

@@ -7,7 +7,7 @@ framework itself. Defaults are fairseq's except where noted.
 import dataclasses
 from typing import Any, Optional
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 
 LOG_FORMATS = ("json", "simple", "tqdm", "none")
 

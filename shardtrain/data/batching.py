@@ -3,7 +3,7 @@ from typing import Callable, List, Optional, Union
 
 import numpy as np
 
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 
 
 def ordered_indices(sizes: np.ndarray, *, seed: int, shuffle: bool = True) -> np.ndarray:

@@ -28,8 +28,8 @@ from tqdm import tqdm
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.indexed_dataset import (MMapIndexedDatasetBuilder, best_fitting_int_dtype, data_file_path,
                                              index_file_path)
-from shardtrain.fileio import temp_sibling
-from shardtrain.errors import DataError
+from shardtrain.core.fileio import temp_sibling
+from shardtrain.core.errors import DataError
 
 logger = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
-from shardtrain.fileio import atomic_write_bytes
+from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.data.tokenizers import tokenize_line
-from shardtrain.errors import DataError
+from shardtrain.core.errors import DataError
 
 _OVERWRITE_FLAG = "#fairseq:overwrite"
 _FIX_HINT = "Re-create it with shard-preprocess (or fix that line by hand: one `symbol count` pair per line)."

@@ -16,8 +16,8 @@ from typing import List
 import numpy as np
 import torch
 
-from shardtrain.errors import DataError
-from shardtrain.fileio import open_new, remove_quietly, temp_sibling
+from shardtrain.core.errors import DataError
+from shardtrain.core.fileio import open_new, remove_quietly, temp_sibling
 
 _MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = struct.Struct("<9sQBQ")  # magic, version, dtype code, item count

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
-from shardtrain.errors import CheckpointError, DataError
+from shardtrain.core.errors import CheckpointError, DataError
 
 BatchSampler = Union[Sequence[np.ndarray], Callable[[int], Sequence[np.ndarray]]]
 _EMPTY_BATCH = np.zeros(0, dtype=np.int64)

@@ -19,15 +19,15 @@ import shutil
 import tempfile
 from typing import Dict, List, Optional
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.data.binarize import (binarize_file, count_symbols, iter_lines, stop_signals_deferred,
                                      usable_workers)
 from shardtrain.data.dictionary import Dictionary
-from shardtrain.fileio import atomic_write_bytes
+from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.data.tokenizers import (PREPROCESS_JSON, SPM_MODEL_FILE, SPM_MODEL_TYPES, TOKENIZERS,
                                         SentencePieceTokenizer, SpaceTokenizer, load_tokenizer, tokenizer_spec,
                                         train_sentencepiece)
-from shardtrain.errors import ConfigError, DataError
+from shardtrain.core.errors import ConfigError, DataError
 
 __all__ = ["PreprocessConfig", "preprocess", "load_tokenizer"]
 

@@ -13,7 +13,7 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from shardtrain.errors import ConfigError, DataError
+from shardtrain.core.errors import ConfigError, DataError
 
 BREAK_MODES = ("none", "complete", "complete_doc", "eos")
 

@@ -14,8 +14,8 @@ from typing import Iterable, List, Optional
 
 import sentencepiece as spm
 
-from shardtrain.fileio import atomic_write_bytes
-from shardtrain.errors import ConfigError, DataError
+from shardtrain.core.fileio import atomic_write_bytes
+from shardtrain.core.errors import ConfigError, DataError
 
 PREPROCESS_JSON = "preprocess.json"
 SPM_MODEL_FILE = "spm.model"

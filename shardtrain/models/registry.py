@@ -9,7 +9,7 @@ gives explicitly overrides them.
 import dataclasses
 from typing import Callable, Dict
 
-from shardtrain.registry import Registry
+from shardtrain.core.registry import Registry
 
 MODEL_REGISTRY = Registry("model", flag="--arch")
 ARCH_REGISTRY = Registry("architecture", flag="--arch")

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from shardtrain.errors import ConfigError, ShardtrainError
+from shardtrain.core.errors import ConfigError, ShardtrainError
 
 
 @torch.no_grad()

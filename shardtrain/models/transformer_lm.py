@@ -39,8 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from shardtrain.config.fields import field
-from shardtrain.errors import ConfigError
+from shardtrain.core.fields import field
+from shardtrain.core.errors import ConfigError
 from shardtrain.models.init import init_
 from shardtrain.models.positions import (
     LearnedPositionalEmbedding,

@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from shardtrain.config.fields import field
-from shardtrain.errors import ConfigError
+from shardtrain.core.fields import field
+from shardtrain.core.errors import ConfigError
 from shardtrain.optim.optimizers import parse_float_tuple
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer
 

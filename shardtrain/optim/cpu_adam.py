@@ -41,8 +41,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam as functional_adam
 
-from shardtrain.config.fields import field
-from shardtrain.errors import CheckpointError, ConfigError
+from shardtrain.core.fields import field
+from shardtrain.core.errors import CheckpointError, ConfigError
 from shardtrain.optim.chunk_pipe import ChunkPipe
 from shardtrain.optim.optimizers import AdamConfig, parse_betas, check_non_negative
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer

@@ -13,8 +13,8 @@ from typing import Any, Dict, Tuple, Type
 
 import torch
 
-from shardtrain.config.fields import field
-from shardtrain.errors import ConfigError
+from shardtrain.core.fields import field
+from shardtrain.core.errors import ConfigError
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer
 
 # Device types on which torch (>= 2.4) ships a fused kernel for these optimizers.

@@ -16,7 +16,7 @@ from typing import Any, Dict, Type
 import torch
 from torch.distributed.tensor import DTensor
 
-from shardtrain.registry import Registry
+from shardtrain.core.registry import Registry
 
 OPTIMIZER_REGISTRY = Registry("optimizer")
 LR_SCHEDULER_REGISTRY = Registry("lr_scheduler", flag="--lr-scheduler")

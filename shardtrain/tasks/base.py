@@ -8,7 +8,7 @@ from typing import Dict, Optional
 
 from shardtrain.data.batching import batch_by_size, ordered_indices
 from shardtrain.data.iterators import EpochBatchIterator
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 
 
 class Task:

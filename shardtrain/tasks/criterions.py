@@ -13,7 +13,7 @@ from typing import Dict, List
 import torch
 import torch.nn.functional as F
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.tasks.registry import register_criterion
 
 LN2 = math.log(2)

@@ -3,12 +3,12 @@ import dataclasses
 import hashlib
 import os
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.data.collate import collate
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.indexed_dataset import MMapIndexedDataset
 from shardtrain.data.token_block import TokenBlockDataset
-from shardtrain.errors import DataError
+from shardtrain.core.errors import DataError
 from shardtrain.tasks.base import Task
 from shardtrain.tasks.registry import register_task
 

@@ -1,5 +1,5 @@
 """Task and criterion registries."""
-from shardtrain.registry import Registry
+from shardtrain.core.registry import Registry
 
 TASK_REGISTRY = Registry("task")
 CRITERION_REGISTRY = Registry("criterion")

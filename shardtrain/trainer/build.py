@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from shardtrain.config.components import resolve
-from shardtrain.trainer import zero
+from shardtrain.trainer.parallel import zero
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def build_criterion(cfg, task):
 
 def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
     """The optimizer of ``--optimizer``; with ``--zero-sharding os`` on several ranks, the
-    same class and arguments behind a :class:`~shardtrain.trainer.zero.ShardedStateOptimizer`."""
+    same class and arguments behind a :class:`~shardtrain.trainer.parallel.zero.ShardedStateOptimizer`."""
     info = resolve(cfg.components)["optimizer"]
     spec = info.obj(cfg.optimizer, device)
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

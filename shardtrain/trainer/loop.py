@@ -15,19 +15,19 @@ import torch
 from omegaconf import OmegaConf
 
 from shardtrain.config.build import to_dict
-from shardtrain.errors import CheckpointError
-from shardtrain.fileio import atomic_write_bytes
+from shardtrain.core.errors import CheckpointError
+from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.trainer import build
-from shardtrain.trainer.activation_checkpointing import apply_activation_checkpointing
-from shardtrain.trainer.backends import build_backend
-from shardtrain.trainer.logging_setup import setup_logging
-from shardtrain.trainer.checkpoints import CheckpointManager
-from shardtrain.trainer.meters import MetricsLogger
+from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
+from shardtrain.trainer.parallel.backends import build_backend
+from shardtrain.trainer.metrics.logging_setup import setup_logging
+from shardtrain.trainer.checkpoint.manager import CheckpointManager
+from shardtrain.trainer.metrics.meters import MetricsLogger
 from shardtrain.trainer.precision import build_precision
-from shardtrain.trainer.preemption import PreemptionWatcher
-from shardtrain.trainer.progress import TensorboardWriter, build_progress_bar
-from shardtrain.trainer.resume import restore
-from shardtrain.trainer.run_metrics import RunMetrics
+from shardtrain.trainer.launch.preemption import PreemptionWatcher
+from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
+from shardtrain.trainer.checkpoint.resume import restore
+from shardtrain.trainer.metrics.run_metrics import RunMetrics
 from shardtrain.trainer.trainer import Trainer
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ scale, tolerance or threshold — fairseq users rely on all three.
 import logging
 from typing import Dict, Optional
 
-from shardtrain.errors import ShardtrainError
+from shardtrain.core.errors import ShardtrainError
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Dict, Optional
 
 import torch
 
-from shardtrain.errors import ShardtrainError
+from shardtrain.core.errors import ShardtrainError
 from shardtrain.trainer.loss_scaler import DynamicLossScaler
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from shardtrain.trainer.ranks import gather_to_rank0, rank, world_size
+from shardtrain.trainer.launch.ranks import gather_to_rank0, rank, world_size
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import torch
 
 from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.trainer import build
-from shardtrain.trainer.backends import Backend
+from shardtrain.trainer.parallel.backends import Backend
 from shardtrain.trainer.precision import Precision, TrainingDivergedError  # noqa: F401 (re-exported)
 from shardtrain.trainer.train_state import TrainState
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from shardtrain.cli import generate, train, validate
-from shardtrain.trainer.save_dir_lock import LOCK_NAME
+from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 
 
@@ -64,7 +64,7 @@ def test_checkpoint_names_keep_policy_and_validate_generate(data_bin, tmp_path, 
     kept = sorted(int(n[:-len(".pt")].split("_")[2]) for n in interval)
     # the newest two: the last interval save is under 10 updates back (an epoch's end takes no interval name)
     assert kept[1] - kept[0] in (5, 10) and updates - kept[1] < 10, (kept, updates)
-    # no temporary files left (the run lock stays: see shardtrain/trainer/save_dir_lock.py)
+    # no temporary files left (the run lock stays: see shardtrain/trainer/checkpoint/save_dir_lock.py)
     assert not [n for n in os.listdir(save) if n.startswith(".") and n != LOCK_NAME]
     valid = json_records(log, "valid")
     assert len(valid) >= 2 and "valid_loss" in valid[-1]

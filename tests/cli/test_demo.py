@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shardtrain.cli import demo
-from shardtrain.trainer.preemption import PreemptionWatcher
+from shardtrain.trainer.launch.preemption import PreemptionWatcher
 
 
 def test_demo_runs_on_a_small_stdlib_corpus(tmp_path, capfd):

@@ -16,11 +16,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from shardtrain.checkpoint_import.fairseq_lm import convert_weights, to_shardtrain
-from shardtrain.checkpoint_import.fairseq_pickle import FairseqStandIn, RestrictedUnpickler
+from shardtrain.fairseq_import.fairseq_lm import convert_weights, to_shardtrain
+from shardtrain.fairseq_import.fairseq_pickle import FairseqStandIn, RestrictedUnpickler
 from shardtrain.cli import import_fairseq, train, validate
 from shardtrain.config.build import from_dict
-from shardtrain.errors import CheckpointError
+from shardtrain.core.errors import CheckpointError
 from shardtrain.trainer import build
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"

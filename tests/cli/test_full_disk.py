@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from shardtrain.trainer.save_dir_lock import LOCK_NAME
+from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from st_testutils import make_space_data_bin, tiny_model_flags
 
 # Runs training with a file-size limit, the same failure a full disk gives a

@@ -14,7 +14,7 @@ import pytest
 from shardtrain.cli import consolidate, generate, preprocess, train, validate
 from shardtrain.config import components, flags
 from shardtrain.config.build import build_train_parser
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.config.sections import SECTIONS
 
 FROZEN = os.path.join(os.path.dirname(__file__), "frozen_train_flags.txt")

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from shardtrain.cli import generate, train, validate
-from shardtrain.trainer.inference import load_for_inference
+from shardtrain.trainer.checkpoint.inference import load_for_inference
 from st_testutils import cli_refusal, make_space_data_bin, tiny_model_flags
 
 # wide enough that the parameters dominate everything else the load allocates
@@ -99,7 +99,7 @@ def test_validate_bf16_and_fp16_match_fp32_within_precision(trained):
 
 
 def test_load_is_logged_with_its_memory(trained, caplog):
-    with caplog.at_level(logging.INFO, logger="shardtrain.trainer.inference"):
+    with caplog.at_level(logging.INFO, logger="shardtrain.trainer.checkpoint.inference"):
         load_for_inference(trained[1], dtype=torch.bfloat16)
     assert any(r.getMessage().startswith("loaded ") and " parameters as bf16 on cpu in " in r.getMessage()
                and "(host " in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
@@ -118,7 +118,7 @@ def test_generate_low_precision_produces_text(trained, flag, capsys):
 # sample this process's anonymous resident memory while the large one loads.
 RSS_MAIN = """
 import sys, threading, time, torch
-from shardtrain.trainer.inference import host_private_bytes, load_for_inference
+from shardtrain.trainer.checkpoint.inference import host_private_bytes, load_for_inference
 load_for_inference(sys.argv[1], dtype=torch.bfloat16)
 base, peak, done = host_private_bytes(), [0], []
 def sample():

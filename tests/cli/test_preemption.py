@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from shardtrain.trainer.preemption import PreemptionWatcher
+from shardtrain.trainer.launch.preemption import PreemptionWatcher
 from st_testutils import last_checkpoint_state, make_space_data_bin
 
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from shardtrain.cli import train
-from shardtrain.trainer.save_dir_lock import LOCK_NAME
+from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from st_testutils import cli_refusal, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
 

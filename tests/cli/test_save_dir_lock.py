@@ -9,7 +9,7 @@ import time
 import pytest
 
 from shardtrain.cli import train
-from shardtrain.trainer.save_dir_lock import LOCK_NAME
+from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from st_testutils import make_space_data_bin, tiny_model_flags
 
 

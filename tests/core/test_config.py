@@ -2,7 +2,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from shardtrain.config.build import build_train_parser, from_dict, parse_train_args, to_dict
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 
 
 def parse(*args):

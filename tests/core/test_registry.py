@@ -2,8 +2,8 @@ import dataclasses
 
 import pytest
 
-from shardtrain.errors import ConfigError
-from shardtrain.registry import Registry
+from shardtrain.core.errors import ConfigError
+from shardtrain.core.registry import Registry
 
 
 def test_register_get_and_config_class():

@@ -1,4 +1,4 @@
-"""The private torch APIs shardtrain calls (shardtrain/torch_private.py) still do what it relies on.
+"""The private torch APIs shardtrain calls (shardtrain/core/torch_private.py) still do what it relies on.
 
 When a torch upgrade moves one, these fail here, naming it."""
 import os
@@ -8,8 +8,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
-from shardtrain import torch_private
-from shardtrain.trainer.safe_loading import SafeFileSystemReader
+from shardtrain.core import torch_private
+from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader
 
 
 @pytest.fixture

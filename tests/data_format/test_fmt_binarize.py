@@ -9,7 +9,7 @@ from shardtrain.data.binarize import binarize_file, count_symbols, find_offsets,
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.indexed_dataset import MMapIndexedDataset
 from shardtrain.data.tokenizers import tokenize_line
-from shardtrain.errors import DataError
+from shardtrain.core.errors import DataError
 
 # Python's universal newlines (fairseq reads text that way): \r\n, \r and \n end lines.
 RAW = "a b\r\nc\rd\n\n  \ne f g\n\u00e9t\u00e9 <unk> zz\nlast".encode("utf-8")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shardtrain.data.dictionary import Dictionary, post_process
-from shardtrain.errors import DataError
+from shardtrain.core.errors import DataError
 
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
 

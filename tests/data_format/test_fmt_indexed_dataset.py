@@ -10,7 +10,7 @@ import pytest
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.indexed_dataset import (MMapIndexedDataset, MMapIndexedDatasetBuilder,
                                              best_fitting_int_dtype)
-from shardtrain.errors import DataError
+from shardtrain.core.errors import DataError
 
 ITEMS = [[5, 6, 2], [2], []]
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder
-from shardtrain.errors import DataError
+from shardtrain.core.errors import DataError
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = {np.uint8: 255, np.uint16: 65535, np.int32: 2**31 - 1, np.int64: 2**63 - 1}

@@ -11,7 +11,7 @@ from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.indexed_dataset import MMapIndexedDataset
 from shardtrain.data.preprocess import PreprocessConfig, load_tokenizer, preprocess
 from shardtrain.data.tokenizers import SentencePieceTokenizer, SpaceTokenizer
-from shardtrain.errors import ConfigError, DataError
+from shardtrain.core.errors import ConfigError, DataError
 
 FAIRSEQ_FILES = ["dict.txt", "train.bin", "train.idx", "valid.bin", "valid.idx"]
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shardtrain.data.binarize import count_symbols
-from shardtrain.errors import DataError
+from shardtrain.core.errors import DataError
 
 WORKERS = 2  # a real pool, within any machine's cap
 STARTUP_TIMEOUT_S = 60

@@ -7,7 +7,7 @@ import pytest
 
 from shardtrain.data.tokenizers import (SentencePieceTokenizer, SpaceTokenizer, load_tokenizer, tokenize_line,
                                         train_sentencepiece)
-from shardtrain.errors import ConfigError, DataError
+from shardtrain.core.errors import ConfigError, DataError
 
 
 def corpus(n=300, seed=0):

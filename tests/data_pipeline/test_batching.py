@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardtrain.data.batching import batch_by_size, ordered_indices
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 
 
 def as_lists(batches):

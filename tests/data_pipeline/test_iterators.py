@@ -7,7 +7,7 @@ from shardtrain.data.batching import batch_by_size, ordered_indices
 from shardtrain.data.collate import collate
 from shardtrain.data.iterators import EpochBatchIterator
 from shardtrain.data.token_block import TokenBlockDataset
-from shardtrain.errors import CheckpointError, DataError
+from shardtrain.core.errors import CheckpointError, DataError
 
 from .fakes import EOS, PAD, CountingDataset, FakeIndexedDataset, lines_with_sizes, list_collate
 

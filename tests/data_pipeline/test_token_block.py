@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardtrain.data.token_block import TokenBlockDataset, build_block_index
-from shardtrain.errors import ConfigError, DataError
+from shardtrain.core.errors import ConfigError, DataError
 
 from .fakes import EOS, PAD, FakeIndexedDataset, lines_with_sizes
 

@@ -7,7 +7,7 @@ import copy
 
 from torch.distributed.fsdp import FSDPModule
 
-from shardtrain.trainer.backends import unwrap
+from shardtrain.trainer.parallel.backends import unwrap
 from shardtrain.trainer.loop import Run, train
 
 # name -> cfg.distributed overrides

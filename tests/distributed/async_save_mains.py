@@ -8,7 +8,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
 from shardtrain.trainer.loop import Run, train
-from shardtrain.trainer.sharded_checkpoints import ShardedSaver, load_sharded_into
+from shardtrain.trainer.checkpoint.sharded import ShardedSaver, load_sharded_into
 
 WRITE_DELAY = 1.0  # seconds every shard write is held back, so the next step surely comes first
 

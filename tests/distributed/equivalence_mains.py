@@ -1,6 +1,6 @@
 """Entry points run on every rank by the equivalence tests (importable by spawned children)."""
 from shardtrain.trainer.loop import Run, train
-from shardtrain.trainer.memory import state_bytes
+from shardtrain.trainer.metrics.state_memory import state_bytes
 from st_testutils import record_losses  # noqa: F401 - rng_mains imports it from here
 
 

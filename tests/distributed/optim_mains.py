@@ -5,7 +5,7 @@ import torch
 from equivalence_mains import train_and_record  # noqa: F401 - an entry for run_each
 from shardtrain.trainer import build
 from shardtrain.trainer.loop import Run, train
-from shardtrain.trainer.sharded_checkpoints import ShardedSaver, load_sharded_into
+from shardtrain.trainer.checkpoint.sharded import ShardedSaver, load_sharded_into
 
 
 def run_each(jobs, cfg, ctx):

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.backends import unwrap
-from shardtrain.trainer.launch import call_main
+from shardtrain.trainer.parallel.backends import unwrap
+from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train
 from st_testutils import make_space_data_bin
 

@@ -11,9 +11,9 @@ import torch.distributed as dist
 from equivalence_mains import record_losses
 from optim_mains import run_each
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.launch import call_main
+from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train
-from shardtrain.trainer.ranks import gather_to_rank0
+from shardtrain.trainer.launch.ranks import gather_to_rank0
 from st_testutils import make_space_data_bin
 
 UPDATES, HALF = 8, 4  # checkpoints are saved at HALF; resumed runs start there

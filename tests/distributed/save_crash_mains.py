@@ -10,11 +10,12 @@ import shutil
 import torch.distributed.checkpoint as dcp
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.errors import CheckpointError
-from shardtrain.trainer import checkpoints, sharded_checkpoints
-from shardtrain.trainer.launch import call_main
+from shardtrain.core.errors import CheckpointError
+from shardtrain.trainer.checkpoint import manager as checkpoints
+from shardtrain.trainer.checkpoint import sharded as sharded_checkpoints
+from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train
-from shardtrain.trainer.resume import restore
+from shardtrain.trainer.checkpoint.resume import restore
 from async_save_mains import live_tensors
 
 KILLED = 75  # the exit status of a run that died in its phase (an exception exits with 1)

@@ -16,8 +16,8 @@ import math
 
 from accelerator_only_mains import ACCELERATOR_ONLY, register, train_variants
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.launch import call_main
-from shardtrain.trainer.rendezvous import process_group_backend
+from shardtrain.trainer.launch.start import call_main
+from shardtrain.trainer.launch.rendezvous import process_group_backend
 from st_testutils import make_space_data_bin
 
 UPDATES = 4

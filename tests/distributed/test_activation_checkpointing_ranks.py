@@ -4,7 +4,7 @@ checkpointed block."""
 import numpy as np
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.launch import call_main
+from shardtrain.trainer.launch.start import call_main
 from ac_mains import VARIANTS, train_variants
 from st_testutils import make_space_data_bin
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.async_staging import staging_options
-from shardtrain.trainer.launch import call_main
+from shardtrain.trainer.checkpoint.async_staging import staging_options
+from shardtrain.trainer.launch.start import call_main
 from async_save_mains import save_change_load
 from st_testutils import make_space_data_bin
 

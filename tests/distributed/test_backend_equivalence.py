@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.launch import call_main
+from shardtrain.trainer.launch.start import call_main
 from equivalence_mains import initial_weights, train_and_record_steps
 from optim_mains import run_each
 from st_testutils import make_space_data_bin

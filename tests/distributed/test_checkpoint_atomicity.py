@@ -20,9 +20,9 @@ import time
 import pytest
 import torch
 
-from shardtrain.errors import CheckpointError
-from shardtrain.trainer.checkpoints import load_checkpoint
-from shardtrain.trainer.sharded_checkpoints import check_complete, load_extra, load_sharded_into
+from shardtrain.core.errors import CheckpointError
+from shardtrain.trainer.checkpoint.manager import load_checkpoint
+from shardtrain.trainer.checkpoint.sharded import check_complete, load_extra, load_sharded_into
 from st_testutils import make_space_data_bin
 
 

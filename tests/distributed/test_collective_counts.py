@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.launch import call_main
+from shardtrain.trainer.launch.start import call_main
 from collective_mains import count_variants
 from st_testutils import make_space_data_bin
 

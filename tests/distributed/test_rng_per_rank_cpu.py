@@ -15,7 +15,7 @@ import torch
 
 from rng_mains import (SEED, UPDATES, assert_resumed_bit_identically, config, make_data_bin,
                        straight_and_resumed, train_drawing_per_rank)
-from shardtrain.trainer.launch import call_main
+from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.rng import reseed
 from st_testutils import last_checkpoint_state
 

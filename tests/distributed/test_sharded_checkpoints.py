@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.launch import call_main
-from shardtrain.trainer.save_dir_lock import LOCK_NAME
+from shardtrain.trainer.launch.start import call_main
+from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from equivalence_mains import train_and_record
 from st_testutils import make_space_data_bin
 
@@ -132,7 +132,7 @@ def test_finetune_from_a_sharded_checkpoint(data_bin, saved_on_two_ranks, tmp_pa
     losses, weights, _ = run(data_bin, tmp_path / "ft", 1, 1, "pytorch_ddp", "0",
                              "--finetune-from-model", str(source), "--lr", "1e-9")
     # a negligible lr: the finetuned weights are the source's, which DCP assembles from both ranks' shards
-    from shardtrain.trainer.consolidate import sharded_to_file
+    from shardtrain.trainer.checkpoint.consolidate import sharded_to_file
 
     source_weights = sharded_to_file(str(source), str(tmp_path / "source.pt"), model_only=True)
     for k, v in source_weights.items():

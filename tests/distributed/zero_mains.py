@@ -9,12 +9,12 @@ import torch
 import torch.distributed as dist
 
 from equivalence_mains import record_steps
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.optim.registry import OptimizerSpec
-from shardtrain.trainer.logging_setup import setup_logging
+from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.loop import Run, train
-from shardtrain.trainer.memory import state_bytes
-from shardtrain.trainer.zero import ShardedStateOptimizer
+from shardtrain.trainer.metrics.state_memory import state_bytes
+from shardtrain.trainer.parallel.zero import ShardedStateOptimizer
 
 
 def record(cfg, ctx):

@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from shardtrain.errors import DataError
+from shardtrain.core.errors import DataError
 
 
 def _record(cfg, ctx, **extra):
@@ -84,7 +84,7 @@ def main_in_process(cfg, ctx):
 
 if __name__ == "__main__":  # under torchrun: launch_mains.py OUT_DIR [shard-train flags]
     from shardtrain.config.build import parse_train_args
-    from shardtrain.trainer.launch import call_main
+    from shardtrain.trainer.launch.start import call_main
 
     out_dir = sys.argv[1]
     cfg = parse_train_args([out_dir, "--cpu", "--batch-size", "1", "--save-dir", out_dir,

@@ -140,7 +140,7 @@ def test_nan_loss_stops_naming_the_update_and_keeps_checkpoint_last(data, tmp_pa
     assert '"num_updates": "4"' in result.stdout and '"num_updates": "5"' not in result.stdout
 
     assert last_checkpoint_state(save)["train_state"]["num_updates"] == 4  # saved before the NaN
-    from shardtrain.trainer.inference import load_for_inference
+    from shardtrain.trainer.checkpoint.inference import load_for_inference
 
     _, _, model, _ = load_for_inference(str(save / "checkpoint_last"))
     weights = list(model.state_dict().values())
@@ -175,7 +175,7 @@ def test_skip_nan_updates_passes_over_bad_steps_and_stops_when_they_persist(data
         assert f"NaN/inf at update 5; skipping it ({k} in a row, --skip-nan-updates 2)" in log, log[-3000:]
     assert [f'"num_updates": "{u}"' in result.stdout for u in range(1, 9)] == [True] * 8
     assert last_checkpoint_state(tmp_path / "skip")["train_state"]["num_updates"] == 8
-    from shardtrain.trainer.inference import load_for_inference
+    from shardtrain.trainer.checkpoint.inference import load_for_inference
 
     _, _, model, _ = load_for_inference(str(tmp_path / "skip" / "checkpoint_last"))
     assert all(torch.isfinite(w).all() for w in model.state_dict().values() if w.is_floating_point())

@@ -8,11 +8,11 @@ import types
 import pytest
 import torch
 
-from shardtrain.errors import ConfigError, DataError, ShardtrainError
-from shardtrain.trainer import launch
-from shardtrain.trainer.launch import (DistributedContext, RankFailedError, describe_exit, make_context,
+from shardtrain.core.errors import ConfigError, DataError, ShardtrainError
+from shardtrain.trainer.launch import start as launch
+from shardtrain.trainer.launch.start import (DistributedContext, RankFailedError, describe_exit, make_context,
                                        resolve_world_size)
-from shardtrain.trainer.rendezvous import as_timeout_error, process_group_timeout, resolve_backend
+from shardtrain.trainer.launch.rendezvous import as_timeout_error, process_group_timeout, resolve_backend
 
 
 @pytest.mark.parametrize("requested, use_cuda, gpus, expected", [

@@ -6,8 +6,8 @@ import pytest
 import torch.distributed as dist
 from hypothesis import given, strategies as st
 
-from shardtrain.errors import ConfigError
-from shardtrain.trainer.rendezvous import (LaunchedRank, as_rendezvous_error, expand_hostlist, from_environment,
+from shardtrain.core.errors import ConfigError
+from shardtrain.trainer.launch.rendezvous import (LaunchedRank, as_rendezvous_error, expand_hostlist, from_environment,
                                           slurm_hostnames)
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
@@ -183,7 +183,7 @@ def test_a_port_in_use_ends_with_the_paragraph_not_a_traceback(tmp_path):
     import subprocess
     import sys
 
-    from shardtrain.trainer.rendezvous import SLURM_BASE_PORT, SLURM_PORT_RANGE
+    from shardtrain.trainer.launch.rendezvous import SLURM_BASE_PORT, SLURM_PORT_RANGE
     from st_testutils import make_space_data_bin
 
     data = make_space_data_bin(str(tmp_path), n_words=6, train_tokens=500, valid_tokens=100, line_len=20)

@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 import launch_mains
 from shardtrain.config.build import parse_train_args
-from shardtrain.errors import CollectiveTimeoutError, DataError, ShardtrainError
-from shardtrain.trainer.launch import RankFailedError, call_main
+from shardtrain.core.errors import CollectiveTimeoutError, DataError, ShardtrainError
+from shardtrain.trainer.launch.start import RankFailedError, call_main
 from st_testutils import scaled
 
 

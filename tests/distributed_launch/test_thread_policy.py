@@ -1,7 +1,7 @@
 """The threads-per-rank policy as a table (no processes); under real torchrun in test_launch_torchrun.py."""
 import pytest
 
-from shardtrain.trainer.threads import plan_threads
+from shardtrain.trainer.launch.threads import plan_threads
 
 TORCHRUN_2 = {"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}  # what torchrun gives 2 local ranks by default
 

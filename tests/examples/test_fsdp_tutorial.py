@@ -12,8 +12,8 @@ import torch
 
 from shardtrain.cli import train
 from shardtrain.config.build import import_user_dir
-from shardtrain.errors import DataError
-from shardtrain.trainer.backends.fsdp_wrap import size_based_units
+from shardtrain.core.errors import DataError
+from shardtrain.trainer.parallel.fsdp_wrap import size_based_units
 from st_testutils import json_records
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "fsdp_tutorial")

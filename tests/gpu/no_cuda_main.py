@@ -9,7 +9,8 @@ import os
 import torch
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer import launch, loop
+from shardtrain.trainer import loop
+from shardtrain.trainer.launch import start as launch
 
 
 def train_then_report(cfg, ctx):

@@ -17,9 +17,9 @@ import torch
 import gpu_runs
 from conftest import needs_gpus
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.launch import call_main
+from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run
-from shardtrain.trainer.sharded_checkpoints import ShardedSaver
+from shardtrain.trainer.checkpoint.sharded import ShardedSaver
 
 UPDATES, HALF = 6, 3
 OFFLOAD = {"on_gpu": [], "cpu_offload": ["--cpu-offload"]}

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import gpu_count, needs_gpus
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.launch import call_main
+from shardtrain.trainer.launch.start import call_main
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed"))
 from equivalence_mains import initial_weights, train_and_record  # noqa: E402

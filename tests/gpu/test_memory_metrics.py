@@ -3,8 +3,8 @@ device total minus the peak allocated since the previous record (fairseq's)."""
 import torch
 
 from gpu_runs import data_bin, train
-from shardtrain.trainer.meters import MetricsLogger
-from shardtrain.trainer.run_metrics import RunMetrics
+from shardtrain.trainer.metrics.meters import MetricsLogger
+from shardtrain.trainer.metrics.run_metrics import RunMetrics
 
 KEYS = {"gb_free", "gb_peak_alloc", "gb_reserved", "gb_peak_reserved", "gb_rss", "param_gb", "optim_gb"}
 

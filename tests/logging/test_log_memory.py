@@ -3,10 +3,10 @@ a stand-in allocator (no GPU needed), and the keys of a real CPU run."""
 import torch
 
 from shardtrain.cli import train
-from shardtrain.trainer.device_memory import GIB, MemoryCalls, PeakWindows
-from shardtrain.trainer.memory import state_gb
-from shardtrain.trainer.meters import MetricsLogger
-from shardtrain.trainer.run_metrics import WINDOWS, RunMetrics
+from shardtrain.trainer.metrics.device_memory import GIB, MemoryCalls, PeakWindows
+from shardtrain.trainer.metrics.state_memory import state_gb
+from shardtrain.trainer.metrics.meters import MetricsLogger
+from shardtrain.trainer.metrics.run_metrics import WINDOWS, RunMetrics
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 
 DEVICE_KEYS = {"gb_free", "gb_peak_alloc", "gb_reserved", "gb_peak_reserved"}

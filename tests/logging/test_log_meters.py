@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from shardtrain.trainer.meters import MetricsLogger, perplexity, resident_memory_gb
+from shardtrain.trainer.metrics.meters import MetricsLogger, perplexity, resident_memory_gb
 
 
 class FakeClock:

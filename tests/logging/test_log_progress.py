@@ -5,8 +5,8 @@ import logging
 import pytest
 import torch
 
-from shardtrain.errors import ConfigError
-from shardtrain.trainer.progress import JsonBar, SimpleBar, TqdmBar, build_progress_bar, format_stat
+from shardtrain.core.errors import ConfigError
+from shardtrain.trainer.metrics.progress import JsonBar, SimpleBar, TqdmBar, build_progress_bar, format_stat
 
 STATS = {"loss": 6.2, "ppl": 73.4, "wps": 1520.0, "lr": 0.0005, "num_updates": 10}
 

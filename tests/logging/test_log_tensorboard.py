@@ -4,7 +4,7 @@ import os
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from shardtrain.trainer.progress import TensorboardWriter, build_progress_bar
+from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 
 
 def _scalars(logdir, tag, key):

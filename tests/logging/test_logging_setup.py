@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from shardtrain.errors import ConfigError
-from shardtrain.trainer.logging_setup import setup_logging, teardown_logging
-from shardtrain.trainer.progress import build_progress_bar
+from shardtrain.core.errors import ConfigError
+from shardtrain.trainer.metrics.logging_setup import setup_logging, teardown_logging
+from shardtrain.trainer.metrics.progress import build_progress_bar
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (INFO|WARNING) \| ([\w.]+) \| (.*)$")
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.models import ARCH_REGISTRY, MODEL_REGISTRY
 from shardtrain.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 from shardtrain.models.utils import num_parameters

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from shardtrain.errors import ConfigError, ShardtrainError
+from shardtrain.core.errors import ConfigError, ShardtrainError
 from shardtrain.models.sampling import choose_next, sample
 from shardtrain.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.models.positions import make_positions, sinusoidal_table
 from shardtrain.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 from shardtrain.models.utils import num_parameters

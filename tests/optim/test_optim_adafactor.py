@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.optim import OPTIMIZER_REGISTRY
 from shardtrain.optim.adafactor import Adafactor
 

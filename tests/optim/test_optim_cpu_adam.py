@@ -14,7 +14,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.optim import OPTIMIZER_REGISTRY
 from shardtrain.optim import cpu_adam as cpu_adam_module
 from shardtrain.optim.cpu_adam import CPUAdam

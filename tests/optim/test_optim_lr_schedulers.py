@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from shardtrain.config import flags
 from shardtrain.config.sections import SECTIONS
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.optim import LR_SCHEDULER_REGISTRY, OPTIMIZER_REGISTRY
 from shardtrain.optim.lr_scheduler import LRScheduler
 

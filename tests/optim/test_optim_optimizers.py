@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from shardtrain.config import flags
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.optim import OPTIMIZER_REGISTRY, OptimizerSpec
 from shardtrain.optim.optimizers import implementation_kwargs, parse_float_tuple
 

@@ -1,4 +1,4 @@
-"""Installed plugins: packages that declare a ``shardtrain.plugins`` entry point.
+"""Installed plugins: packages that declare a ``shardtrain.core.plugins`` entry point.
 
 Each test "installs" a package the way pip leaves it on disk (the package next
 to a ``*.dist-info`` directory with ``METADATA`` and ``entry_points.txt``) in a
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from shardtrain.errors import ConfigError
-from shardtrain.plugins import GROUP, load_entry_points
+from shardtrain.core.errors import ConfigError
+from shardtrain.core.plugins import GROUP, load_entry_points
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin
 
 PLUGIN_SRC = os.path.join(os.path.dirname(__file__), "entry_point_plugin", "st_ep_plugin")
@@ -104,7 +104,7 @@ def test_importing_shardtrain_loads_no_plugin_and_a_broken_one_stops_the_cli(tmp
                    modules={"st_broken_plugin.py": "raise RuntimeError('boom from the broken plugin')\n"})
     # What the shard-train console script does, after importing every command first.
     script = ("import sys\n"
-              "import shardtrain.cli.train, shardtrain.cli.validate, shardtrain.cli.generate, shardtrain.plugins\n"
+              "import shardtrain.cli.train, shardtrain.cli.validate, shardtrain.cli.generate, shardtrain.core.plugins\n"
               "assert 'st_broken_plugin' not in sys.modules, 'a plugin was imported at import time'\n"
               "sys.argv = ['shard-train', '--help']\n"
               "sys.exit(shardtrain.cli.train.main())\n")

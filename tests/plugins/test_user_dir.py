@@ -7,7 +7,7 @@ import pytest
 
 from shardtrain.cli import preprocess, train
 from shardtrain.config.build import build_train_parser
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from st_testutils import MarkovChain, json_records, write_markov_corpus
 
 PLUGIN = os.path.join(os.path.dirname(__file__), "toy_plugin")

@@ -7,7 +7,7 @@ import torch
 
 from shardtrain.tasks.criterions import CrossEntropyCriterion, LabelSmoothedCrossEntropyCriterion
 from shardtrain.tasks.criterions import CrossEntropyConfig, LabelSmoothedCrossEntropyConfig
-from shardtrain.trainer.meters import MetricsLogger
+from shardtrain.trainer.metrics.meters import MetricsLogger
 
 PAD = 1
 

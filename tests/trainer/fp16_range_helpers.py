@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.launch import make_context
+from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.loop import Run
 
 VOCAB = 32768

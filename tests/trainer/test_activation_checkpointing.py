@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
-from shardtrain.trainer.activation_checkpointing import apply_activation_checkpointing, checkpointed_indices
-from shardtrain.trainer.launch import make_context
+from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing, checkpointed_indices
+from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.loop import Run, train
 from st_testutils import make_space_data_bin
 
@@ -56,7 +56,7 @@ def loss_and_grads(model: nn.Module, saved=None):
 def test_gradients_are_bitwise_identical_with_dropout(every, offload, caplog):
     plain = small_lm()
     checkpointed = copy.deepcopy(plain)
-    with caplog.at_level(logging.INFO, logger="shardtrain.trainer.activation_checkpointing"):
+    with caplog.at_level(logging.INFO, logger="shardtrain.trainer.parallel.activation_checkpointing"):
         indices = apply_activation_checkpointing(checkpointed, every, offload, CPU)
     assert indices == ([0, 1, 2, 3] if every == 1 else [1, 3])
     assert f"{len(indices)} of {LAYERS} blocks checkpointed" in caplog.text

@@ -7,9 +7,9 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.backends import build_backend
-from shardtrain.trainer.backends.fsdp_wrap import offload_policy, shard_group_size
-from shardtrain.trainer.launch import make_context
+from shardtrain.trainer.parallel.backends import build_backend
+from shardtrain.trainer.parallel.fsdp_wrap import offload_policy, shard_group_size
+from shardtrain.trainer.launch.start import make_context
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 

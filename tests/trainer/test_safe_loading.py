@@ -14,7 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from shardtrain.cli import consolidate, train, validate
-from shardtrain.trainer.safe_loading import METADATA_GLOBALS
+from shardtrain.trainer.checkpoint.safe_loading import METADATA_GLOBALS
 from st_testutils import cli_refusal, make_space_data_bin, tiny_model_flags
 
 

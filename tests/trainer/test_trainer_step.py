@@ -7,8 +7,8 @@ import torch
 from shardtrain.config.build import parse_train_args
 from shardtrain.data.collate import collate
 from shardtrain.trainer import build
-from shardtrain.trainer.backends import build_backend
-from shardtrain.trainer.launch import make_context
+from shardtrain.trainer.parallel.backends import build_backend
+from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.precision import build_precision
 from shardtrain.trainer.trainer import Trainer, TrainingDivergedError
 from st_testutils import make_space_data_bin

@@ -8,10 +8,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from shardtrain.config.build import parse_train_args
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer import build
-from shardtrain.trainer.zero import ShardedStateOptimizer, shards_optimizer_state
+from shardtrain.trainer.parallel.zero import ShardedStateOptimizer, shards_optimizer_state
 
 ADAMW = OptimizerSpec(torch.optim.AdamW, {"betas": (0.9, 0.98), "eps": 1e-8, "weight_decay": 0.1, "fused": True})
 

@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import torch.nn.functional as F
 
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 from shardtrain.tasks import register_criterion
 
 LN2 = math.log(2)

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from shardtrain.errors import DataError
+from shardtrain.core.errors import DataError
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049

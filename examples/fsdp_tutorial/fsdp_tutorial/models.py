@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardtrain.config.fields import field
-from shardtrain.errors import ConfigError
+from shardtrain.core.fields import field
+from shardtrain.core.errors import ConfigError
 from shardtrain.models import register_model
 from shardtrain.models.init import init_
 

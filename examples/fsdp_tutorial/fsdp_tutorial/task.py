@@ -17,10 +17,10 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.data.batching import batch_by_size
 from shardtrain.data.iterators import EpochBatchIterator
-from shardtrain.errors import ConfigError, DataError
+from shardtrain.core.errors import ConfigError, DataError
 from shardtrain.tasks import Task, register_task
 
 from .criterion import ImageCrossEntropyCriterion

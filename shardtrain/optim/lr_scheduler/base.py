@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from shardtrain.errors import ConfigError
+from shardtrain.core.errors import ConfigError
 
 
 class LRScheduler:

@@ -2,7 +2,7 @@
 import dataclasses
 from typing import Optional
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.optim.lr_scheduler.base import LRScheduler, check_warmup_updates, require
 from shardtrain.optim.registry import register_lr_scheduler
 

@@ -1,7 +1,7 @@
 """``inverse_sqrt``: linear warmup, then decay with the inverse square root of the update (fairseq 0.12)."""
 import dataclasses
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.optim.lr_scheduler.base import LRScheduler, require
 from shardtrain.optim.registry import register_lr_scheduler
 

@@ -3,7 +3,7 @@ import dataclasses
 import math
 from typing import Optional, Tuple
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.optim.lr_scheduler.base import LRScheduler, require
 from shardtrain.optim.optimizers import parse_float_tuple
 from shardtrain.optim.registry import register_lr_scheduler

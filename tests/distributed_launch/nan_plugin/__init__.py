@@ -4,7 +4,7 @@ import dataclasses
 
 import torch.distributed as dist
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.tasks import register_criterion
 from shardtrain.tasks.criterions import CrossEntropyCriterion
 

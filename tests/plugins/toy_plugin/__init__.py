@@ -4,7 +4,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.models import register_model, register_model_architecture
 from shardtrain.tasks import register_task
 from shardtrain.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask

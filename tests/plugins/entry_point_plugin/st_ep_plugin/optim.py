@@ -4,7 +4,7 @@ import dataclasses
 
 import torch
 
-from shardtrain.config.fields import field
+from shardtrain.core.fields import field
 from shardtrain.optim.registry import OPTIMIZER_REGISTRY, OptimizerSpec
 
 

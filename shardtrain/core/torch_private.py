@@ -1,0 +1,39 @@
+"""Every private torch API shardtrain calls, each behind one small function.
+
+torch may rename or change a private API in any release. Kept here, a change
+fails ``tests/core/test_torch_private.py`` with the name of what moved, rather
+than a checkpoint command far away. Tested with the torch range in setup.py.
+"""
+import os
+from typing import Any, Dict, Iterable
+
+import torch
+
+
+def _moved(what: str, used_for: str) -> RuntimeError:
+    return RuntimeError(f"torch {torch.__version__} no longer provides {what}, which shardtrain uses {used_for}. "
+                        "Install the torch version setup.py names, or update shardtrain/core/torch_private.py.")
+
+
+def load_dcp_keys(keys: Iterable[str], storage_reader) -> Dict[str, Any]:
+    """The named top-level keys of a DCP checkpoint, read whole into this process.
+
+    Why private: DCP's public ``dcp.load`` fills tensors the caller allocated
+    (which needs the model), and ``format_utils.dcp_to_torch_save`` reads
+    through its own reader (not the allow-listing one) and writes a file."""
+    try:
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    except ImportError:
+        raise _moved("torch.distributed.checkpoint.state_dict_loader._load_state_dict_from_keys",
+                     "to consolidate a sharded checkpoint") from None
+    return _load_state_dict_from_keys(set(keys), storage_reader=storage_reader)
+
+
+def dcp_metadata_path(reader) -> str:
+    """Where a ``FileSystemReader``'s checkpoint keeps its ``.metadata`` file.
+
+    Why private: the safe reader unpickles the metadata itself (with an
+    allow-list) and torch has no public way to name the file."""
+    if not hasattr(reader, "_get_metadata_path"):
+        raise _moved("FileSystemReader._get_metadata_path", "to read sharded checkpoint metadata safely")
+    return os.fspath(reader._get_metadata_path())

@@ -1,7 +1,0 @@
-"""One process, no communication: the backend used when the world size is 1."""
-from shardtrain.trainer.backends.base import BACKEND_REGISTRY, Backend
-
-
-@BACKEND_REGISTRY.register("single_process")
-class SingleProcessBackend(Backend):
-    pass

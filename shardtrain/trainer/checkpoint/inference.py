@@ -1,0 +1,174 @@
+"""Rebuild a model from a checkpoint alone (for validation and generation).
+
+The model is built on the meta device, cast there (free: meta tensors hold no
+data), and only then materialised on the target device in the target dtype;
+the checkpoint's tensors are converted into it one at a time (a single file
+is memory-mapped, DCP copies each tensor read into its destination). So
+``--bf16`` on a GPU never holds a full fp32 copy of the model, on the host or
+on the GPU: a model trained with ``--cpu-offload`` can be evaluated on the
+GPU it was trained on.
+"""
+import logging
+import time
+from typing import Optional, Tuple
+
+import torch
+
+from shardtrain.fairseq_import.fairseq_pickle import looks_like_fairseq
+from shardtrain.config.build import from_dict
+from shardtrain.core.errors import CheckpointError, ConfigError
+from shardtrain.trainer import build
+from shardtrain.trainer.checkpoint.manager import load_checkpoint, resolve_checkpoint_path
+from shardtrain.trainer.checkpoint.resume import check_fingerprint
+from shardtrain.trainer.checkpoint.safe_loading import load_weights_only
+from shardtrain.trainer.checkpoint.sharded import is_sharded, load_extra, load_sharded_into
+
+logger = logging.getLogger(__name__)
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+GIB = 2 ** 30
+
+
+def inference_dtype(fp16: bool, bf16: bool) -> torch.dtype:
+    """The dtype ``--fp16``/``--bf16`` of shard-validate and shard-generate pick."""
+    if fp16 and bf16:
+        raise ConfigError("--fp16 and --bf16 both pick the dtype the model is loaded and run in. Use one "
+                          "(or neither, for fp32).")
+    return torch.float16 if fp16 else torch.bfloat16 if bf16 else torch.float32
+
+
+def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False,
+                       dtype: torch.dtype = torch.float32) -> Tuple:
+    """-> (cfg, task, model in eval mode with ``dtype`` weights, device).
+
+    The checkpoint's config is enough to rebuild the model; ``data`` points the
+    task at another copy of the data-bin (its dictionary must match). Either
+    form works: a single file, or a sharded directory (``checkpoint_last.pt``
+    finds the directory ``checkpoint_last`` when there is no such file).
+    """
+    path = resolve_checkpoint_path(path)
+    meter = LoadMeter()
+    state = load_extra(path) if is_sharded(path) else _read_file(path)
+    cfg = _config(state, data, cpu)
+    task = build.build_task(cfg)
+    check_fingerprint(task, state, path)
+    device = build.select_device(cfg)
+    meter.start_device(device)
+    model = materialise(cfg, task, dtype, device)
+    try:
+        if is_sharded(path):
+            load_sharded_into(path, model, None)  # DCP converts each tensor into the model's as it reads it
+        else:
+            model.load_state_dict(state["model"])  # copy_ converts from the mapped file, tensor by tensor
+    except RuntimeError as e:
+        raise CheckpointError(f"The model in {path} does not fit the data-bin {cfg.task.data!r}: "
+                              f"{str(e).splitlines()[1][:200] if len(str(e).splitlines()) > 1 else e}. "
+                              "Use the data-bin the checkpoint was trained on.") from None
+    del state
+    model.eval()
+    logger.info(meter.summary(model, dtype, device))
+    return cfg, task, model, device
+
+
+def _read_file(path: str):
+    """The checkpoint with its tensors left in the (memory-mapped) file. Anything
+    else (an old-format file, a fairseq checkpoint, a damaged one) goes through
+    load_checkpoint, which converts it or explains the problem."""
+    try:
+        state = load_weights_only(path, path, mmap=True)
+    except Exception:  # noqa: BLE001 - load_checkpoint below gives the reason
+        state = None
+    if not isinstance(state, dict) or "model" not in state or "cfg" not in state or looks_like_fairseq(state):
+        return load_checkpoint(path, model_only=True)
+    return state
+
+
+def _config(state, data: Optional[str], cpu: bool):
+    values = dict(state["cfg"])
+    if data is not None:
+        values["task"] = {**values.get("task", {}), "data": data}
+    values["common"] = {**values.get("common", {}), "cpu": cpu or values.get("common", {}).get("cpu", False)}
+    return from_dict(values)
+
+
+def materialise(cfg, task, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """The model with uninitialised ``dtype`` parameters on ``device`` (nothing
+    is allocated in any other dtype), its non-persistent buffers recomputed."""
+    with torch.device("meta"):
+        model = build.build_model(cfg, task).to(dtype)
+    model.to_empty(device=device)
+    _recompute_buffers(model)
+    return model
+
+
+@torch.no_grad()
+def _recompute_buffers(model: torch.nn.Module) -> None:
+    # Buffers outside the state dict (the sinusoidal table) are not in the
+    # checkpoint; to_empty left them uninitialised. Their module recomputes them.
+    saved = set(model.state_dict().keys())
+    for name, _ in model.named_buffers():
+        if name not in saved:
+            owner = model.get_submodule(name.rpartition(".")[0])
+            if not hasattr(owner, "init_weights"):
+                raise TypeError(f"{type(owner).__name__} has the non-persistent buffer {name} but no "
+                                "init_weights() to recompute it after loading on the meta device")
+            owner.init_weights()
+
+
+class LoadMeter:
+    """Time, host memory and GPU peak memory of one load, for the log line."""
+
+    def __init__(self):
+        self.t0, self.host0, self.cuda = time.perf_counter(), host_private_bytes(), None
+
+    def start_device(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            self.cuda = device
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def summary(self, model, dtype: torch.dtype, device: torch.device) -> str:
+        params = sum(p.numel() for p in model.parameters())
+        host = host_private_bytes()
+        memory = [f"host {_size(host - self.host0)}" if host is not None and self.host0 is not None else "host n/a"]
+        if self.cuda is not None:
+            memory.append(f"GPU peak {_size(torch.cuda.max_memory_allocated(self.cuda), sign='')}")
+        return (f"loaded {_count(params)} parameters as {DTYPE_NAMES.get(dtype, dtype)} on {device} in "
+                f"{time.perf_counter() - self.t0:.1f} s ({', '.join(memory)})")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
+def _size(nbytes: int, sign: str = "+") -> str:
+    # MiB below 1 GiB, so a small model's numbers are not all "0.00 GiB"
+    sign = "-" if nbytes < 0 else sign
+    nbytes = abs(nbytes)
+    return f"{sign}{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{sign}{nbytes / 2 ** 20:.1f} MiB"
+
+
+def host_private_bytes() -> Optional[int]:
+    """This process's anonymous resident memory (Linux): what it allocated itself.
+    The pages of a memory-mapped checkpoint are not counted: the kernel drops
+    them when it needs the memory."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@torch.no_grad()
+def evaluate(criterion, model, batches, device, metrics) -> None:
+    """Run the criterion over ``batches`` and accumulate its metrics (the model
+    computes in its own dtype; the criterion takes the log-softmax in fp32)."""
+    for sample in batches:
+        if not sample:
+            continue
+        sample = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in sample.items()}
+        sample["net_input"] = {k: v.to(device) for k, v in sample["net_input"].items()}
+        _, _, log = criterion(model, sample)
+        criterion.reduce_metrics([{k: float(v) for k, v in log.items()}], metrics)

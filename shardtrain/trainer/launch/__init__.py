@@ -1,0 +1,1 @@
+"""Starting a run's ranks: spawning or joining torchrun/SLURM, rendezvous, threads, preemption signals."""

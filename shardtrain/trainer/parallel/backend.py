@@ -1,0 +1,109 @@
+"""The data-parallel backend interface.
+
+The trainer holds one backend and never branches on which it is. A backend
+wraps the model, says how gradients are reduced, skips communication on
+accumulation steps, computes the global gradient norm, reduces scalars and
+produces state dicts. Backends are registered by name (``--ddp-backend``
+picks one); each lives in its own file.
+"""
+import contextlib
+from typing import Dict, Iterable, List
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+from shardtrain.core.registry import Registry
+
+BACKEND_REGISTRY = Registry("ddp_backend", flag="--ddp-backend")
+
+
+class Backend:
+    #: True when the wrapped model averages gradients over ranks (DDP, FSDP),
+    #: so the loss is multiplied by world_size to turn that mean into a sum.
+    grads_are_averaged: bool = False
+    #: True when the backend builds the model on the meta device and
+    #: materialises it itself (no rank ever holds the full model).
+    init_on_meta: bool = False
+    #: True when the backend casts parameters to --bf16/--fp16 itself (FSDP's
+    #: MixedPrecisionPolicy), so the precision component must not autocast.
+    casts_params: bool = False
+    #: True when checkpoints are saved sharded (one DCP directory, every rank
+    #: writing its own shards) rather than as one file written by rank 0.
+    sharded_checkpoints: bool = False
+
+    def __init__(self, ctx, cfg):
+        """``ctx``: this rank's DistributedContext; ``cfg``: the run config (the
+        backend reads its own section, ``cfg.distributed``)."""
+        self.ctx = ctx
+        self.cfg = cfg.distributed
+
+    rank = property(lambda self: self.ctx.rank)
+    world_size = property(lambda self: self.ctx.world_size)
+    device = property(lambda self: self.ctx.device)
+    is_master = property(lambda self: self.ctx.rank == 0)
+
+    @property
+    def optimizer_device(self) -> torch.device:
+        """Where the optimizer state and step live (the CPU under --cpu-offload)."""
+        return self.device
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model.to(self.device)
+
+    def no_sync(self, module: nn.Module):
+        """Context for accumulation steps: no gradient communication."""
+        return contextlib.nullcontext()
+
+    def reduce_grads(self, params: List[nn.Parameter]) -> None:
+        """Called after the last backward of an update; backends that reduce
+        during backward (DDP, FSDP) have nothing left to do."""
+
+    def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(values)
+        return values
+
+    def grad_norm(self, params: Iterable[nn.Parameter]) -> torch.Tensor:
+        """Norm of the full (unsharded) gradient, in fp32."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if all(g.dtype == torch.float32 for g in grads):
+            return torch.nn.utils.get_total_norm(grads, foreach=True)
+        # fp16 gradients (--memory-efficient-fp16) hold loss_scale x the summed loss's
+        # gradient: their norm may pass fp16's maximum while every element is finite.
+        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+        return torch.linalg.vector_norm(torch.stack(norms))
+
+    @torch.no_grad()
+    def multiply_grads(self, params: Iterable[nn.Parameter], multiplier: float) -> None:
+        """Scale every gradient in place (unscaling, 1/sample size and clipping in one pass)."""
+        if multiplier != 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(multiplier)
+
+    def model_state_dict(self, module: nn.Module) -> Dict:
+        return unwrap(module).state_dict()
+
+    def load_model_state_dict(self, module: nn.Module, state_dict: Dict) -> None:
+        unwrap(module).load_state_dict(state_dict)
+
+    def optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> Dict:
+        # Keyed by parameter name (not position), as every backend and DCP key it,
+        # so one checkpoint's optimizer state loads under any backend.
+        return get_optimizer_state_dict(module, optimizer)
+
+    def load_optimizer_state_dict(self, module: nn.Module, optimizer, state_dict: Dict) -> None:
+        set_optimizer_state_dict(module, optimizer, state_dict)
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        pass
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    return getattr(module, "module", module)
