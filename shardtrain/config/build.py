@@ -25,7 +25,7 @@ _TRAIN_DESCRIPTION = """Train a model.
 
 The flags of the selected --task, --arch, --criterion, --optimizer and
 --lr-scheduler are listed in their own groups below. Components come from
-shardtrain, from installed plugins (entry-point group "shardtrain.core.plugins")
+shardtrain, from installed plugins (entry-point group "shardtrain.plugins")
 and from --user-dir."""
 
 

@@ -1,9 +1,9 @@
-"""Components from installed packages: the ``shardtrain.core.plugins`` entry-point group.
+"""Components from installed packages: the ``shardtrain.plugins`` entry-point group.
 
 A package adds tasks, models, architectures, optimizers, ... by declaring an
 entry point in its packaging metadata (``pyproject.toml``)::
 
-    [project.entry-points."shardtrain.core.plugins"]
+    [project.entry-points."shardtrain.plugins"]
     my_models = "my_package.shardtrain_models"       # a module: importing it registers
     my_optim = "my_package.plugin:register"          # a callable: called with no arguments
 
@@ -20,7 +20,7 @@ from typing import Iterable, List, Tuple
 
 from shardtrain.core.errors import ConfigError
 
-GROUP = "shardtrain.core.plugins"
+GROUP = "shardtrain.plugins"
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,4 @@
-"""Installed plugins: packages that declare a ``shardtrain.core.plugins`` entry point.
+"""Installed plugins: packages that declare a ``shardtrain.plugins`` entry point.
 
 Each test "installs" a package the way pip leaves it on disk (the package next
 to a ``*.dist-info`` directory with ``METADATA`` and ``entry_points.txt``) in a
