@@ -29,7 +29,7 @@ def _with(capability: str) -> str:
 # Optimizers that step fp16 parameters in fp32 from fp32 state (the others would keep fp16 moments).
 FP32_STATE_FOR_FP16_PARAMS = ("cpu_adam", "adafactor")
 
-RULES: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
+_TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: not _positive_or_none(c.dataset.max_tokens),
      "--max-tokens must be a positive number of tokens."),
     (lambda c: not _positive_or_none(c.dataset.batch_size),
@@ -110,7 +110,20 @@ RULES: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
 ]
 
 
+def rules() -> List[Tuple[Callable, str]]:
+    """The table with every message written out (the backends' names looked up now, so
+    backends registered by plugins are named too)."""
+    return [(wrong, message() if callable(message) else message) for wrong, message in _TABLE]
+
+
+def __getattr__(name: str):
+    # ``RULES`` is computed on access: importing the config must not import the backends (torch).
+    if name == "RULES":
+        return rules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def check_config(cfg) -> None:
-    problems = [message() if callable(message) else message for wrong, message in RULES if wrong(cfg)]
+    problems = [message for wrong, message in rules() if wrong(cfg)]
     if problems:
         raise ConfigError(" ".join(problems))

@@ -125,8 +125,6 @@ class CheckpointConfig:
                              "continues (same atomicity)")
 
 
-
-
 def _ddp_backends():
     # Lazy: the backends import torch, which importing the config must not; the parser
     # calls this once plugins (--user-dir) have registered theirs.

@@ -1,7 +1,8 @@
 """``field()``: a dataclass field with the help text the flag generator needs.
 
-Every config field carries help text; ``choices`` restricts string values (a zero-argument callable is called
-when the parser is built, for choices that come from a registry);
+Every config field carries help text; ``choices`` restricts string values
+(a zero-argument callable is called when the parser is built, for choices a
+registry holds: plugins register theirs before that);
 ``positional`` makes the flag a positional argument (the data directory).
 """
 import dataclasses
@@ -16,5 +17,7 @@ def field(
     default_factory: Any = dataclasses.MISSING,
     positional: bool = False,
 ):
-    metadata = {"help": help, "choices": choices if callable(choices) else list(choices) if choices else None, "positional": positional}
+    if choices and not callable(choices):
+        choices = list(choices)
+    metadata = {"help": help, "choices": choices or None, "positional": positional}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)

@@ -13,7 +13,7 @@ from torch import nn
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.build import init_weights, log_model_size
 from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
-from shardtrain.trainer.parallel.backend import Backend
+from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
 
 
 def prepare_model(build: Callable[[], nn.Module], backend: Backend, *, seed: int,
@@ -54,5 +54,5 @@ def prepare_model(build: Callable[[], nn.Module], backend: Backend, *, seed: int
 
 
 def _names(backend: Backend) -> str:
-    from shardtrain.trainer.parallel.backends import BACKEND_REGISTRY  # registers the built-ins
+    """The --ddp-backend name(s) ``backend`` is registered under, for messages."""
     return " / ".join(e.name for e in BACKEND_REGISTRY.entries() if e.obj is type(backend)) or type(backend).__name__
