@@ -10,6 +10,10 @@ training step changing:
 - fp16: the same compute paths plus dynamic loss scaling
   (``shardtrain.trainer.loss_scaler``): overflowing updates are skipped by
   every rank together and the scale adapts.
+
+The dtypes are decided once, here (:func:`run_dtypes`): what the model is
+stored in (``prepare_model`` casts it), what it computes in, and the FSDP2
+policy handed to a backend that casts the parameters itself.
 """
 import contextlib
 import dataclasses
