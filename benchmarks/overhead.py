@@ -56,7 +56,8 @@ def setup(data: str, threads: int):
 class Ours:
     def __init__(self, cfg, task, model, criterion):
         backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None))
-        self.trainer = Trainer(cfg, task, model, criterion, backend, build_precision(cfg, backend))
+        # The benchmark's own model as built (not prepare_model's seeded init): the one process's wrap only.
+        self.trainer = Trainer(cfg, task, backend.wrap(model), criterion, backend, build_precision(cfg, backend))
         self.metrics = RunMetrics(torch.device("cpu"))
 
     def step(self, batch):

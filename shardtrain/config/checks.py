@@ -1,10 +1,12 @@
 """Flag checks, made once up front from one table.
 
 Each rule is (predicate that is True when the config is wrong, message naming
-the flags and the fix). Later issues add rows here, not ``if``s elsewhere.
+the flags and the fix; a callable when it is derived, e.g. from the backend
+registry). Later issues add rows here, not ``if``s elsewhere.
 """
-from typing import Callable, List, Tuple
+from typing import Callable, List, Tuple, Union
 
+from shardtrain.config.sections import loss_scaled
 from shardtrain.core.errors import ConfigError
 
 
@@ -12,10 +14,22 @@ def _positive_or_none(value) -> bool:
     return value is None or value > 0
 
 
+# Backend rules ask for a capability (a Backend class attribute), never a backend's name, and
+# name the backends that have it. Imported late: the backends import torch, the config does not.
+def _backend_has(cfg, capability: str) -> bool:
+    from shardtrain.trainer.parallel.backends import backend_class
+    return getattr(backend_class(cfg.distributed.ddp_backend), capability)
+
+
+def _with(capability: str) -> str:
+    from shardtrain.trainer.parallel.backends import names_with
+    return names_with(capability)
+
+
 # Optimizers that step fp16 parameters in fp32 from fp32 state (the others would keep fp16 moments).
 FP32_STATE_FOR_FP16_PARAMS = ("cpu_adam", "adafactor")
 
-RULES: List[Tuple[Callable, str]] = [
+_TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: not _positive_or_none(c.dataset.max_tokens),
      "--max-tokens must be a positive number of tokens."),
     (lambda c: not _positive_or_none(c.dataset.batch_size),
@@ -60,7 +74,7 @@ RULES: List[Tuple[Callable, str]] = [
      "--fp16-scale-tolerance is a fraction of updates and must be in [0, 1]."),
     (lambda c: c.optimization.skip_nan_updates < 0,
      "--skip-nan-updates must be >= 0 (the number of NaN/inf updates in a row that may be skipped)."),
-    (lambda c: c.optimization.skip_nan_updates > 0 and (c.common.fp16 or c.common.memory_efficient_fp16),
+    (lambda c: c.optimization.skip_nan_updates > 0 and loss_scaled(c.common),
      "--skip-nan-updates is for fp32 and --bf16 runs: with --fp16 the loss scaler already skips every update "
      "whose gradient overflows and lowers the scale (--min-loss-scale bounds it). Drop --skip-nan-updates."),
     (lambda c: c.common.min_loss_scale <= 0, "--min-loss-scale must be positive (the default is 1e-4)."),
@@ -68,20 +82,20 @@ RULES: List[Tuple[Callable, str]] = [
      "--memory-efficient-fp16 stores the parameters in fp16 and needs an optimizer that keeps fp32 state for "
      "them and steps in fp32 (as fairseq's supports_memory_efficient_fp16): --optimizer cpu_adam or adafactor. "
      "Use one of those, or --fp16 (fp32 weights, fp16 compute) with any optimizer."),
-    (lambda c: c.common.memory_efficient_fp16 and c.distributed.ddp_backend == "fully_sharded",
-     "--memory-efficient-fp16 stores the whole model in fp16, but --ddp-backend fully_sharded already keeps "
-     "only fp32 parameter shards and computes in fp16 with --fp16. Use --fp16 with fully_sharded, or another "
-     "--ddp-backend."),
-    (lambda c: c.distributed.cpu_offload and c.distributed.ddp_backend != "fully_sharded",
-     "--cpu-offload needs --ddp-backend fully_sharded (it offloads the parameter shards); "
-     "add --ddp-backend fully_sharded or drop --cpu-offload."),
-    (lambda c: c.distributed.fsdp_unsharded_accumulation and c.distributed.ddp_backend != "fully_sharded",
-     "--fsdp-unsharded-accumulation changes how --ddp-backend fully_sharded accumulates gradients over "
-     "--update-freq; the other backends already skip communication on accumulation steps. Add --ddp-backend "
-     "fully_sharded or drop --fsdp-unsharded-accumulation."),
-    (lambda c: c.checkpoint.async_save and c.distributed.ddp_backend != "fully_sharded",
-     "--async-save writes sharded checkpoints with torch.distributed.checkpoint and needs --ddp-backend "
-     "fully_sharded; add it or drop --async-save."),
+    (lambda c: c.common.memory_efficient_fp16 and _backend_has(c, "shards_parameters"),
+     lambda: f"--memory-efficient-fp16 stores the whole model in fp16, but --ddp-backend {_with('shards_parameters')} "
+     "already keeps only fp32 parameter shards and computes in fp16 with --fp16. Use --fp16 with "
+     f"{_with('shards_parameters')}, or another --ddp-backend."),
+    (lambda c: c.distributed.cpu_offload and not _backend_has(c, "supports_cpu_offload"),
+     lambda: f"--cpu-offload needs --ddp-backend {_with('supports_cpu_offload')} (it offloads the parameter shards); "
+     f"add --ddp-backend {_with('supports_cpu_offload')} or drop --cpu-offload."),
+    (lambda c: c.distributed.fsdp_unsharded_accumulation and not _backend_has(c, "shards_parameters"),
+     lambda: f"--fsdp-unsharded-accumulation changes how --ddp-backend {_with('shards_parameters')} accumulates "
+     "gradients over --update-freq; the other backends already skip communication on accumulation steps. Add "
+     f"--ddp-backend {_with('shards_parameters')} or drop --fsdp-unsharded-accumulation."),
+    (lambda c: c.checkpoint.async_save and not _backend_has(c, "sharded_checkpoints"),
+     lambda: "--async-save writes sharded checkpoints with torch.distributed.checkpoint and needs --ddp-backend "
+     f"{_with('sharded_checkpoints')}; add it or drop --async-save."),
     (lambda c: c.distributed.distributed_world_size is not None and c.distributed.distributed_world_size < 1,
      "--distributed-world-size must be at least 1."),
     (lambda c: c.checkpoint.no_save and c.checkpoint.save_interval_updates > 0,
@@ -89,14 +103,27 @@ RULES: List[Tuple[Callable, str]] = [
     (lambda c: c.distributed.checkpoint_activations_every < 1,
      "--checkpoint-activations-every must be at least 1 (1 checkpoints every block, K every K-th); "
      "to turn checkpointing off, drop --checkpoint-activations."),
-    (lambda c: c.distributed.zero_sharding != "none" and c.distributed.ddp_backend == "fully_sharded",
-     "--zero-sharding os shards the optimizer state across ranks, which --ddp-backend fully_sharded already does "
-     "(it shards parameters, gradients and optimizer state); drop --zero-sharding, or use --ddp-backend "
-     "pytorch_ddp or legacy_ddp with it."),
+    (lambda c: c.distributed.zero_sharding != "none" and _backend_has(c, "shards_parameters"),
+     lambda: "--zero-sharding os shards the optimizer state across ranks, which --ddp-backend "
+     f"{_with('shards_parameters')} already does (it shards parameters, gradients and optimizer state); drop "
+     "--zero-sharding, or use --ddp-backend pytorch_ddp or legacy_ddp with it."),
 ]
 
 
+def rules() -> List[Tuple[Callable, str]]:
+    """The table with every message written out (the backends' names looked up now, so
+    backends registered by plugins are named too)."""
+    return [(wrong, message() if callable(message) else message) for wrong, message in _TABLE]
+
+
+def __getattr__(name: str):
+    # ``RULES`` is computed on access: importing the config must not import the backends (torch).
+    if name == "RULES":
+        return rules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def check_config(cfg) -> None:
-    problems = [message for wrong, message in RULES if wrong(cfg)]
+    problems = [message for wrong, message in rules() if wrong(cfg)]
     if problems:
         raise ConfigError(" ".join(problems))

@@ -99,8 +99,9 @@ def add_dataclass_flags(group, section: str, cls, overrides: Optional[Dict] = No
             kwargs.update(type=parse_tuple, metavar="TUPLE")
         else:
             kwargs["type"] = tp if tp in (int, float, str) else str
-            if f.metadata.get("choices"):
-                kwargs["choices"] = f.metadata["choices"]
+            choices = f.metadata.get("choices")
+            if choices:
+                kwargs["choices"] = list(choices() if callable(choices) else choices)
             else:
                 kwargs["metavar"] = f.name.upper()  # not the "section.field" dest
         try:

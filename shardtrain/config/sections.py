@@ -25,6 +25,22 @@ class ComponentsConfig:
     lr_scheduler: str = field("inverse_sqrt", help="learning-rate scheduler")
 
 
+def chosen_precision(common) -> str:
+    """The one reading of --fp16/--bf16/--memory-efficient-fp16: "fp32", "bf16", "fp16" or
+    "memory_efficient_fp16" (fairseq: --memory-efficient-fp16 implies --fp16). checks.py refuses
+    fp16 with bf16; shardtrain.trainer.precision turns the name into dtypes."""
+    if common.bf16:
+        return "bf16"
+    if common.memory_efficient_fp16:
+        return "memory_efficient_fp16"
+    return "fp16" if common.fp16 else "fp32"
+
+
+def loss_scaled(common) -> bool:
+    """fp16 in either form: the loss scaler owns overflowing updates."""
+    return chosen_precision(common) in ("fp16", "memory_efficient_fp16")
+
+
 @dataclasses.dataclass
 class CommonConfig:
     seed: int = field(1, help="random seed for model init, data order and dropout")
@@ -109,7 +125,13 @@ class CheckpointConfig:
                              "continues (same atomicity)")
 
 
-DDP_BACKENDS = ("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d", "fully_sharded")
+def _ddp_backends():
+    # Lazy: the backends import torch, which importing the config must not; the parser
+    # calls this once plugins (--user-dir) have registered theirs.
+    from shardtrain.trainer.parallel.backends import user_choices
+    return user_choices()
+
+
 SHARDING_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2")
 
 
@@ -125,7 +147,7 @@ class DistributedConfig:
                    "environment, or a file in a temporary directory when shard-train spawns the processes)")
     heartbeat_timeout: int = field(
         -1, help="seconds a collective may wait before the job fails (-1: 1800); a dead rank ends the job after this")
-    ddp_backend: str = field("pytorch_ddp", help="data-parallel backend", choices=DDP_BACKENDS)
+    ddp_backend: str = field("pytorch_ddp", help="data-parallel backend", choices=_ddp_backends)
     bucket_cap_mb: int = field(25, help="DDP gradient bucket size in MB")
     find_unused_parameters: bool = field(False, help="DDP: allow parameters that get no gradient")
     gradient_as_bucket_view: bool = field(False, help="DDP: gradients are views into the all-reduce buckets")

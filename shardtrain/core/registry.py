@@ -68,6 +68,10 @@ class Registry:
     def names(self) -> List[str]:
         return sorted(self._entries)
 
+    def entries(self) -> List[Entry]:
+        """Every entry, in registration order (aliases included)."""
+        return list(self._entries.values())
+
 
 def _describe(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"

@@ -4,7 +4,6 @@ fairseq_cli/train.py in shape: ``main`` builds everything, then runs epochs;
 ``validate_and_save`` decides, after every update, whether to validate and
 which checkpoints to write.
 """
-import contextlib
 import itertools
 import logging
 import os
@@ -18,8 +17,8 @@ from shardtrain.config.build import to_dict
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.trainer import build
-from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
 from shardtrain.trainer.parallel.backends import build_backend
+from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
 from shardtrain.trainer.metrics.meters import MetricsLogger
@@ -46,16 +45,14 @@ class Run:
         self.checkpoints = CheckpointManager(cfg.checkpoint, is_master=self.backend.is_master,
                                              sharded=self.backend.sharded_checkpoints)
         self.checkpoints.check_writable()
-        with torch.device("meta") if self.backend.init_on_meta else contextlib.nullcontext():
-            model = build.build_model(cfg, self.task)
-        if not self.backend.init_on_meta:
-            build.init_weights(model, cfg.common.seed)
-        build.log_model_size(model)
+        precision = build_precision(cfg, self.backend)
         d = cfg.distributed
-        if d.checkpoint_activations or d.offload_activations:  # before the backend wraps each block (FSDP)
-            apply_activation_checkpointing(model, d.checkpoint_activations_every, d.offload_activations, ctx.device)
+        checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it
+        model = prepare_model(lambda: build.build_model(cfg, self.task), self.backend, seed=cfg.common.seed,
+                              param_dtype=precision.param_dtype, offload_activations=d.offload_activations,
+                              checkpoint_activations_every=d.checkpoint_activations_every if checkpointing else None)
         criterion = build.build_criterion(cfg, self.task)
-        self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, build_precision(cfg, self.backend))
+        self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, precision)
         self.metrics = RunMetrics(ctx.device, self.trainer)
         logger.info(f"rank {ctx.rank} holds {self.metrics.state_memory()} (parameters, gradients, optimizer state) "
                     f"with --ddp-backend {cfg.distributed.ddp_backend}")

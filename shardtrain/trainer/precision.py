@@ -10,13 +10,20 @@ training step changing:
 - fp16: the same compute paths plus dynamic loss scaling
   (``shardtrain.trainer.loss_scaler``): overflowing updates are skipped by
   every rank together and the scale adapts.
+
+The dtypes are decided once, here (:func:`run_dtypes`): what the model is
+stored in (``prepare_model`` casts it), what it computes in, and the FSDP2
+policy handed to a backend that casts the parameters itself.
 """
 import contextlib
+import dataclasses
 import logging
 from typing import Dict, Optional
 
 import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from shardtrain.config.sections import chosen_precision
 from shardtrain.core.errors import ShardtrainError
 from shardtrain.trainer.loss_scaler import DynamicLossScaler
 
@@ -34,14 +41,10 @@ class Precision:
                  param_dtype: Optional[torch.dtype] = None, skip_nan: int = 0):
         """``autocast_dtype``: compute dtype for ``torch.autocast``, or None when the
         parameters themselves are fp32 compute (or the backend casts them);
-        ``param_dtype``: the dtype the model is stored in, if not fp32;
+        ``param_dtype``: the dtype the model is stored in, if not fp32 (prepare_model casts it);
         ``skip_nan``: how many NaN/inf updates in a row are skipped rather than fatal."""
         self.autocast_dtype, self.device_type, self.param_dtype = autocast_dtype, device_type, param_dtype
         self.skip_nan, self.nan_in_a_row = skip_nan, 0
-
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Called before the backend wraps the model."""
-        return model if self.param_dtype is None else model.to(self.param_dtype)
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -154,9 +157,39 @@ def _innermost(optimizer):
     return optimizer
 
 
-def low_precision_dtype(common) -> Optional[torch.dtype]:
-    fp16 = common.fp16 or common.memory_efficient_fp16  # fairseq: --memory-efficient-fp16 implies --fp16
-    return torch.bfloat16 if common.bf16 else torch.float16 if fp16 else None
+# What each --fp16/--bf16/--memory-efficient-fp16 choice (config.sections.chosen_precision) computes in.
+_COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "memory_efficient_fp16": torch.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Dtypes:
+    """The dtypes of a run, decided once (:func:`decide_dtypes`)."""
+    name: str  # fp32, bf16, fp16 or memory_efficient_fp16
+    compute: Optional[torch.dtype]  # low-precision compute, None for fp32
+    storage: Optional[torch.dtype]  # what the model itself is cast to, None to keep it fp32
+    policy: MixedPrecisionPolicy  # for a backend that casts the parameters itself (FSDP2)
+
+
+def decide_dtypes(name: str, reduce_in_low_precision: bool) -> Dtypes:
+    compute = _COMPUTE_DTYPES[name]
+    # fairseq's memory-efficient fp16: the model itself is stored in fp16 (parameters and
+    # gradients, also what DDP all-reduces); the optimizer (cpu_adam) keeps fp32 state.
+    storage = compute if name == "memory_efficient_fp16" else None
+    return Dtypes(name, compute, storage, mixed_precision(compute, reduce_in_low_precision))
+
+
+def run_dtypes(cfg) -> Dtypes:
+    """The one place a run's precision flags become dtypes."""
+    return decide_dtypes(chosen_precision(cfg.common), cfg.distributed.reduce_in_low_precision)
+
+
+def mixed_precision(param_dtype: Optional[torch.dtype], reduce_in_low_precision: bool) -> MixedPrecisionPolicy:
+    """Compute in ``param_dtype`` from fp32 sharded master weights; reduce gradients in fp32
+    unless asked otherwise."""
+    if param_dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=param_dtype,
+                                reduce_dtype=param_dtype if reduce_in_low_precision else torch.float32)
 
 
 def build_scaler(cfg, world_size: int) -> DynamicLossScaler:
@@ -171,13 +204,12 @@ def build_scaler(cfg, world_size: int) -> DynamicLossScaler:
 
 
 def build_precision(cfg, backend) -> Precision:
-    dtype = low_precision_dtype(cfg.common)
-    if cfg.common.memory_efficient_fp16:
-        # fairseq's memory-efficient fp16: the model itself is stored in fp16 (parameters and
-        # gradients, also what DDP all-reduces); the optimizer (cpu_adam) keeps fp32 state.
-        return MemoryEfficientFP16Precision(build_scaler(cfg, backend.world_size), None, backend.device.type, dtype)
+    dtypes = run_dtypes(cfg)
+    if dtypes.storage is not None:  # the parameters are fp16 themselves: nothing to autocast
+        return MemoryEfficientFP16Precision(build_scaler(cfg, backend.world_size), None, backend.device.type,
+                                            dtypes.storage)
     # Backends that cast parameters themselves (FSDP's MixedPrecisionPolicy) need no autocast.
-    autocast = None if backend.casts_params else dtype
-    if dtype == torch.float16:
+    autocast = None if backend.casts_params else dtypes.compute
+    if dtypes.name == "fp16":
         return LossScaledPrecision(build_scaler(cfg, backend.world_size), autocast, backend.device.type)
     return Precision(autocast, backend.device.type, skip_nan=cfg.optimization.skip_nan_updates)

@@ -18,13 +18,14 @@ from shardtrain.trainer.train_state import TrainState
 
 class Trainer:
     def __init__(self, cfg, task, model, criterion, backend: Backend, precision: Precision):
+        """``model``: as ``prepare_model`` returns it (initialised, cast and wrapped by ``backend``)."""
         self.cfg = cfg
         self.task = task
         self.criterion = criterion
         self.backend = backend
         self.precision = precision
         self.device = backend.device
-        self.model = backend.wrap(precision.prepare_model(model))
+        self.model = model
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build.build_optimizer(cfg, self.params, backend.optimizer_device)
         self.dummy_batch = None  # stands in for an empty filler batch (see set_dummy_batch)

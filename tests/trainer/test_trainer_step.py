@@ -8,6 +8,7 @@ from shardtrain.config.build import parse_train_args
 from shardtrain.data.collate import collate
 from shardtrain.trainer import build
 from shardtrain.trainer.parallel.backends import build_backend
+from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.precision import build_precision
 from shardtrain.trainer.trainer import Trainer, TrainingDivergedError
@@ -26,10 +27,11 @@ def make_trainer(data_bin, *extra):
                             "--lr", "0.1", *extra])
     torch.manual_seed(0)
     task = build.build_task(cfg)
-    model = build.build_model(cfg, task)
-    build.init_weights(model, cfg.common.seed)
     backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None))
-    trainer = Trainer(cfg, task, model, build.build_criterion(cfg, task), backend, build_precision(cfg, backend))
+    precision = build_precision(cfg, backend)
+    model = prepare_model(lambda: build.build_model(cfg, task), backend, seed=cfg.common.seed,
+                          param_dtype=precision.param_dtype)
+    trainer = Trainer(cfg, task, model, build.build_criterion(cfg, task), backend, precision)
     return trainer, task
 
 

@@ -20,6 +20,7 @@ BACKEND_REGISTRY = Registry("ddp_backend", flag="--ddp-backend")
 
 
 class Backend:
+    # Capabilities: what the rest of shardtrain asks of a backend instead of its name.
     #: True when the wrapped model averages gradients over ranks (DDP, FSDP),
     #: so the loss is multiplied by world_size to turn that mean into a sum.
     grads_are_averaged: bool = False
@@ -27,17 +28,26 @@ class Backend:
     #: materialises it itself (no rank ever holds the full model).
     init_on_meta: bool = False
     #: True when the backend casts parameters to --bf16/--fp16 itself (FSDP's
-    #: MixedPrecisionPolicy), so the precision component must not autocast.
+    #: MixedPrecisionPolicy, given to its constructor as ``mp_policy``), so the
+    #: precision component must not autocast.
     casts_params: bool = False
     #: True when checkpoints are saved sharded (one DCP directory, every rank
     #: writing its own shards) rather than as one file written by rank 0.
     sharded_checkpoints: bool = False
+    #: True when parameters, gradients and optimizer state are sharded across ranks.
+    shards_parameters: bool = False
+    #: True when --cpu-offload can keep the parameter shards in CPU memory.
+    supports_cpu_offload: bool = False
+    #: True when the backend is used as asked on one rank (single_process replaces the others there).
+    wraps_a_single_rank: bool = False
+    #: False for internal backends, which --ddp-backend does not offer.
+    user_selectable: bool = True
 
-    def __init__(self, ctx, cfg):
-        """``ctx``: this rank's DistributedContext; ``cfg``: the run config (the
-        backend reads its own section, ``cfg.distributed``)."""
+    def __init__(self, ctx, distributed):
+        """``ctx``: this rank's DistributedContext; ``distributed``: the run config's
+        ``distributed`` section (the flags of --ddp-backend and its options)."""
         self.ctx = ctx
-        self.cfg = cfg.distributed
+        self.distributed = distributed
 
     rank = property(lambda self: self.ctx.rank)
     world_size = property(lambda self: self.ctx.world_size)
@@ -51,6 +61,11 @@ class Backend:
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model.to(self.device)
+
+    def materialise(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """For ``init_on_meta`` backends: allocate this rank's part of the wrapped meta-device
+        model on entry; the caller initialises it inside (see ``prepare.prepare_model``)."""
+        raise NotImplementedError(f"{type(self).__name__} sets init_on_meta but does not materialise")
 
     def no_sync(self, module: nn.Module):
         """Context for accumulation steps: no gradient communication."""

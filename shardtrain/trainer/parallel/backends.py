@@ -1,14 +1,36 @@
-"""Data-parallel backends; built-ins are imported explicitly to register them."""
+"""Data-parallel backends; built-ins are imported explicitly to register them.
+
+The import order is the order --ddp-backend lists them in.
+"""
+from typing import List
+
 from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend, unwrap  # noqa: F401
-from shardtrain.trainer.parallel import ddp
-from shardtrain.trainer.parallel import fully_sharded as fsdp
-from shardtrain.trainer.parallel import legacy_ddp
+from shardtrain.trainer.parallel import ddp  # noqa: F401
+from shardtrain.trainer.parallel import legacy_ddp  # noqa: F401
+from shardtrain.trainer.parallel import fully_sharded as fsdp  # noqa: F401
 from shardtrain.trainer.parallel import single_process as single
+from shardtrain.trainer.precision import run_dtypes
+
+
+def user_choices() -> List[str]:
+    """What --ddp-backend offers: every registered backend users may pick, in registration order."""
+    return [e.name for e in BACKEND_REGISTRY.entries() if e.obj.user_selectable]
+
+
+def backend_class(name: str) -> type:
+    return BACKEND_REGISTRY.get(name).obj
+
+
+def names_with(capability: str) -> str:
+    """The --ddp-backend choices that have ``capability`` (a Backend class attribute), for messages."""
+    return " or ".join(name for name in user_choices() if getattr(backend_class(name), capability))
 
 
 def build_backend(cfg, ctx) -> Backend:
     """The backend for ``--ddp-backend`` (single_process when one rank needs no wrapping)."""
-    name = cfg.distributed.ddp_backend
-    if ctx.world_size == 1 and name != "fully_sharded":
-        name = "single_process"  # DDP on one rank only adds overhead
-    return BACKEND_REGISTRY.get(name).obj(ctx, cfg)
+    cls = backend_class(cfg.distributed.ddp_backend)
+    if ctx.world_size == 1 and not cls.wraps_a_single_rank:
+        cls = single.SingleProcessBackend  # DDP on one rank only adds overhead
+    if cls.casts_params:  # it computes in the precision's dtypes itself: hand them over
+        return cls(ctx, cfg.distributed, mp_policy=run_dtypes(cfg).policy)
+    return cls(ctx, cfg.distributed)

@@ -9,20 +9,18 @@ from torch.nn.parallel import DistributedDataParallel
 from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
 
 
+@BACKEND_REGISTRY.register("c10d")  # fairseq's name (decorators apply bottom-up: pytorch_ddp first)
+@BACKEND_REGISTRY.register("pytorch_ddp")
 class DDPBackend(Backend):
     grads_are_averaged = True
 
     def wrap(self, model):
-        model = model.to(self.device)
+        model, d = model.to(self.device), self.distributed
         return DistributedDataParallel(
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=self.cfg.bucket_cap_mb, find_unused_parameters=self.cfg.find_unused_parameters,
-            gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
+            bucket_cap_mb=d.bucket_cap_mb, find_unused_parameters=d.find_unused_parameters,
+            gradient_as_bucket_view=d.gradient_as_bucket_view,
             forward_sync_buffers=False)  # our models have no buffers that training changes
 
     def no_sync(self, module):
         return module.no_sync()
-
-
-BACKEND_REGISTRY.add("pytorch_ddp", DDPBackend)
-BACKEND_REGISTRY.add("c10d", DDPBackend)

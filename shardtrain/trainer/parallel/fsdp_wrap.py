@@ -47,15 +47,6 @@ def build_mesh(ctx, strategy: str, group_size: Optional[int]):
     return init_device_mesh(ctx.device.type, (world // size, size), mesh_dim_names=("replicate", "shard"))
 
 
-def mixed_precision(param_dtype: Optional[torch.dtype], reduce_in_low_precision: bool) -> MixedPrecisionPolicy:
-    """Compute in ``param_dtype`` from fp32 sharded master weights; reduce gradients in fp32
-    unless asked otherwise."""
-    if param_dtype is None:
-        return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=param_dtype,
-                                reduce_dtype=param_dtype if reduce_in_low_precision else torch.float32)
-
-
 def size_based_units(model: nn.Module, min_params: int) -> List[nn.Module]:
     """For models without ``blocks``: post-order, a module becomes an FSDP unit once
     the parameters not yet in a unit below it reach ``min_params`` (fairseq's policy)."""

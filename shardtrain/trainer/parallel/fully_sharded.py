@@ -3,27 +3,27 @@
 Parameters, gradients and optimizer state are sharded across ranks. The model
 is built on the meta device, sharded, then materialised: each rank allocates
 only its own shards, and ``init_weights`` fills them with exactly the values
-an unsharded model gets from the same seed (see ``shardtrain.models.init``).
+an unsharded model gets from the same seed (see ``shardtrain.models.init``;
+the order is ``prepare.prepare_model``'s).
 """
 import contextlib
 import logging
 import time
+from typing import Optional
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
-from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
-from shardtrain.trainer.build import init_weights
 from shardtrain.trainer.parallel.fsdp_wrap import (
-    apply_fsdp, build_mesh, ensure_process_group, mixed_precision, offload_policy, return_transient_buffers_to_the_os,
+    apply_fsdp, build_mesh, ensure_process_group, offload_policy, return_transient_buffers_to_the_os,
 )
 from shardtrain.trainer.metrics.meters import resident_memory_gb
-from shardtrain.trainer.precision import low_precision_dtype
 
 logger = logging.getLogger(__name__)
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -35,38 +35,41 @@ class FullyShardedBackend(Backend):
     init_on_meta = True
     casts_params = True
     sharded_checkpoints = True
+    shards_parameters = True
+    supports_cpu_offload = True
+    wraps_a_single_rank = True  # one rank still shards (a 1-rank mesh): the same code path as N ranks
 
-    def __init__(self, ctx, cfg):
-        super().__init__(ctx, cfg)
-        self.seed = cfg.common.seed
-        self.param_dtype = low_precision_dtype(cfg.common)
+    def __init__(self, ctx, distributed, mp_policy: Optional[MixedPrecisionPolicy] = None):
+        """``mp_policy``: the dtypes FSDP2 computes and reduces in, as the precision decided them
+        (``shardtrain.trainer.precision.decide_dtypes``); None for fp32."""
+        super().__init__(ctx, distributed)
+        self.mp_policy = mp_policy or MixedPrecisionPolicy()
         self._group_owner = ensure_process_group(ctx)
         return_transient_buffers_to_the_os(ctx.device)
-        self.mesh = build_mesh(ctx, self.cfg.fsdp_sharding_strategy, self.cfg.shard_group_size)
+        self.mesh = build_mesh(ctx, distributed.fsdp_sharding_strategy, distributed.shard_group_size)
 
     @property
     def optimizer_device(self) -> torch.device:
-        return torch.device("cpu") if self.cfg.cpu_offload else self.device
+        return torch.device("cpu") if self.distributed.cpu_offload else self.device
 
     def wrap(self, model):
+        d = self.distributed
+        zero2_like = d.fsdp_sharding_strategy in ("shard_grad_op", "hybrid_shard_zero2")
+        reshard = not (d.no_reshard_after_forward or zero2_like)
+        apply_fsdp(model, self.mesh, self.mp_policy, reshard_after_forward=reshard,
+                   offload=offload_policy(d.cpu_offload, self.device), min_params_to_wrap=d.min_params_to_wrap)
+        return model
+
+    @contextlib.contextmanager
+    def materialise(self, model):
         start, rss = time.perf_counter(), resident_memory_gb()
-        strategy = self.cfg.fsdp_sharding_strategy
-        reshard = not (self.cfg.no_reshard_after_forward or strategy in ("shard_grad_op", "hybrid_shard_zero2"))
-        apply_fsdp(model, self.mesh, mixed_precision(self.param_dtype, self.cfg.reduce_in_low_precision),
-                   reshard_after_forward=reshard, offload=offload_policy(self.cfg.cpu_offload, self.device),
-                   min_params_to_wrap=self.cfg.min_params_to_wrap)
         model.to_empty(device=self.optimizer_device)
         for module in model.modules():  # buffers are not offloaded: keep them where compute happens
             for name, buf in module.named_buffers(recurse=False):
                 setattr(module, name, buf.to(self.device))
-        if not hasattr(model, "init_weights"):
-            raise ConfigError(f"--ddp-backend fully_sharded builds the model on the meta device and needs "
-                              f"{type(model).__name__}.init_weights() to initialise its shards; add that method "
-                              "(see shardtrain.models.init) or use --ddp-backend pytorch_ddp.")
-        init_weights(model, self.seed)  # the same values an unsharded model gets from this seed
+        yield model  # the caller initialises the shards here; logged after, so the memory counts written pages
         logger.info(f"fully_sharded: materialised this rank's shards in {time.perf_counter() - start:.2f}s "
                     f"(resident memory {rss:.2f} -> {resident_memory_gb():.2f} GB, mesh {tuple(self.mesh.shape)})")
-        return model
 
     def no_sync(self, module):
         """Accumulation steps. By default every micro-batch reduce-scatters into the sharded
@@ -75,7 +78,7 @@ class FullyShardedBackend(Backend):
         model's gradients, which sharding and --cpu-offload exist to avoid (fairseq does not skip
         it either). On a 2-D mesh (hybrid_*) only the cross-replica all-reduce waits: the
         reduce-scattered shards accumulate in a sharded buffer until the last micro-batch."""
-        if self.cfg.fsdp_unsharded_accumulation:
+        if self.distributed.fsdp_unsharded_accumulation:
             return _switched_off(module.set_requires_gradient_sync)
         if self.mesh.ndim == 2:
             return _switched_off(module.set_requires_all_reduce)

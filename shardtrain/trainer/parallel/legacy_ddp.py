@@ -11,6 +11,8 @@ import torch.distributed as dist
 from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
 
 
+@BACKEND_REGISTRY.register("no_c10d")  # fairseq's name (decorators apply bottom-up: legacy_ddp first)
+@BACKEND_REGISTRY.register("legacy_ddp")
 class LegacyDDPBackend(Backend):
     def wrap(self, model):
         model = model.to(self.device)
@@ -29,7 +31,3 @@ class LegacyDDPBackend(Backend):
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
-
-
-BACKEND_REGISTRY.add("legacy_ddp", LegacyDDPBackend)
-BACKEND_REGISTRY.add("no_c10d", LegacyDDPBackend)

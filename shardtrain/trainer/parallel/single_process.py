@@ -4,4 +4,6 @@ from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
 
 @BACKEND_REGISTRY.register("single_process")
 class SingleProcessBackend(Backend):
-    pass
+    # Registered (so build_backend and plugins find it by name like any other) but not offered:
+    # it is what one rank runs instead of a data-parallel backend, not a choice.
+    user_selectable = False

@@ -1,0 +1,58 @@
+"""One function prepares a model for training, in one fixed order (torchtitan's ``parallelize``).
+
+The order matters, and each step says why it comes where it does. The
+backend only shards or wraps; everything else about the model's way to the
+training step is here, so a reader finds it in one place.
+"""
+import contextlib
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from shardtrain.core.errors import ConfigError
+from shardtrain.trainer.build import init_weights, log_model_size
+from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
+from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
+
+
+def prepare_model(build: Callable[[], nn.Module], backend: Backend, *, seed: int,
+                  param_dtype: Optional[torch.dtype] = None, checkpoint_activations_every: Optional[int] = None,
+                  offload_activations: bool = False) -> nn.Module:
+    """Build the model with ``build()`` and return it ready for the Trainer: initialised from
+    ``seed``, activation-checkpointed every ``checkpoint_activations_every``-th block (None: off;
+    ``offload_activations`` keeps the saved inputs in CPU memory), stored in ``param_dtype``
+    (None: as built, fp32) and wrapped or sharded by ``backend``."""
+    # 1. Build. A backend that shards builds on the meta device, so no rank ever holds the
+    #    whole model; the others initialise now, from a freshly seeded RNG.
+    with torch.device("meta") if backend.init_on_meta else contextlib.nullcontext():
+        model = build()
+    if backend.init_on_meta and not hasattr(model, "init_weights"):
+        raise ConfigError(f"--ddp-backend {_names(backend)} builds the model on the meta device and needs "
+                          f"{type(model).__name__}.init_weights() to initialise its shards; add that method "
+                          "(see shardtrain.models.init) or use --ddp-backend pytorch_ddp.")
+    if not backend.init_on_meta:
+        init_weights(model, seed)
+    log_model_size(model)
+    # 2. Activation checkpointing, before the backend wraps each block: FSDP's hooks then run
+    #    around a checkpointed block, so recomputation in backward sees gathered parameters.
+    if checkpoint_activations_every is not None:
+        apply_activation_checkpointing(model, checkpoint_activations_every, offload_activations, backend.device)
+    # 3. (torch.compile per block would go here: after checkpointing, before sharding.)
+    # 4. The storage dtype the precision decided (--memory-efficient-fp16: fp16 parameters and
+    #    gradients), before wrapping, so DDP's buckets and broadcasts are in that dtype.
+    if param_dtype is not None:
+        model = model.to(param_dtype)
+    # 5. Shard or wrap (FSDP2 per block, then the root; DDP; nothing on one process).
+    model = backend.wrap(model)
+    # 6. Materialise, then initialise: each rank allocates only its own shards and fills them
+    #    with exactly the values an unsharded model gets from this seed (shardtrain.models.init).
+    if backend.init_on_meta:
+        with backend.materialise(model):
+            init_weights(model, seed)
+    return model
+
+
+def _names(backend: Backend) -> str:
+    """The --ddp-backend name(s) ``backend`` is registered under, for messages."""
+    return " / ".join(e.name for e in BACKEND_REGISTRY.entries() if e.obj is type(backend)) or type(backend).__name__
