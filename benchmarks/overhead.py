@@ -35,7 +35,7 @@ from shardtrain.config.build import parse_train_args  # noqa: E402
 from shardtrain.trainer import build  # noqa: E402
 from shardtrain.trainer.parallel.backends import build_backend  # noqa: E402
 from shardtrain.trainer.launch.start import call_main, make_context  # noqa: E402
-from shardtrain.trainer.precision import build_precision  # noqa: E402
+from shardtrain.trainer.precision import build_precision, run_dtypes  # noqa: E402
 from shardtrain.trainer.metrics.run_metrics import RunMetrics  # noqa: E402
 from shardtrain.trainer.trainer import Trainer  # noqa: E402
 
@@ -55,9 +55,9 @@ def setup(data: str, threads: int):
 
 class Ours:
     def __init__(self, cfg, task, model, criterion):
-        backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None))
+        backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None), run_dtypes(cfg))
         # The benchmark's own model as built (not prepare_model's seeded init): the one process's wrap only.
-        self.trainer = Trainer(cfg, task, backend.wrap(model), criterion, backend, build_precision(cfg, backend))
+        self.trainer = Trainer(cfg, task, backend.wrap(model), criterion, backend, build_precision(cfg, backend, run_dtypes(cfg)))
         self.metrics = RunMetrics(torch.device("cpu"))
 
     def step(self, batch):

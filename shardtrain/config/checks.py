@@ -116,13 +116,6 @@ def rules() -> List[Tuple[Callable, str]]:
     return [(wrong, message() if callable(message) else message) for wrong, message in _TABLE]
 
 
-def __getattr__(name: str):
-    # ``RULES`` is computed on access: importing the config must not import the backends (torch).
-    if name == "RULES":
-        return rules()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def check_config(cfg) -> None:
     problems = [message for wrong, message in rules() if wrong(cfg)]
     if problems:

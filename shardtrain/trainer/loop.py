@@ -22,7 +22,7 @@ from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
 from shardtrain.trainer.metrics.meters import MetricsLogger
-from shardtrain.trainer.precision import build_precision
+from shardtrain.trainer.precision import build_precision, run_dtypes
 from shardtrain.trainer.launch.preemption import PreemptionWatcher
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.checkpoint.resume import restore
@@ -40,12 +40,13 @@ class Run:
     def __init__(self, cfg, ctx):
         self.cfg = cfg  # --threads is applied by launch, for every launcher
         torch.manual_seed(cfg.common.seed)
-        self.backend = build_backend(cfg, ctx)
+        dtypes = run_dtypes(cfg)  # decided once: the backend and the precision receive them
+        self.backend = build_backend(cfg, ctx, dtypes)
         self.task = build.build_task(cfg)
         self.checkpoints = CheckpointManager(cfg.checkpoint, is_master=self.backend.is_master,
                                              sharded=self.backend.sharded_checkpoints)
         self.checkpoints.check_writable()
-        precision = build_precision(cfg, self.backend)
+        precision = build_precision(cfg, self.backend, dtypes)
         d = cfg.distributed
         checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it
         model = prepare_model(lambda: build.build_model(cfg, self.task), self.backend, seed=cfg.common.seed,

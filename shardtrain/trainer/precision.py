@@ -203,8 +203,7 @@ def build_scaler(cfg, world_size: int) -> DynamicLossScaler:
                              stop_at_min_scale=not common.fp16_no_stop_at_min_scale)
 
 
-def build_precision(cfg, backend) -> Precision:
-    dtypes = run_dtypes(cfg)
+def build_precision(cfg, backend, dtypes: Dtypes) -> Precision:
     if dtypes.storage is not None:  # the parameters are fp16 themselves: nothing to autocast
         return MemoryEfficientFP16Precision(build_scaler(cfg, backend.world_size), None, backend.device.type,
                                             dtypes.storage)

@@ -15,9 +15,11 @@ import pytest
 import torch
 
 from shardtrain.cli import hydra_train, train, validate
-from shardtrain.config.checks import RULES
+from shardtrain.config.checks import rules
 from shardtrain.data.indexed_dataset import MMapIndexedDatasetBuilder
 from st_testutils import make_space_data_bin, tiny_model_flags
+
+RULES = rules()  # every flag check, its messages written out (backends named from the registry)
 
 IDX_HEADER = struct.Struct("<9sQBQ")  # MMIDIDX: magic, version, dtype code, item count
 

@@ -9,6 +9,7 @@ from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.parallel.backends import build_backend, user_choices
 from shardtrain.trainer.parallel.single_process import SingleProcessBackend
+from shardtrain.trainer.precision import run_dtypes
 
 
 def parse(*args):
@@ -55,6 +56,10 @@ def test_checks_ask_capabilities_and_name_every_backend_that_has_them(plugin_bac
 
 def test_one_rank_runs_single_process_unless_the_backend_wraps_a_single_rank(plugin_backend):
     one_rank = make_context(0, 0, 1, use_cuda=False, backend=None)
-    assert type(build_backend(parse("--ddp-backend", "pytorch_ddp"), one_rank)) is SingleProcessBackend
-    backend = build_backend(parse("--ddp-backend", plugin_backend), one_rank)
+    assert type(_build(parse("--ddp-backend", "pytorch_ddp"), one_rank)) is SingleProcessBackend
+    backend = _build(parse("--ddp-backend", plugin_backend), one_rank)
     assert type(backend) is Offloading and backend.distributed.ddp_backend == plugin_backend
+
+
+def _build(cfg, ctx):
+    return build_backend(cfg, ctx, run_dtypes(cfg))

@@ -10,6 +10,7 @@ from shardtrain.config.build import parse_train_args
 from shardtrain.trainer.parallel.backends import build_backend
 from shardtrain.trainer.parallel.fsdp_wrap import offload_policy, shard_group_size
 from shardtrain.trainer.parallel.prepare import prepare_model
+from shardtrain.trainer.precision import run_dtypes
 from shardtrain.trainer.launch.start import make_context
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
@@ -48,7 +49,7 @@ class TwoBlocks(nn.Module):
 def test_a_cpu_run_wraps_with_unpinned_shards_on_a_gpu_machine(gpu_machine, tmp_path):
     # Pinning on this CPU-only torch raises, so this also fails if the backend pins.
     cfg = parse_train_args([str(tmp_path), "--cpu", "--ddp-backend", "fully_sharded", "--cpu-offload"])
-    backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None))
+    backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None), run_dtypes(cfg))
     try:
         model = prepare_model(TwoBlocks, backend, seed=1)  # built on the meta device, sharded, materialised
         shards = [p.to_local() for p in model.parameters()]

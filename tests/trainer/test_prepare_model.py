@@ -12,6 +12,7 @@ from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.parallel.backend import Backend
 from shardtrain.trainer.parallel.backends import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
+from shardtrain.trainer.precision import run_dtypes
 
 ONE_RANK = make_context(0, 0, 1, use_cuda=False, backend=None)
 
@@ -69,8 +70,8 @@ def test_the_same_seed_gives_the_same_weights_whatever_the_path():
 
 def test_fully_sharded_on_one_rank_starts_from_the_unsharded_weights(tmp_path):
     """A real 1-rank FSDP2 mesh: sharded on the meta device, materialised, then initialised."""
-    reference = prepare_model(Blocks, build_backend(parse_train_args([str(tmp_path), "--cpu"]), ONE_RANK), seed=3)
-    backend = build_backend(parse_train_args([str(tmp_path), "--cpu", "--ddp-backend", "fully_sharded"]), ONE_RANK)
+    reference = prepare_model(Blocks, _backend(parse_train_args([str(tmp_path), "--cpu"])), seed=3)
+    backend = _backend(parse_train_args([str(tmp_path), "--cpu", "--ddp-backend", "fully_sharded"]))
     try:
         sharded = prepare_model(Blocks, backend, seed=3, checkpoint_activations_every=1)
         for a, b in zip(sharded.parameters(), reference.parameters()):
@@ -89,3 +90,7 @@ class NoInit(nn.Module):
 def test_a_meta_backend_needs_init_weights():
     with pytest.raises(ConfigError, match=r"needs NoInit.init_weights\(\)"):
         prepare_model(NoInit, Recording([], True), seed=1)
+
+
+def _backend(cfg):
+    return build_backend(cfg, ONE_RANK, run_dtypes(cfg))

@@ -10,7 +10,7 @@ from shardtrain.trainer import build
 from shardtrain.trainer.parallel.backends import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.launch.start import make_context
-from shardtrain.trainer.precision import build_precision
+from shardtrain.trainer.precision import build_precision, run_dtypes
 from shardtrain.trainer.trainer import Trainer, TrainingDivergedError
 from st_testutils import make_space_data_bin
 
@@ -27,8 +27,8 @@ def make_trainer(data_bin, *extra):
                             "--lr", "0.1", *extra])
     torch.manual_seed(0)
     task = build.build_task(cfg)
-    backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None))
-    precision = build_precision(cfg, backend)
+    backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None), run_dtypes(cfg))
+    precision = build_precision(cfg, backend, run_dtypes(cfg))
     model = prepare_model(lambda: build.build_model(cfg, task), backend, seed=cfg.common.seed,
                           param_dtype=precision.param_dtype)
     trainer = Trainer(cfg, task, model, build.build_criterion(cfg, task), backend, precision)

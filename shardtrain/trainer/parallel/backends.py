@@ -9,7 +9,7 @@ from shardtrain.trainer.parallel import ddp  # noqa: F401
 from shardtrain.trainer.parallel import legacy_ddp  # noqa: F401
 from shardtrain.trainer.parallel import fully_sharded as fsdp  # noqa: F401
 from shardtrain.trainer.parallel import single_process as single
-from shardtrain.trainer.precision import run_dtypes
+from shardtrain.trainer.precision import Dtypes
 
 
 def user_choices() -> List[str]:
@@ -26,11 +26,12 @@ def names_with(capability: str) -> str:
     return " or ".join(name for name in user_choices() if getattr(backend_class(name), capability))
 
 
-def build_backend(cfg, ctx) -> Backend:
-    """The backend for ``--ddp-backend`` (single_process when one rank needs no wrapping)."""
+def build_backend(cfg, ctx, dtypes: Dtypes) -> Backend:
+    """The backend for ``--ddp-backend`` (single_process when one rank needs no wrapping);
+    ``dtypes``: the run's precision (``precision.run_dtypes``), for a backend that casts itself."""
     cls = backend_class(cfg.distributed.ddp_backend)
     if ctx.world_size == 1 and not cls.wraps_a_single_rank:
         cls = single.SingleProcessBackend  # DDP on one rank only adds overhead
     if cls.casts_params:  # it computes in the precision's dtypes itself: hand them over
-        return cls(ctx, cfg.distributed, mp_policy=run_dtypes(cfg).policy)
+        return cls(ctx, cfg.distributed, mp_policy=dtypes.policy)
     return cls(ctx, cfg.distributed)
