@@ -25,8 +25,7 @@ def header(run) -> Dict:
 
 
 def trainer_parts(trainer) -> Dict:
-    """The trainer's own state. Order matters on load: train_state (the update count)
-    before rng_per_rank, which re-seeds from it."""
+    """The trainer's own state."""
     return {"model": ModelPart(trainer.model, trainer.backend),
             "optimizer": OptimizerPart(trainer.model, trainer.optimizer, trainer.backend),
             "lr_scheduler": trainer.lr_scheduler, "precision": trainer.precision, "train_state": trainer.state}
@@ -34,7 +33,8 @@ def trainer_parts(trainer) -> Dict:
 
 def stateful_parts(run, epoch_itr=None) -> Dict:
     """Everything a checkpoint of ``run`` holds; ``epoch_itr`` is None when loading
-    (the part makes the saved epoch's iterator)."""
+    (the part makes the saved epoch's iterator). Loaded in this order: train_state
+    (the update count) comes before rng_per_rank, which re-seeds from it."""
     return {**trainer_parts(run.trainer),
             "rng_per_rank": RankRngs(run.cfg.common.seed, run.trainer.state),
             "training_seconds": run.clock,  # for --stop-time-hours on resume
