@@ -14,9 +14,10 @@ from shardtrain.config import flags
 from shardtrain.core.fields import field
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_write_bytes
-from shardtrain.trainer.checkpoint.manager import resolve_checkpoint_path
 from shardtrain.trainer.checkpoint.consolidate import (check_output, describe, file_to_sharded, read_sharded,
-                                            require_safetensors, safetensors_bytes, write_file)
+                                                       require_safetensors, safetensors_bytes, write_file)
+from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
+from shardtrain.trainer.checkpoint.single_file import SingleFile
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 
 logger = logging.getLogger("shardtrain.consolidate")
@@ -39,7 +40,7 @@ def main(argv):
     source = resolve_checkpoint_path(args.input)
     if not os.path.exists(source):
         raise CheckpointError(f"{args.input} does not exist. Pass a checkpoint file or directory.")
-    if os.path.isdir(source):
+    if not isinstance(format_of(source), SingleFile):  # the direction follows the input's format
         written = _to_file(source, args)
         logger.info(f"wrote {args.output} ({'model only' if args.model_only else describe(written)})")
     else:

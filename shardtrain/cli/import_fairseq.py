@@ -24,7 +24,7 @@ from shardtrain.core.fields import field
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_open
 from shardtrain.trainer import build
-from shardtrain.trainer.checkpoint.manager import FORMAT_VERSION
+from shardtrain.trainer.checkpoint.contents import FORMAT_VERSION
 from shardtrain.trainer.checkpoint.consolidate import check_output
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 

@@ -8,18 +8,18 @@ import itertools
 import logging
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from omegaconf import OmegaConf
 
-from shardtrain.config.build import to_dict
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.trainer import build
 from shardtrain.trainer.parallel.backends import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.metrics.logging_setup import setup_logging
+from shardtrain.trainer.checkpoint.contents import header, stateful_parts
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
 from shardtrain.trainer.metrics.meters import MetricsLogger
 from shardtrain.trainer.precision import build_precision, run_dtypes
@@ -27,6 +27,7 @@ from shardtrain.trainer.launch.preemption import PreemptionWatcher
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.checkpoint.resume import restore
 from shardtrain.trainer.metrics.run_metrics import RunMetrics
+from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class Run:
                     f"with --ddp-backend {cfg.distributed.ddp_backend}")
         tb_dir = cfg.common.tensorboard_logdir
         self.tensorboard = TensorboardWriter(tb_dir) if tb_dir and self.backend.is_master else None
-        self.run_start = time.time()
+        self.clock = TrainingClock()  # also the time of the runs it resumes (restored by resume)
         self.preemption = PreemptionWatcher()
 
     def batch_iterator(self, split: str, epoch: int, shuffle: bool, valid: bool = False):
@@ -80,13 +81,7 @@ class Run:
                                   prefix=prefix, tensorboard=self.tensorboard)
 
     def training_seconds(self) -> float:
-        return self.trainer.state.prev_training_time + time.time() - self.run_start
-
-    def checkpoint_extra(self, epoch_itr) -> Dict:
-        """What a checkpoint holds besides the trainer's own state."""
-        return {"cfg": to_dict(self.cfg), "task_fingerprint": self.task.fingerprint(),
-                "train_iterator": epoch_itr.state_dict(), "meters": self.metrics.state_dict(),
-                "training_seconds": self.training_seconds()}  # for --stop-time-hours on resume
+        return self.clock.seconds()
 
     def close(self) -> None:
         self.checkpoints.close()  # a background save must land before the process exits
@@ -202,7 +197,7 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
     if do_save and not ck.no_save:
         start = time.time()
         names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)
-        paths = run.checkpoints.save(run.trainer, run.checkpoint_extra(epoch_itr), epoch, updates, names)
+        paths = run.checkpoints.save(header(run), stateful_parts(run, epoch_itr), epoch, updates, names)
         if paths and run.backend.is_master:
             write_config(cfg, ck.save_dir)
         logger.info(f"saved checkpoint {paths[0] if paths else '-'} (epoch {epoch} @ {updates} updates, "

@@ -51,17 +51,17 @@ def rng_for_this_rank(checkpoint: Dict) -> Optional[Dict]:
     return saved[rank()] if len(saved) == world_size() else None
 
 
-def reseed_for_resume(checkpoint: Dict, seed: int) -> None:
-    """For a rank :func:`rng_for_this_rank` has nothing for: re-seed, and say so once."""
-    saved = len(checkpoint.get("rng_per_rank") or [])
-    updates = checkpoint["train_state"]["num_updates"]
-    reseed(seed, updates, for_rank=rank())
+def reseed_for_resume(saved: Optional[List[Dict]], num_updates: int, seed: int) -> None:
+    """For a rank :func:`rng_for_this_rank` has nothing for (``saved``: the checkpoint's
+    rng_per_rank): re-seed, and say so once."""
+    saved = len(saved or [])
+    reseed(seed, num_updates, for_rank=rank())
     if rank() == 0:  # every rank takes the same branch; one line is enough
         why = (f"it was saved by {saved} rank(s) and this run has {world_size()}" if saved else
                "it holds no per-rank random-number states (it predates them)")
-        logger.warning(f"random-number generators re-seeded from --seed {seed}, update {updates} and each rank: "
-                       f"{why}. Dropout draws differ from an uninterrupted run, so this resume is not bit for "
-                       "bit (it is still deterministic).")
+        logger.warning(f"random-number generators re-seeded from --seed {seed}, update {num_updates} and each "
+                       f"rank: {why}. Dropout draws differ from an uninterrupted run, so this resume is not bit "
+                       "for bit (it is still deterministic).")
 
 
 def reseed(seed: int, num_updates: int, for_rank: int) -> None:

@@ -1,8 +1,9 @@
-"""Counters and random-number state of a run, as one Stateful object."""
+"""Counters and random-number state of a run, and its training time, as Stateful objects."""
 import dataclasses
+import time
 from typing import Dict, Optional
 
-from shardtrain.trainer.rng import rng_state, set_rng_state
+from shardtrain.trainer.rng import rng_state
 
 
 @dataclasses.dataclass
@@ -10,15 +11,30 @@ class TrainState:
     num_updates: int = 0
     best: Optional[float] = None  # best validation metric so far
     num_bad_validations: int = 0  # for --patience
-    prev_training_time: float = 0.0  # seconds spent in earlier runs (for --stop-time-hours)
 
     def state_dict(self) -> Dict:
-        # This rank's generators (rank 0's in a checkpoint); the checkpointers
-        # save every rank's as rng_per_rank, and resume picks this rank's (see rng.py).
+        # "rng" is rank 0's generators, kept for the files' layout; resume restores every
+        # rank's own from the checkpoint's rng_per_rank instead (see rng.py, contents.py).
         return {**dataclasses.asdict(self), "rng": rng_state()}
 
-    def load_state_dict(self, state: Dict, restore_rng: bool = True) -> None:
+    def load_state_dict(self, state: Dict) -> None:
+        # Older checkpoints also hold prev_training_time, a stale copy of training_seconds: ignored.
         for f in dataclasses.fields(self):
             setattr(self, f.name, state.get(f.name, getattr(self, f.name)))
-        if restore_rng and "rng" in state:
-            set_rng_state(state["rng"])
+
+
+class TrainingClock:
+    """Seconds trained over this run and the runs it resumed (for --stop-time-hours).
+    Saved once, as the checkpoint's ``training_seconds``."""
+
+    def __init__(self):
+        self.previous, self.start = 0.0, time.time()
+
+    def seconds(self) -> float:
+        return self.previous + time.time() - self.start
+
+    def state_dict(self) -> float:
+        return self.seconds()
+
+    def load_state_dict(self, seconds: float) -> None:
+        self.previous = seconds

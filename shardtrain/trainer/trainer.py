@@ -9,8 +9,8 @@ from typing import Dict, List
 
 import torch
 
-from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.trainer import build
+from shardtrain.trainer.checkpoint.contents import load_parts, state_of, trainer_parts
 from shardtrain.trainer.parallel.backends import Backend
 from shardtrain.trainer.precision import Precision, TrainingDivergedError  # noqa: F401 (re-exported)
 from shardtrain.trainer.train_state import TrainState
@@ -118,37 +118,16 @@ class Trainer:
         self.lr_scheduler.step(epoch, val_loss)
         return self.lr_scheduler.step_update(self.num_updates)
 
-    def extra_state(self) -> Dict:
-        """Everything but the model and optimizer (which sharded checkpoints store apart)."""
-        return {
-            "lr_scheduler": self.lr_scheduler.state_dict(),
-            "precision": self.precision.state_dict(),
-            "train_state": self.state.state_dict(),
-        }
-
     def state_dict(self) -> Dict:
-        return {
-            "model": self.backend.model_state_dict(self.model),
-            "optimizer": self.backend.optimizer_state_dict(self.model, self.optimizer),
-            **self.extra_state(),
-        }
+        """The trainer's parts of a checkpoint (see checkpoint/contents.py, which adds the run's)."""
+        return state_of(trainer_parts(self))
 
-    def load_model(self, model_state: Dict) -> None:
-        self.backend.load_model_state_dict(self.model, model_state)
+    def load_state_dict(self, state: Dict) -> None:
+        load_parts(trainer_parts(self), state)
+        self.resumed()
 
-    def load_state_dict(self, state: Dict, *, reset_optimizer=False, reset_lr_scheduler=False) -> None:
-        self.load_model(state["model"])
-        if not reset_optimizer:
-            with kernel_choice_kept(self.optimizer):
-                self.backend.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
-        self.load_extra_state(state, reset_optimizer=reset_optimizer, reset_lr_scheduler=reset_lr_scheduler)
-
-    def load_extra_state(self, state: Dict, *, reset_optimizer=False, reset_lr_scheduler=False) -> None:
-        if not reset_optimizer:
-            self.precision.load_state_dict(state.get("precision", {}))
-        self.state.load_state_dict(state["train_state"], restore_rng=state["train_state"].get("rng") is not None)
-        if not reset_lr_scheduler:
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    def resumed(self) -> None:
+        """After loading: the lr of the loaded update (also when the scheduler itself was reset)."""
         self.lr_scheduler.step_update(self.num_updates)
 
 

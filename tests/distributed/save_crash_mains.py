@@ -11,8 +11,10 @@ import torch.distributed.checkpoint as dcp
 
 from shardtrain.config.build import parse_train_args
 from shardtrain.core.errors import CheckpointError
-from shardtrain.trainer.checkpoint import manager as checkpoints
+from shardtrain.trainer.checkpoint import single_file as checkpoints
 from shardtrain.trainer.checkpoint import sharded as sharded_checkpoints
+from shardtrain.trainer.checkpoint.contents import trainer_parts
+from shardtrain.trainer.checkpoint.formats import format_of
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train
 from shardtrain.trainer.checkpoint.resume import restore
@@ -110,13 +112,13 @@ def _crash(cfg, ctx, phase: str, record: str) -> None:
     phases = SHARDED_PHASES if run.checkpoints.sharded else FILE_PHASES
     real_save, saved = run.checkpoints.save, {}
 
-    def save(trainer, extra, epoch, updates, names):
-        saved[updates] = fingerprint(trainer)
+    def save(header, parts, epoch, updates, names):
+        saved[updates] = fingerprint(run.trainer)
         with open(record, "w") as f:
             json.dump(saved, f)
         if updates == 2:
             phases[phase]()
-        return real_save(trainer, extra, epoch, updates, names)
+        return real_save(header, parts, epoch, updates, names)
 
     run.checkpoints.save = save
     try:
@@ -165,8 +167,5 @@ def _resume(cfg, ctx, report: str) -> None:
 
 
 def load_named(path: str, trainer) -> None:
-    if sharded_checkpoints.is_sharded(path):
-        sharded_checkpoints.load_extra(path)
-        sharded_checkpoints.load_sharded_into(path, trainer.model, trainer.optimizer)
-    else:
-        checkpoints.load_checkpoint(path)
+    fmt, parts = format_of(path), trainer_parts(trainer)
+    fmt.load_tensors(path, fmt.read_state(path), parts["model"], parts["optimizer"])

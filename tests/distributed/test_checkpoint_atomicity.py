@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from shardtrain.core.errors import CheckpointError
-from shardtrain.trainer.checkpoint.manager import load_checkpoint
+from shardtrain.trainer.checkpoint.single_file import load_checkpoint
 from shardtrain.trainer.checkpoint.sharded import check_complete, load_extra, load_sharded_into
 from st_testutils import make_space_data_bin
 

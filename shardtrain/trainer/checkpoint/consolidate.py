@@ -5,7 +5,6 @@ are needed: DCP's metadata says where every shard of every tensor is.
 """
 import contextlib
 import importlib.util
-import json
 import os
 import shutil
 import warnings
@@ -15,12 +14,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from shardtrain.core.errors import CheckpointError
-from shardtrain.core.fileio import atomic_open, atomic_write_bytes, fsync_dir, probe_writable_dir
-from shardtrain.core.torch_private import load_dcp_keys
-from shardtrain.trainer.checkpoint.manager import load_checkpoint
-from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader
-from shardtrain.trainer.checkpoint.sharded import (COMPLETE, EXTRA, FORMAT, load_extra, reading_shards,
-                                                    replace_dir)
+from shardtrain.core.fileio import atomic_open, atomic_write_bytes, probe_writable_dir
+from shardtrain.trainer.checkpoint.contents import TENSOR_PARTS
+from shardtrain.trainer.checkpoint.sharded import COMPLETE, FORMAT, ShardedDirectory, finalize
+from shardtrain.trainer.checkpoint.single_file import SingleFile
 
 MODEL_ONLY_KEYS = ("version", "cfg", "task_fingerprint")
 
@@ -77,10 +74,10 @@ def require_safetensors() -> None:
 
 def read_sharded(src: str, model_only: bool) -> Dict:
     """The single-file form of the sharded checkpoint ``src``, in memory."""
-    extra = load_extra(src)
+    sharded = ShardedDirectory()
+    extra = sharded.read_state(src)
     keys = {"model"} if model_only else {"model", "optimizer"}
-    with reading_shards(src):  # named keys whole, no model needed (see torch_private)
-        loaded = load_dcp_keys(keys, storage_reader=SafeFileSystemReader(src))
+    loaded = sharded.read_tensors(src, extra, sorted(keys))
     # a full-state file keeps rng_per_rank: it resumes on as many ranks bit for bit, like the directory
     state = {k: extra[k] for k in MODEL_ONLY_KEYS if k in extra} if model_only else extra
     state.update(loaded)
@@ -112,30 +109,28 @@ def file_to_sharded(src: str, dst: str, overwrite: bool = False) -> Dict:
     """Write the sharded form of the single-file checkpoint ``src`` (one shard; DCP
     reshards it on load to any number of ranks); returns what was written."""
     check_output(dst, overwrite, directory=True)
-    state = load_checkpoint(src)
+    state = SingleFile().read_state(src)
     written = dict(state)
     final = os.path.abspath(dst)  # also drops a trailing "/"
     partial = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.partial")
     shutil.rmtree(partial, ignore_errors=True)  # left by a crashed conversion to the same path
     os.mkdir(partial)
     try:
-        _save_sharded(state, partial, os.path.basename(final))
-        replace_dir(partial, final)  # swaps out an old checkpoint (--overwrite) only once the new one is whole
+        _save_sharded(state, partial, final)  # swaps out an old checkpoint (--overwrite) only once the new one is whole
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return written
 
 
-def _save_sharded(state: Dict, partial: str, name: str) -> None:
-    tensors = {k: state.pop(k) for k in ("model", "optimizer") if k in state}
+def _save_sharded(state: Dict, partial: str, final: str) -> None:
+    """One process writes every shard, then the marker, extra.pt and the rename as a run's save does."""
+    tensors = {k: state.pop(k) for k in TENSOR_PARTS if k in state}
     with _single_process():
         dcp.save(tensors, checkpoint_id=partial, no_dist=True)
-    with atomic_open(os.path.join(partial, EXTRA)) as f:
-        torch.save(state, f)
-    atomic_write_bytes(os.path.join(partial, COMPLETE), json.dumps({"format": FORMAT, "world_size": 1,
-                                                                    "name": name}).encode())
-    fsync_dir(partial)
+    name = os.path.basename(final)
+    finalize(os.path.dirname(final), name, partial, final, state, {"format": FORMAT, "world_size": 1, "name": name},
+             aliases=[])
 
 
 @contextlib.contextmanager

@@ -14,14 +14,12 @@ from typing import Optional, Tuple
 
 import torch
 
-from shardtrain.fairseq_import.fairseq_pickle import looks_like_fairseq
 from shardtrain.config.build import from_dict
 from shardtrain.core.errors import CheckpointError, ConfigError
 from shardtrain.trainer import build
-from shardtrain.trainer.checkpoint.manager import load_checkpoint, resolve_checkpoint_path
-from shardtrain.trainer.checkpoint.resume import check_fingerprint
-from shardtrain.trainer.checkpoint.safe_loading import load_weights_only
-from shardtrain.trainer.checkpoint.sharded import is_sharded, load_extra, load_sharded_into
+from shardtrain.trainer.checkpoint.contents import ModelPart
+from shardtrain.trainer.checkpoint.fit import check_fingerprint
+from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +46,8 @@ def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False,
     """
     path = resolve_checkpoint_path(path)
     meter = LoadMeter()
-    state = load_extra(path) if is_sharded(path) else _read_file(path)
+    fmt = format_of(path)
+    state = fmt.read_state(path, model_only=True)
     cfg = _config(state, data, cpu)
     task = build.build_task(cfg)
     check_fingerprint(task, state, path)
@@ -56,10 +55,8 @@ def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False,
     meter.start_device(device)
     model = materialise(cfg, task, dtype, device)
     try:
-        if is_sharded(path):
-            load_sharded_into(path, model, None)  # DCP converts each tensor into the model's as it reads it
-        else:
-            model.load_state_dict(state["model"])  # copy_ converts from the mapped file, tensor by tensor
+        # DCP, or copy_ from the mapped file, converts each tensor into the model's dtype as it reads it
+        fmt.load_tensors(path, state, ModelPart(model))
     except RuntimeError as e:
         raise CheckpointError(f"The model in {path} does not fit the data-bin {cfg.task.data!r}: "
                               f"{str(e).splitlines()[1][:200] if len(str(e).splitlines()) > 1 else e}. "
@@ -68,19 +65,6 @@ def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False,
     model.eval()
     logger.info(meter.summary(model, dtype, device))
     return cfg, task, model, device
-
-
-def _read_file(path: str):
-    """The checkpoint with its tensors left in the (memory-mapped) file. Anything
-    else (an old-format file, a fairseq checkpoint, a damaged one) goes through
-    load_checkpoint, which converts it or explains the problem."""
-    try:
-        state = load_weights_only(path, path, mmap=True)
-    except Exception:  # noqa: BLE001 - load_checkpoint below gives the reason
-        state = None
-    if not isinstance(state, dict) or "model" not in state or "cfg" not in state or looks_like_fairseq(state):
-        return load_checkpoint(path, model_only=True)
-    return state
 
 
 def _config(state, data: Optional[str], cpu: bool):

@@ -13,38 +13,35 @@ other names (``checkpoint_last``, ``checkpoint_best``, ``checkpoint{epoch}``)
 are symlinks to it, swapped atomically with ``os.replace``. DCP reshards on
 load, so a checkpoint saved on N ranks resumes on any number of ranks.
 """
-import contextlib
 import json
-import re
 import os
+import re
 import shutil
 import threading
-import warnings
 from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
 
 from shardtrain.core.errors import CheckpointError
-from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.core.fileio import atomic_open, atomic_write_bytes, fsync_dir, remove_quietly, temp_sibling
+from shardtrain.core.torch_private import load_dcp_keys
+from shardtrain.optim.registry import kernel_choice_kept
+from shardtrain.trainer.checkpoint.async_staging import Prestaged, RunStager, StepGate, step_only_storages
+from shardtrain.trainer.checkpoint.contents import TENSOR_PARTS, state_of, without
+from shardtrain.trainer.checkpoint.dcp_errors import reading_shards
+from shardtrain.trainer.checkpoint.fit import check_same_model
+from shardtrain.trainer.checkpoint.formats import CheckpointFormat, matching
 from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader, load_weights_only
 from shardtrain.trainer.launch import ranks
-from shardtrain.trainer.checkpoint.async_staging import Prestaged, RunStager, StepGate, step_only_storages
-from shardtrain.trainer.rng import gather_rng_states
 
 COMPLETE = "COMPLETE"
 EXTRA = "extra.pt"
 FORMAT = "shardtrain-dcp-1"
-
-
-def is_sharded(path: str) -> bool:
-    return os.path.isdir(path)
 
 
 def check_complete(path: str) -> None:
@@ -56,6 +53,61 @@ def check_complete(path: str) -> None:
         raise CheckpointError(
             f"Checkpoint directory {path!r} is incomplete (no {COMPLETE} marker): its save was interrupted. "
             "Resume from an earlier checkpoint (e.g. checkpoint_last, which always points to a complete one).")
+
+
+class ShardedDirectory(CheckpointFormat):
+    """One DCP directory per checkpoint, written by every rank; the other names are links to it."""
+
+    def __init__(self, async_save: bool = False):
+        self.saver = ShardedSaver(async_save=async_save)
+
+    def save(self, options, names, header, parts, epoch, updates, is_master, prepare) -> List[str]:
+        storage = f"checkpoint_{epoch}_{updates}"
+        aliases = [n[:-3] for n in names if n[:-3] != storage]
+        if is_master:
+            prepare()
+        extra = {**header, **state_of(without(parts, TENSOR_PARTS))}  # rng_per_rank: a collective
+        path = self.saver.save(options.save_dir, storage, parts["model"].model, parts["optimizer"].optimizer,
+                               extra, aliases, interval=f"{storage}.pt" in names, after=lambda: self.prune(options))
+        return [path]
+
+    def prune(self, options) -> None:
+        """Drop epoch aliases beyond --keep-last-epochs, interval checkpoints beyond
+        --keep-interval-updates, and directories no name points to any more."""
+        c, root = options, options.save_dir
+        if c.keep_last_epochs > 0:
+            for link in matching(root, re.compile(r"checkpoint(\d+)"))[c.keep_last_epochs:]:
+                os.remove(link)
+        referenced = {os.readlink(os.path.join(root, e)) for e in os.listdir(root)
+                      if os.path.islink(os.path.join(root, e))}
+        directories = matching(root, re.compile(r"checkpoint_\d+_(\d+)"))
+        interval = [p for p in directories if marker(p).get("interval")]
+        keep = set(interval[:c.keep_interval_updates] if c.keep_interval_updates > 0 else interval)
+        for path in directories:
+            if os.path.basename(path) not in referenced and path not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def read_state(self, path: str, model_only: bool = False) -> Dict:
+        return load_extra(path)
+
+    def check_model(self, trainer, state, path, cfg) -> None:
+        check_same_model(trainer, state, path, cfg)  # the shapes are only known to DCP: compare the config
+
+    def load_tensors(self, path, state, model_part, optimizer_part=None) -> None:
+        load_sharded_into(path, model_part.model, None if optimizer_part is None else optimizer_part.optimizer)
+
+    def read_tensors(self, path, state, names) -> Dict:
+        with reading_shards(path):  # named keys whole, no model needed (see torch_private)
+            return load_dcp_keys(set(names), storage_reader=SafeFileSystemReader(path))
+
+    def check_complete(self, path: str) -> None:
+        check_complete(path)
+
+    def wait(self) -> None:
+        self.saver.wait()
+
+    def close(self) -> None:
+        self.saver.close()
 
 
 class ShardedSaver:
@@ -93,12 +145,11 @@ class ShardedSaver:
             os.makedirs(partial)
         ranks.barrier()
         state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
-        rngs = gather_rng_states()  # every rank's own generators (see rng.py)
         info = {"format": FORMAT, "world_size": ranks.world_size(), "name": name, "interval": interval}
 
         def finish():
             if rank == 0:
-                _finalize(save_dir, name, partial, final, {**extra, "rng_per_rank": rngs}, info, aliases)
+                finalize(save_dir, name, partial, final, extra, info, aliases)
                 if after is not None:
                     after()
 
@@ -169,8 +220,9 @@ class ShardedSaver:
         return self._group
 
 
-def _finalize(save_dir, name, partial, final, extra, info, aliases) -> None:
-    """Rank 0, after every shard is written: extra state, marker, rename, aliases."""
+def finalize(save_dir, name, partial, final, extra, info, aliases) -> None:
+    """Rank 0, after every shard is written: extra state, marker, rename, aliases
+    (also the last steps of shard-consolidate's file -> directory)."""
     with atomic_open(os.path.join(partial, EXTRA)) as f:
         torch.save(extra, f)
     atomic_write_bytes(os.path.join(partial, COMPLETE), json.dumps(info).encode())
@@ -213,52 +265,6 @@ def load_sharded_into(path: str, model, optimizer: Optional[torch.optim.Optimize
     if optimizer is not None:
         with kernel_choice_kept(optimizer):
             set_optimizer_state_dict(model, optimizer, state["optimizer"])
-
-
-@contextlib.contextmanager
-def reading_shards(path: str):
-    """DCP reads ``path`` inside: its failures become one CheckpointError (ours,
-    e.g. an unsafe global, when DCP wrapped one)."""
-    try:
-        with warnings.catch_warnings():  # loading in one process without a group is intended here
-            warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
-            yield
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's exception is a BaseException
-        refused = _refusal(e)
-        if refused:
-            raise refused from None
-        cause = _cause(e)
-        first = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__
-        missing = re.match(r"Missing key in checkpoint state_dict: (optimizer|model)\.(\S+?)\.?$", first)
-        if missing and missing.group(1) == "optimizer":
-            raise CheckpointError(
-                f"The sharded checkpoint {path!r} has no optimizer.{missing.group(2)}, which this run's optimizer "
-                "needs: it was saved with other optimizer settings (such as --fp16-adam-stats). Resume with the "
-                "settings it was saved with (config.yaml in --save-dir lists them), or pass --reset-optimizer to "
-                "keep only the weights.") from None
-        if missing:
-            raise CheckpointError(f"The sharded checkpoint {path!r} has no model.{missing.group(2)}: it was saved "
-                                  "with another model. Use the size flags it was saved with, or start a new "
-                                  "--save-dir.") from None
-        raise CheckpointError(f"Cannot load the sharded checkpoint {path!r}: {first}. A shard file is missing "
-                              "or damaged; resume from an earlier checkpoint.") from None
-
-
-def _cause(e: BaseException) -> BaseException:
-    """The first rank's own exception inside DCP's CheckpointException."""
-    for failure in getattr(e, "failures", {}).values():
-        return _cause(failure[0] if isinstance(failure, tuple) else failure)
-    return e
-
-
-def _refusal(e: BaseException) -> Optional[CheckpointError]:
-    if isinstance(e, CheckpointError):
-        return e
-    for failure in getattr(e, "failures", {}).values():  # CheckpointException: rank -> (exception, trace)
-        found = _refusal(failure[0] if isinstance(failure, tuple) else failure)
-        if found:
-            return found
-    return None
 
 
 def replace_dir(src: str, dst: str) -> None:

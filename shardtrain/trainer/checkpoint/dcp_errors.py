@@ -1,0 +1,55 @@
+"""DCP's failures while reading a sharded checkpoint, as one CheckpointError that says what to do."""
+import contextlib
+import re
+import warnings
+from typing import Optional
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+from shardtrain.core.errors import CheckpointError
+
+
+@contextlib.contextmanager
+def reading_shards(path: str):
+    """DCP reads ``path`` inside: its failures become one CheckpointError (ours,
+    e.g. an unsafe global, when DCP wrapped one)."""
+    try:
+        with warnings.catch_warnings():  # loading in one process without a group is intended here
+            warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
+            yield
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's exception is a BaseException
+        refused = _refusal(e)
+        if refused:
+            raise refused from None
+        cause = _cause(e)
+        first = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__
+        missing = re.match(r"Missing key in checkpoint state_dict: (optimizer|model)\.(\S+?)\.?$", first)
+        if missing and missing.group(1) == "optimizer":
+            raise CheckpointError(
+                f"The sharded checkpoint {path!r} has no optimizer.{missing.group(2)}, which this run's optimizer "
+                "needs: it was saved with other optimizer settings (such as --fp16-adam-stats). Resume with the "
+                "settings it was saved with (config.yaml in --save-dir lists them), or pass --reset-optimizer to "
+                "keep only the weights.") from None
+        if missing:
+            raise CheckpointError(f"The sharded checkpoint {path!r} has no model.{missing.group(2)}: it was saved "
+                                  "with another model. Use the size flags it was saved with, or start a new "
+                                  "--save-dir.") from None
+        raise CheckpointError(f"Cannot load the sharded checkpoint {path!r}: {first}. A shard file is missing "
+                              "or damaged; resume from an earlier checkpoint.") from None
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException."""
+    for failure in getattr(e, "failures", {}).values():
+        return _cause(failure[0] if isinstance(failure, tuple) else failure)
+    return e
+
+
+def _refusal(e: BaseException) -> Optional[CheckpointError]:
+    if isinstance(e, CheckpointError):
+        return e
+    for failure in getattr(e, "failures", {}).values():  # CheckpointException: rank -> (exception, trace)
+        found = _refusal(failure[0] if isinstance(failure, tuple) else failure)
+        if found:
+            return found
+    return None

@@ -1,0 +1,88 @@
+"""The checkpoint formats: one interface, two implementations, chosen once.
+
+A single file (single_file.py: everything in one ``torch.save`` file, written by
+rank 0) or a sharded directory (sharded.py: the model and optimizer in DCP
+shards written by every rank, the rest in ``extra.pt``). Saving picks the
+format from the backend (``sharded_checkpoints``), loading from the path (a
+directory is sharded); no other module asks which format it has.
+"""
+import os
+from typing import Callable, Dict, List
+
+
+class CheckpointFormat:
+    """How a checkpoint's parts (see contents.py) are laid out on disk and read back."""
+
+    def save(self, options, names: List[str], header: Dict, parts: Dict, epoch: int, updates: int,
+             is_master: bool, prepare: Callable[[], None]) -> List[str]:
+        """Collective: write ``header`` and ``parts`` under ``names`` in ``options.save_dir`` (the
+        checkpoint section), then prune; ``prepare`` runs on rank 0 before anything is written
+        (it makes and locks the save dir)."""
+        raise NotImplementedError
+
+    def prune(self, options) -> None:
+        """Rank 0: drop the checkpoints --keep-last-epochs / --keep-interval-updates no longer keep."""
+        raise NotImplementedError
+
+    def read_state(self, path: str, model_only: bool = False) -> Dict:
+        """The checkpoint's state without the tensors kept apart (a single file keeps none apart);
+        ``model_only``: for inference and fine-tuning, also a convertible fairseq file."""
+        raise NotImplementedError
+
+    def check_model(self, trainer, state: Dict, path: str, cfg) -> None:
+        """Raise a CheckpointError that names the flags when the checkpoint does not fit the run's model."""
+        raise NotImplementedError
+
+    def load_tensors(self, path: str, state: Dict, model_part, optimizer_part=None) -> None:
+        """Load the model (and optimizer) into this run's layout, whatever world size saved them."""
+        raise NotImplementedError
+
+    def read_tensors(self, path: str, state: Dict, names: List[str]) -> Dict:
+        """The named tensor parts ("model", "optimizer") whole, in memory, with no model to load into."""
+        raise NotImplementedError
+
+    def check_complete(self, path: str) -> None:
+        """Raise a CheckpointError when ``path`` is not a whole checkpoint."""
+
+    def wait(self) -> None:
+        """Block until a background save (--async-save) is on disk under its names."""
+
+    def close(self) -> None:
+        """End of the run: the last save lands and its buffers are freed."""
+
+
+def format_of(path: str) -> CheckpointFormat:
+    """The format of the checkpoint at ``path`` (after resolve_checkpoint_path)."""
+    # imported here: the implementations import this module's base class
+    from shardtrain.trainer.checkpoint.sharded import ShardedDirectory
+    from shardtrain.trainer.checkpoint.single_file import SingleFile
+
+    return ShardedDirectory() if os.path.isdir(path) else SingleFile()
+
+
+def format_for_saving(sharded: bool, async_save: bool) -> CheckpointFormat:
+    """The format a run writes: ``sharded`` is its backend's ``sharded_checkpoints``."""
+    # imported here: the implementations import this module's base class
+    from shardtrain.trainer.checkpoint.sharded import ShardedDirectory
+    from shardtrain.trainer.checkpoint.single_file import SingleFile
+
+    return ShardedDirectory(async_save) if sharded else SingleFile()
+
+
+def resolve_checkpoint_path(path: str) -> str:
+    """``path`` itself, or the sharded directory of that name without ``.pt``."""
+    if not os.path.lexists(path) and path.endswith(".pt") and (
+            os.path.isdir(path[:-3]) or os.path.islink(path[:-3])):  # a link even when dangling
+        return path[:-3]
+    return path
+
+
+def matching(save_dir: str, pattern) -> List[str]:
+    """Paths in ``save_dir`` whose names match ``pattern``, newest (largest number) first."""
+    found = []
+    for name in os.listdir(save_dir):
+        m = pattern.fullmatch(name)
+        if m:
+            found.append((int(m.group(1)), os.path.join(save_dir, name)))
+    return [p for _, p in sorted(found, reverse=True)]
+
