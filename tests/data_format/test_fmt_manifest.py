@@ -148,10 +148,10 @@ def test_sigkill_mid_publish_is_detected_and_cleaned_up_by_the_next_run(after, o
 
 def test_a_live_writers_staging_dir_is_kept(made, tmp_path):
     path = copy_of(made["a"], tmp_path)
-    live = os.path.join(path, f".preprocess-{socket.gethostname()}.{os.getpid()}.abcdefgh")  # this test: alive
-    other_host = os.path.join(path, ".preprocess-another-host.1.abcdefgh")  # on a shared filesystem
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout.strip()
+    live = os.path.join(path, f".preprocess-{socket.gethostname()}.{os.getpid()}.abcdefgh")  # this test: alive
+    other_host = os.path.join(path, f".preprocess-another-host.{dead_pid}.abcdefgh")  # a shared filesystem's
     dead = os.path.join(path, f".preprocess-{socket.gethostname()}.{dead_pid}.abcdefgh")
     for directory in (live, other_host, dead):
         os.mkdir(directory)
