@@ -62,7 +62,8 @@ def write_manifest(destdir: str, files: Dict[str, Dict]) -> None:
 
 
 def _write(destdir: str, manifest: Dict) -> None:
-    atomic_write_bytes(os.path.join(destdir, MANIFEST), (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    atomic_write_bytes(os.path.join(destdir, MANIFEST), text.encode())
     fsync_dir(destdir)  # the marker must be durable before the moves it guards
 
 

@@ -225,13 +225,21 @@ def _describe_published(staging: str, destdir: str) -> Dict[str, Dict]:
     _check_no_stale_splits(staging, destdir)
     files = describe_files(staging, os.listdir(staging))
     kept = [n for n in os.listdir(destdir) if is_read_by_tasks(n) and n not in files]
-    old = read_manifest(destdir)
-    old_files = old["files"] if old and old.get("complete") else {}
+    old_files = _recorded_files(destdir)
     for name in kept:  # recorded when they were written; read anew only where no manifest did
         recorded = old_files.get(name)
         size_matches = recorded and recorded["size"] == os.path.getsize(os.path.join(destdir, name))
         files[name] = recorded if size_matches else describe_files(destdir, [name])[name]
     return files
+
+
+def _recorded_files(destdir: str) -> Dict[str, Dict]:
+    """What an earlier run's manifest records; nothing if it is incomplete or damaged (this run is the fix)."""
+    try:
+        old = read_manifest(destdir)
+    except DataError:
+        return {}
+    return old["files"] if old and old.get("complete") else {}
 
 
 def _publish(staging: str, destdir: str, files: Dict[str, Dict]) -> None:

@@ -161,3 +161,14 @@ def test_a_live_writers_staging_dir_is_kept(made, tmp_path):
                      "--testpref", str(text), "--no-progress-bar"])
     assert os.path.isdir(live) and os.path.isdir(other_host) and not os.path.exists(dead)
     assert verify_data_bin(path).startswith("intact (8 files")  # the kept splits keep their entries
+
+
+def test_rerunning_shard_preprocess_repairs_a_damaged_manifest(made, tmp_path):
+    path = copy_of(made["a"], tmp_path)
+    with open(os.path.join(path, MANIFEST), "w") as f:
+        f.write('{"format": 1, "fi')
+    text = tmp_path / "t.txt"
+    text.write_text("a b c\n" * 20)
+    preprocess.main(["--tokenizer", "space", "--destdir", path, "--srcdict", f"{path}/dict.txt",
+                     "--testpref", str(text), "--no-progress-bar"])
+    assert verify_data_bin(path).startswith("intact (8 files")
