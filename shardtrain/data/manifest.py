@@ -127,8 +127,9 @@ def _check_names(path: str, files: Dict) -> None:
     extra = sorted(n for n in present - set(files) if is_read_by_tasks(n))
     if extra:
         raise DataError(f"Data-bin {path} holds {', '.join(extra)}, which its {MANIFEST} does not list: they were "
-                        "not written by the shard-preprocess run that made it, and would be read with its "
-                        f"dictionary. Remove them, or rebuild: {_REBUILD}")
+                        "not written by the shard-preprocess runs that made it, and would be read with its "
+                        "dictionary. Remove them; add a split with `shard-preprocess --srcdict DIR/dict.txt "
+                        "--destdir DIR` (and --spm-model DIR/spm.model for sentencepiece): it updates the manifest.")
 
 
 def _check_file(path: str, name: str, expected: Dict, checksum: bool) -> None:
