@@ -18,14 +18,14 @@ setup(
     extras_require={"test": ["pytest", "hypothesis"]},
     entry_points={
         "console_scripts": [
-            "shard-preprocess = shardtrain.cli.preprocess:main",
-            "shard-train = shardtrain.cli.train:main",
-            "shard-validate = shardtrain.cli.validate:main",
-            "shard-generate = shardtrain.cli.generate:main",
-            "shard-demo = shardtrain.cli.demo:main",
-            "shard-consolidate = shardtrain.cli.consolidate:main",
-            "shard-hydra-train = shardtrain.cli.hydra_train:main",
-            "shard-import-fairseq = shardtrain.cli.import_fairseq:main",
+            "shard-preprocess = shardtrain.cli.entry:shard_preprocess",
+            "shard-train = shardtrain.cli.entry:shard_train",
+            "shard-validate = shardtrain.cli.entry:shard_validate",
+            "shard-generate = shardtrain.cli.entry:shard_generate",
+            "shard-demo = shardtrain.cli.entry:shard_demo",
+            "shard-consolidate = shardtrain.cli.entry:shard_consolidate",
+            "shard-hydra-train = shardtrain.cli.entry:shard_hydra_train",
+            "shard-import-fairseq = shardtrain.cli.entry:shard_import_fairseq",
         ]
     },
 )

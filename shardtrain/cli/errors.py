@@ -1,15 +1,31 @@
-"""Entry-point wrapper: user mistakes become one paragraph and a non-zero exit."""
+"""Entry-point wrapper: user mistakes become one paragraph and a non-zero exit;
+Ctrl-C and SIGTERM become one line and the exit status a shell reports for them."""
+import contextlib
 import functools
+import signal
 import sys
+import threading
 
 from shardtrain.core.errors import ShardtrainError
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+EXIT_TERMINATED = 128 + signal.SIGTERM
+# Said after every interruption: each command writes through temporary names (removed on the way
+# out, or by the next run if the process was killed outright) and renames only whole files.
+_NOTHING_HALF_WRITTEN = "no half-written file was left in place of an output; run the same command again to redo it"
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that clean-up runs as for Ctrl-C.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` swallows it."""
 
 
 def cli_entry(prog: str):
     """Decorate a ``main(argv)``: a ShardtrainError prints ``PROG: error: ...``
-    (no traceback) and exits 2; anything else is a bug and keeps its traceback.
+    (no traceback) and exits 2; Ctrl-C and SIGTERM print one line and exit 130 / 143;
+    anything else is a bug and keeps its traceback.
 
     Called with an explicit ``argv`` (from Python), the wrapper returns main's
     result; called as a console script (``argv=None``) it returns None, since
@@ -21,13 +37,57 @@ def _wrap(fn, prog: str):
     @functools.wraps(fn)
     def wrapper(argv=None):
         try:
-            result = fn(sys.argv[1:] if argv is None else list(argv))
+            with answering_signals(prog):
+                result = fn(sys.argv[1:] if argv is None else list(argv))
             return None if argv is None else result
         except ShardtrainError as e:
             print(f"{prog}: error: {e}", file=sys.stderr)
             sys.exit(EXIT_USER_ERROR)
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            sys.exit(130)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def answering_signals(prog: str):
+    """Ctrl-C or SIGTERM within the block: the clean-up on the way out runs, then one line, exit 130 / 143."""
+    try:
+        with sigterm_raises():
+            yield
+    except BaseException as e:
+        signal_error = _signal_behind(e)
+        if isinstance(signal_error, KeyboardInterrupt):
+            _stop(prog, "interrupted (Ctrl-C / SIGINT)", EXIT_INTERRUPTED)
+        if isinstance(signal_error, Terminated):
+            _stop(prog, "terminated by SIGTERM", EXIT_TERMINATED)
+        raise
+
+
+def _signal_behind(error: BaseException):
+    """The KeyboardInterrupt or Terminated that ``error`` is, or that it was raised while handling:
+    a signal inside torch.save makes its zip writer's clean-up fail with a RuntimeError of its own."""
+    while error is not None and not isinstance(error, (KeyboardInterrupt, Terminated)):
+        error = error.__cause__ or error.__context__
+    return error
+
+
+def _stop(prog: str, what: str, status: int) -> None:
+    print(f"{prog}: {what} before it finished; {_NOTHING_HALF_WRITTEN}.", file=sys.stderr)
+    sys.exit(status)
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Within the block SIGTERM raises :class:`Terminated`: Python's default is to die at once,
+    skipping every clean-up (temporary files, staging directories) and saying nothing.
+    Handlers set inside the block (shard-train's preemption watcher) take precedence."""
+    def on_sigterm(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (main() called from a thread, e.g. in tests)
+        return
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

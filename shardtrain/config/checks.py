@@ -57,6 +57,8 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
      "--max-update and --max-epoch must be >= 0 (0 means no limit)."),
     (lambda c: c.common.log_interval < 1, "--log-interval must be at least 1."),
     (lambda c: c.checkpoint.save_interval < 1, "--save-interval must be at least 1 (epochs)."),
+    (lambda c: c.dataset.validate_interval < 1,
+     "--validate-interval must be at least 1 (epochs); to skip validation pass --disable-validation."),
     (lambda c: c.checkpoint.save_interval_updates < 0, "--save-interval-updates must be >= 0."),
     (lambda c: c.checkpoint.finetune_from_model is not None and c.checkpoint.restore_file != "checkpoint_last.pt",
      "--finetune-from-model and --restore-file both choose where training starts. Use only one of them."),

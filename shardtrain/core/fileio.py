@@ -6,14 +6,50 @@ with a dot so nothing that lists checkpoints or splits ever picks one up.
 """
 import contextlib
 import os
+import socket
 import tempfile
 import uuid
+
+
+def writer_tag() -> str:
+    """``HOST.PID`` of this process, put into temporary names so that a later run can tell a
+    killed writer's leftovers (remove them) from a live writer's (keep them), even on a shared
+    filesystem written from several machines."""
+    return f"{socket.gethostname()}.{os.getpid()}"
+
+
+def writer_is_dead(tag: str) -> bool:
+    """True if ``tag`` (from :func:`writer_tag`) names a process of this machine that no longer
+    exists. Another machine's process, or a live one, is never called dead."""
+    host, _, pid = tag.rpartition(".")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # exists, owned by another user
+        return False
+    return False
 
 
 def temp_sibling(path: str) -> str:
     """A unique temporary name in ``path``'s directory, so ``os.replace`` stays atomic."""
     directory, name = os.path.split(os.path.abspath(path))
-    return os.path.join(directory, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    return os.path.join(directory, f".{name}.{writer_tag()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def remove_dead_writers_temps(path: str) -> None:
+    """Remove the temporary siblings of ``path`` whose writer was killed (SIGKILL, OOM, power loss):
+    nothing else ever would, and each can be as large as the file itself."""
+    directory, name = os.path.split(os.path.abspath(path))
+    head = f".{name}."
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(directory):
+            if entry.startswith(head) and entry.endswith(".tmp"):
+                tag = entry[len(head):-len(".tmp")].rpartition(".")[0]  # drop the random part
+                if writer_is_dead(tag):
+                    remove_quietly(os.path.join(directory, entry))
 
 
 def open_new(path: str):
@@ -23,7 +59,9 @@ def open_new(path: str):
 
 @contextlib.contextmanager
 def atomic_open(path: str):
-    """``with atomic_open(p) as f: f.write(...)``: ``p`` appears only if the block succeeds."""
+    """``with atomic_open(p) as f: f.write(...)``: ``p`` appears only if the block succeeds.
+    Temporary files of ``p`` left by killed writers are removed first."""
+    remove_dead_writers_temps(path)
     tmp = temp_sibling(path)
     try:
         with open_new(tmp) as f:

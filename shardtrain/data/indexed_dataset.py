@@ -11,7 +11,7 @@ import os
 import shutil
 import struct
 from array import array
-from typing import List
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ _VERSION = 1
 DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
                6: np.float64, 7: np.double, 8: np.uint16, 9: np.uint32, 10: np.uint64}
 _BLOCK = 1 << 20  # items per block when scanning an index, to bound memory
+_SCAN_BLOCK = 1 << 24  # tokens per block when scanning the .bin: large for numpy, small next to a corpus
 _REBUILD = "Re-run shard-preprocess to rebuild this split."
 
 
@@ -97,6 +98,19 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
 
     def size(self, i: int) -> int:
         return int(self._sizes[i])
+
+    def first_out_of_range(self, limit: int) -> Optional[Tuple[int, int]]:
+        """(item, token id) of the first token id outside ``[0, limit)``, or None: one vectorised
+        pass over the whole memory map, in blocks so that no copy of the corpus is made."""
+        signed = self._dtype.kind == "i"
+        for start in range(0, len(self._data), _SCAN_BLOCK):
+            block = self._data[start:start + _SCAN_BLOCK]
+            if block.max() >= limit or (signed and block.min() < 0):
+                offset = start + int(np.argmax((block >= limit) | (block < 0)))
+                starts = self._pointers // self._dtype.itemsize
+                item = int(np.searchsorted(starts, offset, side="right")) - 1  # empty items share a start
+                return item, int(self._data[offset])
+        return None
 
     @staticmethod
     def exists(prefix: str) -> bool:

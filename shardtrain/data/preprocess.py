@@ -3,11 +3,13 @@
 The data-bin holds ``dict.txt``, ``{train,valid,test}.{bin,idx}`` in fairseq's
 format (with ``--tokenizer space`` the files equal fairseq-preprocess's byte for
 byte), ``preprocess.json`` (how to tokenize a prompt) and, for sentencepiece,
-``spm.model``. Everything is written into a staging directory first and moved
-into place at the end, so a failed run never leaves a half-written data-bin.
-That holds for Ctrl-C too (and for SIGTERM, which shard-preprocess turns into
-an exception): the clean-up runs on the way out, and a second signal waits
-until the publish or clean-up in progress is done.
+``spm.model``, and ``manifest.json`` (data/manifest.py). Everything is written
+into a staging directory first and moved into place at the end, so a failed
+run never leaves a half-written data-bin. That holds for Ctrl-C too (and for
+SIGTERM, which cli_entry turns into an exception): the clean-up runs on the way
+out, and a second signal waits until the publish or clean-up in progress is
+done. A SIGKILL mid-publish leaves a manifest that says "incomplete", which
+every command refuses; the next run removes the killed run's staging directory.
 """
 import contextlib
 import dataclasses
@@ -23,7 +25,8 @@ from shardtrain.core.fields import field
 from shardtrain.data.binarize import (binarize_file, count_symbols, iter_lines, stop_signals_deferred,
                                      usable_workers)
 from shardtrain.data.dictionary import Dictionary
-from shardtrain.core.fileio import atomic_write_bytes
+from shardtrain.core.fileio import atomic_write_bytes, fsync_dir, writer_is_dead, writer_tag
+from shardtrain.data.manifest import describe_files, is_read_by_tasks, mark_incomplete, read_manifest, write_manifest
 from shardtrain.data.tokenizers import (PREPROCESS_JSON, SPM_MODEL_FILE, SPM_MODEL_TYPES, TOKENIZERS,
                                         SentencePieceTokenizer, SpaceTokenizer, load_tokenizer, tokenizer_spec,
                                         train_sentencepiece)
@@ -35,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
 _DEFAULT_SPM_VOCAB_SIZE = 8000
+_STAGING_PREFIX = ".preprocess-"  # then writer_tag(): whose it is
 
 
 @dataclasses.dataclass
@@ -69,8 +73,9 @@ def preprocess(cfg: PreprocessConfig) -> None:
         with stop_signals_deferred():  # no signal between creating the staging dir and knowing its name
             staging = _make_staging_dir(cfg.destdir)
         dictionary = _build(cfg, splits, staging)
+        files = _describe_published(staging, cfg.destdir)  # reads every new file: before the signals wait
         with stop_signals_deferred():  # a signal mid-publish would mix old and new files
-            _publish(staging, cfg.destdir)
+            _publish(staging, cfg.destdir, files)
     finally:
         with stop_signals_deferred():  # a second Ctrl-C must not cut the clean-up short
             _remove_leftovers(staging, created)
@@ -171,10 +176,20 @@ def _has_text(path: str) -> bool:
 def _make_staging_dir(destdir: str) -> str:
     try:
         os.makedirs(destdir, exist_ok=True)
-        return tempfile.mkdtemp(prefix=".preprocess-", dir=destdir)
+        _remove_dead_staging_dirs(destdir)
+        return tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{writer_tag()}.", dir=destdir)
     except OSError as e:
         raise DataError(f"Cannot write to --destdir {destdir} ({e.strerror}). Pick a directory you can "
                         "write to, or fix its permissions.") from None
+
+
+def _remove_dead_staging_dirs(destdir: str) -> None:
+    """A run killed outright (SIGKILL, OOM) leaves its staging directory: the next run removes it,
+    unless its writer still runs (a concurrent shard-preprocess, here or on another machine)."""
+    for name in os.listdir(destdir):
+        if name.startswith(_STAGING_PREFIX) and writer_is_dead(name[len(_STAGING_PREFIX):].rpartition(".")[0]):
+            logger.info("removing %s, left by a shard-preprocess that was killed", os.path.join(destdir, name))
+            shutil.rmtree(os.path.join(destdir, name), ignore_errors=True)
 
 
 def _build_tokenizer(cfg: PreprocessConfig, staging: str):
@@ -204,12 +219,37 @@ def _build_dictionary(cfg: PreprocessConfig, tokenizer, staging: str) -> Diction
     return dictionary
 
 
-def _publish(staging: str, destdir: str) -> None:
-    """Move the staged files into ``destdir``; preprocess.json last, as the 'complete' marker."""
+def _describe_published(staging: str, destdir: str) -> Dict[str, Dict]:
+    """The manifest of ``destdir`` once ``staging`` is published: the new files, and the splits of an
+    earlier run this one keeps (same dictionary, checked by _check_no_stale_splits)."""
     _check_no_stale_splits(staging, destdir)
-    names = sorted(os.listdir(staging), key=lambda n: (n == "dict.txt", n == PREPROCESS_JSON, n))
-    for name in names:
+    files = describe_files(staging, os.listdir(staging))
+    kept = [n for n in os.listdir(destdir) if is_read_by_tasks(n) and n not in files]
+    old_files = _recorded_files(destdir)
+    for name in kept:  # recorded when they were written; read anew only where no manifest did
+        recorded = old_files.get(name)
+        size_matches = recorded and recorded["size"] == os.path.getsize(os.path.join(destdir, name))
+        files[name] = recorded if size_matches else describe_files(destdir, [name])[name]
+    return files
+
+
+def _recorded_files(destdir: str) -> Dict[str, Dict]:
+    """What an earlier run's manifest records; nothing if it is incomplete or damaged (this run is the fix)."""
+    try:
+        old = read_manifest(destdir)
+    except DataError:
+        return {}
+    return old["files"] if old and old.get("complete") else {}
+
+
+def _publish(staging: str, destdir: str, files: Dict[str, Dict]) -> None:
+    """Move the staged files into ``destdir`` between an "incomplete" manifest and the full one,
+    so that a kill in between leaves a data-bin that says it is incomplete, never a silent mix."""
+    mark_incomplete(destdir)
+    for name in sorted(os.listdir(staging)):
         os.replace(os.path.join(staging, name), os.path.join(destdir, name))
+    fsync_dir(destdir)
+    write_manifest(destdir, files)
 
 
 def _check_no_stale_splits(staging: str, destdir: str) -> None:

@@ -7,6 +7,7 @@ from shardtrain.core.fields import field
 from shardtrain.data.collate import collate
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.indexed_dataset import MMapIndexedDataset
+from shardtrain.data.manifest import log_state_at_start
 from shardtrain.data.token_block import TokenBlockDataset
 from shardtrain.core.errors import DataError
 from shardtrain.tasks.base import Task
@@ -44,6 +45,7 @@ class LanguageModelingTask(Task):
         if not os.path.exists(path):
             raise DataError(f"{data_dir!r} has no dict.txt, so it is not a data-bin directory. "
                             "Point to the --destdir of shard-preprocess (or fairseq-preprocess).")
+        log_state_at_start(data_dir)  # before any file is read: a mixed or damaged data-bin must not train
         return Dictionary.load(path)
 
     @property
@@ -71,20 +73,21 @@ class LanguageModelingTask(Task):
             raise DataError(f"Split {split!r} is empty: {prefix}.bin holds no lines. Re-run shard-preprocess "
                             f"with a non-empty --{split}pref file, or pick another split "
                             "(--train-subset / --valid-subset).")
-        self._check_vocabulary(tokens, prefix)
+        self._check_vocabulary(tokens, prefix, split)
         self.datasets[split] = TokenBlockDataset(
             tokens, tokens.sizes, self.cfg.tokens_per_sample, pad=self.dictionary.pad(),
             eos=self.dictionary.eos(), break_mode=self.cfg.sample_break_mode)
 
-    def _check_vocabulary(self, tokens, prefix) -> None:
-        # A cheap sample, not a full scan: a split binarized with another
-        # dictionary shows ids beyond the vocabulary almost immediately.
-        for i in range(min(len(tokens), 64)):
-            item = tokens[i]
-            if len(item) and int(item.max()) >= len(self.dictionary):
-                raise DataError(f"{prefix}.bin holds token id {int(item.max())} but dict.txt has only "
-                                f"{len(self.dictionary)} entries: the split was binarized with another "
-                                "dictionary. Re-run shard-preprocess for all splits together.")
+    def _check_vocabulary(self, tokens, prefix, split) -> None:
+        # Every token, at start: one id beyond the vocabulary late in a split would otherwise stop
+        # training (or its first validation) hours in with an IndexError and nothing saved.
+        found = tokens.first_out_of_range(len(self.dictionary))
+        if found is not None:
+            item, token = found
+            raise DataError(f"Split {split!r} ({prefix}.bin) holds token id {token} in item {item} (line {item + 1} "
+                            f"of the text), but dict.txt has only {len(self.dictionary)} entries (ids 0 to "
+                            f"{len(self.dictionary) - 1}): the split was binarized with another dictionary, or the "
+                            "file is damaged. Re-run shard-preprocess for all splits together.")
 
     def collater(self, samples):
         return collate(samples, pad=self.dictionary.pad())

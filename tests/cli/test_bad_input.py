@@ -16,7 +16,9 @@ import torch
 
 from shardtrain.cli import hydra_train, train, validate
 from shardtrain.config.checks import rules
-from shardtrain.data.indexed_dataset import MMapIndexedDatasetBuilder
+from shardtrain.data.dictionary import Dictionary
+from shardtrain.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder
+from shardtrain.data.manifest import MANIFEST
 from st_testutils import make_space_data_bin, tiny_model_flags
 
 RULES = rules()  # every flag check, its messages written out (backends named from the registry)
@@ -34,6 +36,9 @@ def copy_bin(good_bin, tmp_path, mutate=None):
     dest = str(tmp_path / "bin")
     shutil.copytree(good_bin, dest)
     if mutate:
+        # These cases test the readers' own checks, which guard data-bins without a manifest (fairseq's,
+        # older shard-preprocess'); with one, its sizes catch most first (tests/data_format/test_fmt_manifest.py).
+        os.remove(os.path.join(dest, MANIFEST))
         mutate(dest)
     return dest
 
@@ -63,6 +68,15 @@ def empty_split(d, split="train"):
     with MMapIndexedDatasetBuilder(f"{d}/{split}.bin", dtype=np.uint16) as builder:
         pass
     builder.finalize(f"{d}/{split}.idx")
+
+
+def id_beyond_vocabulary_in_last_item(d, split="valid"):
+    """The red-team's case: the very last token of a split is the vocabulary size (one past the last id),
+    far beyond the first items that were the only ones checked."""
+    vocab = len(Dictionary.load(f"{d}/dict.txt"))
+    write_at(f"{d}/{split}.bin", -2, struct.pack("<H", vocab), os.SEEK_END)  # uint16 tokens
+    items = len(MMapIndexedDataset(f"{d}/{split}").sizes)
+    return [f"item {items - 1}", f"token id {vocab}", f"only {vocab} entries"]
 
 
 def broken_plugin(t):
@@ -182,6 +196,20 @@ def test_bad_train_input(name, good_bin, tmp_path, capsys):
         assert text in err, (text, err)
 
 
+def test_id_beyond_the_vocabulary_late_in_valid_is_refused_at_start(tmp_path, capsys):
+    """Not after training an epoch, as an IndexError in validation with nothing saved."""
+    words = ["Split 'valid'", "valid.bin", "binarized with another dictionary", "shard-preprocess"]
+    long_valid = make_space_data_bin(str(tmp_path / "made"), n_words=6, train_tokens=3000, valid_tokens=3000,
+                                     line_len=30, seed=4)  # 100 items: more than a sample of the first ones
+    path = copy_bin(long_valid, tmp_path, lambda d: words.extend(id_beyond_vocabulary_in_last_item(d)))
+    assert "item 99" in words
+    save_dir = str(tmp_path / "save")
+    err = assert_refused(train.main, [path, *tiny_model_flags(), "--max-update", "1", "--save-dir", save_dir],
+                         capsys, save_dir)
+    for text in words:
+        assert text in err, (text, err)
+
+
 def test_the_table_has_at_least_30_cases():
     assert len(CASES) >= 30
 
@@ -205,6 +233,7 @@ RULE_VIOLATIONS = {
     "--max-update and --max-epoch": ["--max-epoch", "-1"],
     "--log-interval": ["--log-interval", "0"],
     "--save-interval must": ["--save-interval", "0"],
+    "--validate-interval must": ["--validate-interval", "0"],
     "--save-interval-updates must": ["--save-interval-updates", "-1"],
     "--finetune-from-model and --restore-file": ["--finetune-from-model", "a.pt", "--restore-file", "b.pt"],
     "--finetune-from-model already resets": ["--finetune-from-model", "a.pt", "--reset-meters"],

@@ -7,6 +7,7 @@ import pytest
 
 from shardtrain.cli import train
 from shardtrain.data.indexed_dataset import MMapIndexedDatasetBuilder
+from shardtrain.data.manifest import MANIFEST
 from st_testutils import cli_refusal, make_space_data_bin, tiny_model_flags
 
 
@@ -17,6 +18,7 @@ def data_bin(tmp_path_factory):
     with MMapIndexedDatasetBuilder(f"{d}/empty.bin", dtype="uint16") as builder:
         pass
     builder.finalize(f"{d}/empty.idx")
+    os.remove(f"{d}/{MANIFEST}")  # a split added by hand: the manifest would refuse it (test_fmt_manifest.py)
     return d
 
 

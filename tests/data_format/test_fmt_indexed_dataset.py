@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from shardtrain.data.dictionary import Dictionary
+from shardtrain.data import indexed_dataset
 from shardtrain.data.indexed_dataset import (MMapIndexedDataset, MMapIndexedDatasetBuilder,
                                              best_fitting_int_dtype)
 from shardtrain.core.errors import DataError
@@ -180,3 +181,30 @@ def test_fixture_with_wrong_bin_is_detected(tmp_path, fairseq_dir):
     shutil.copy(fairseq_dir / "valid.bin", tmp_path / "valid.bin")
     with pytest.raises(DataError, match="do not belong together"):
         MMapIndexedDataset(str(tmp_path / "valid"))
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+@pytest.mark.parametrize("scan_block", [3, 1 << 24])  # blocks that split items, and one block for all
+def test_first_out_of_range_finds_every_item(tmp_path, monkeypatch, dtype, scan_block):
+    """Every position is scanned (not a sample of the first items): a bad id in each place, one at a time,
+    including an id equal to the limit, an empty item before it, and (signed) a negative id."""
+    monkeypatch.setattr(indexed_dataset, "_SCAN_BLOCK", scan_block)
+    items = [[4, 5, 6], [], [7], [1, 2, 3, 4, 5], [], [], [9, 9]]
+    limit = 10
+    bad_ids = [limit, 300] + ([-1] if np.dtype(dtype).kind == "i" else [])
+    prefix = str(tmp_path / "d")
+    for item_index, item in enumerate(items):
+        for position in range(len(item)):
+            for bad in bad_ids:
+                changed = [list(x) for x in items]
+                changed[item_index][position] = bad
+                assert _written(prefix, changed, dtype).first_out_of_range(limit) == (item_index, bad)
+    assert _written(prefix, items, dtype).first_out_of_range(limit) is None
+
+
+def _written(prefix, items, dtype):
+    with MMapIndexedDatasetBuilder(prefix + ".bin", dtype=dtype) as builder:
+        for x in items:
+            builder.add_item(np.array(x, dtype=np.int64))
+    builder.finalize(prefix + ".idx")
+    return MMapIndexedDataset(prefix)

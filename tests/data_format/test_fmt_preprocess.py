@@ -9,6 +9,7 @@ import pytest
 
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.indexed_dataset import MMapIndexedDataset
+from shardtrain.data.manifest import MANIFEST
 from shardtrain.data.preprocess import PreprocessConfig, load_tokenizer, preprocess
 from shardtrain.data.tokenizers import SentencePieceTokenizer, SpaceTokenizer
 from shardtrain.core.errors import ConfigError, DataError
@@ -30,7 +31,7 @@ def listing(path):
 def test_reproduces_fairseq_preprocess_byte_for_byte(tmp_path, fairseq_dir, workers):
     out = tmp_path / "data-bin"
     preprocess(space_cfg(fairseq_dir, out, workers=workers))
-    assert sorted(os.listdir(out)) == sorted(FAIRSEQ_FILES + ["preprocess.json"])
+    assert sorted(os.listdir(out)) == sorted(FAIRSEQ_FILES + ["preprocess.json", MANIFEST])
     for name in FAIRSEQ_FILES:
         assert (out / name).read_bytes() == (fairseq_dir / name).read_bytes(), name
     assert json.loads((out / "preprocess.json").read_text()) == {"tokenizer": "space", "spm_model": None}

@@ -1,0 +1,39 @@
+"""Console-script entry points (setup.py): Ctrl-C and SIGTERM are answered from the first instant.
+
+A console script imports its command's module before it calls ``main()``, and that import (torch
+and all) takes seconds; a signal then printed a KeyboardInterrupt traceback, or (SIGTERM) ended the
+process without a word. Each function here installs the answer first, importing nothing heavy,
+then imports the command and runs its ``main`` (whose ``cli_entry`` answers from then on).
+"""
+import functools
+import importlib
+
+from shardtrain.cli.errors import answering_signals
+
+COMMANDS = {
+    "shard-preprocess": "shardtrain.cli.preprocess",
+    "shard-train": "shardtrain.cli.train",
+    "shard-validate": "shardtrain.cli.validate",
+    "shard-generate": "shardtrain.cli.generate",
+    "shard-demo": "shardtrain.cli.demo",
+    "shard-consolidate": "shardtrain.cli.consolidate",
+    "shard-hydra-train": "shardtrain.cli.hydra_train",
+    "shard-import-fairseq": "shardtrain.cli.import_fairseq",
+}
+
+
+def run(prog: str):
+    with answering_signals(prog):
+        main = importlib.import_module(COMMANDS[prog]).main
+    return main()
+
+
+# One per console script, named as setup.py names it.
+shard_preprocess = functools.partial(run, "shard-preprocess")
+shard_train = functools.partial(run, "shard-train")
+shard_validate = functools.partial(run, "shard-validate")
+shard_generate = functools.partial(run, "shard-generate")
+shard_demo = functools.partial(run, "shard-demo")
+shard_consolidate = functools.partial(run, "shard-consolidate")
+shard_hydra_train = functools.partial(run, "shard-hydra-train")
+shard_import_fairseq = functools.partial(run, "shard-import-fairseq")
