@@ -37,7 +37,7 @@ from shardtrain.trainer.checkpoint.checksums import (
     verify_directory,
 )
 from shardtrain.trainer.checkpoint.contents import TENSOR_PARTS, state_of, without
-from shardtrain.trainer.checkpoint.dcp_errors import reading_shards
+from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error, reading_shards
 from shardtrain.trainer.checkpoint.fit import check_same_model
 from shardtrain.trainer.checkpoint.formats import CheckpointFormat, matching
 from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader, load_weights_only
@@ -148,6 +148,7 @@ class ShardedSaver:
         self._pending: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._group = None
+        self._in_flight = ("", "")  # (save dir, name) of the background save, for its error
 
     def save(self, save_dir: str, name: str, model, optimizer, extra: Dict, aliases: List[str],
              interval: bool = False, after: Optional[Callable[[], None]] = None) -> str:
@@ -171,13 +172,16 @@ class ShardedSaver:
                 if after is not None:
                     after()
 
+        def discard():  # a failed save leaves nothing behind (every rank's write has ended: DCP agreed on failure)
+            if rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+
         if not self.async_save:
             try:
                 dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
                 finish()
             except BaseException:
-                if rank == 0:
-                    shutil.rmtree(partial, ignore_errors=True)
+                discard()
                 raise
             ranks.barrier()
             return final
@@ -195,11 +199,12 @@ class ShardedSaver:
                 self.gate.release()
                 self.gate.detach()
                 raise
-        self._pending = threading.Thread(target=self._complete, args=(future, finish), daemon=True)
+        self._in_flight = (save_dir, name)
+        self._pending = threading.Thread(target=self._complete, args=(future, finish, discard), daemon=True)
         self._pending.start()
         return final
 
-    def _complete(self, future, finish) -> None:
+    def _complete(self, future, finish, discard) -> None:
         try:
             try:
                 future.result()
@@ -207,6 +212,7 @@ class ShardedSaver:
                 self.gate.release()  # the live tensors are free to change
             finish()
         except BaseException as e:  # noqa: BLE001 - reported by wait() on the training thread
+            discard()
             self._error = e
 
     def wait(self) -> None:
@@ -218,9 +224,8 @@ class ShardedSaver:
             ranks.barrier()
         if self._error is not None:
             error, self._error = self._error, None
-            raise CheckpointError(f"A background checkpoint save failed: {type(error).__name__}: {error}. "
-                                  "The previous checkpoints are intact; check --save-dir (space, "
-                                  "permissions).") from error
+            save_dir, name = self._in_flight
+            raise failed_save_error(f"{name} (in the background, --async-save)", save_dir, error) from None
 
     def close(self) -> None:
         """End of the run: the last save lands, then the staging buffer is freed."""
