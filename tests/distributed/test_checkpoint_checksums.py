@@ -153,3 +153,24 @@ def test_a_missing_manifest_is_damage_when_the_marker_says_it_was_written(saves,
     os.remove(copy / "checkpoint_last" / "CHECKSUMS")
     with pytest.raises(Exception, match="CHECKSUMS is missing"):
         verify_checkpoint(str(copy / "checkpoint_last"))
+
+
+def test_a_damaged_old_checkpoint_never_echoes_torch_advice(data_bin, saves, tmp_path, capsys):
+    """Without checksums, a damaged extra.pt reaches torch's reader, whose error advises weights_only=False."""
+    import zipfile
+
+    copy = tmp_path / "old"
+    shutil.copytree(saves["sharded"], copy, symlinks=True)
+    directory = copy / os.readlink(copy / "checkpoint_last")
+    strip_checksums(directory)
+    extra = directory / "extra.pt"
+    with zipfile.ZipFile(extra) as source:
+        entries = {i.filename: source.read(i) for i in source.infolist()}
+    with zipfile.ZipFile(extra, "w", zipfile.ZIP_STORED) as out:
+        for name, data in entries.items():  # an opcode torch's weights-only unpickler refuses
+            out.writestr(name, b"\x80\x02I1\n." if name.endswith("data.pkl") else data)
+    with pytest.raises(SystemExit) as info:
+        validate.main([data_bin, "--path", str(copy / "checkpoint_last"), "--cpu"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "extra.pt" in err and "damaged" in err and "Traceback" not in err
+    assert not any(advice in err for advice in TORCH_ADVICE), err

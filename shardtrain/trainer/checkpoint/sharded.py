@@ -40,7 +40,7 @@ from shardtrain.trainer.checkpoint.contents import TENSOR_PARTS, state_of, witho
 from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error, reading_shards
 from shardtrain.trainer.checkpoint.fit import check_same_model
 from shardtrain.trainer.checkpoint.formats import CheckpointFormat, matching
-from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader, load_weights_only
+from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader, load_weights_only, torch_reason
 from shardtrain.trainer.checkpoint.verify import Verified
 from shardtrain.trainer.launch import ranks
 
@@ -279,8 +279,8 @@ def load_extra(path: str) -> Dict:
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
-        raise CheckpointError(f"Cannot read {os.path.join(path, EXTRA)}: {type(e).__name__}: {e}. The "
-                              "checkpoint is damaged; resume from an earlier one.") from None
+        raise CheckpointError(f"Cannot read {os.path.join(path, EXTRA)}{torch_reason(e)}. The checkpoint is "
+                              "damaged; resume from an earlier one.") from None
 
 
 def load_sharded_into(path: str, model, optimizer: Optional[torch.optim.Optimizer]) -> None:
