@@ -10,12 +10,14 @@ longer that overlapping update takes than a normal one (the median of the 3
 updates just before the save). The sync save's time is until save() returns
 (the write has landed). Sync and async alternate over ``--rounds``, each in a
 freshly built run; one torch.save of the trainer's full state dict is timed
-on a run of its own.
+on a run of its own. Then the cost of checksums: sharded saves with and without them (a parameter of
+ShardedSaver), alternating, each loaded back; and checking a single file's zip CRCs against its torch.load.
 
     python benchmarks/checkpoint.py [--layers 12 --dim 768 --saves 2 --rounds 2]
 """
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -29,6 +31,9 @@ from async_save import measure  # noqa: E402
 from make_data import random_data_bin  # noqa: E402
 
 from shardtrain.config.build import parse_train_args  # noqa: E402
+from shardtrain.trainer.checkpoint.contents import trainer_parts  # noqa: E402
+from shardtrain.trainer.checkpoint.sharded import ShardedDirectory, ShardedSaver  # noqa: E402
+from shardtrain.trainer.checkpoint.single_file import SingleFile  # noqa: E402
 from shardtrain.trainer.launch.start import make_context  # noqa: E402
 from shardtrain.trainer.loop import Run  # noqa: E402
 
@@ -41,19 +46,54 @@ def config(tmp: str, data: str, save_dir: str, layers: int, dim: int):
                              "--save-dir", save_dir, "--log-format", "none", "--no-save", "--disable-validation"])
 
 
-def plain_save_seconds(cfg, ctx, path: str, repeats: int) -> float:
-    """The median time of one torch.save of the trainer's full state after one update."""
+def plain_save_seconds(cfg, ctx, path: str, repeats: int):
+    """-> (the median time of one torch.save of the trainer's full state after one update, the median time
+    of checking its zip CRCs over that of torch.load: a single file's load overhead)."""
     run = Run(cfg, ctx)
     run.trainer.train_step([next(run.batch_iterator("train", 1, shuffle=True).next_epoch_itr())])
-    times = []
+    times, verify, load = [], [], []
     for _ in range(repeats):
         full = run.trainer.state_dict()
         start = time.perf_counter()
         torch.save(full, path)
         times.append(time.perf_counter() - start)
+        verify.append(timed(SingleFile().verify, path))
+        load.append(timed(torch.load, path, weights_only=True))
         os.remove(path)
     run.close()
-    return statistics.median(times)
+    return statistics.median(times), statistics.median(verify) / statistics.median(load)
+
+
+def timed(f, *args, **kwargs) -> float:
+    start = time.perf_counter()
+    f(*args, **kwargs)
+    return time.perf_counter() - start
+
+
+def checksum_overheads(cfg, ctx, repeats: int):
+    """-> {"save", "load": median time with checksums / median time without - 1}: sharded saves by
+    ShardedSaver(checksums=True / False) in alternating order, each loaded back (resume's read_state +
+    load_tensors) into the same run; a checkpoint saved without checksums has no CHECKSUMS to verify."""
+    run = Run(cfg, ctx)
+    run.trainer.train_step([next(run.batch_iterator("train", 1, shuffle=True).next_epoch_itr())])
+    parts = trainer_parts(run.trainer)
+    times = {(op, on): [] for op in ("save", "load") for on in (True, False)}
+    for i in range(repeats):
+        for on in (True, False) if i % 2 == 0 else (False, True):
+            saver = ShardedSaver(checksums=on)
+            start = time.perf_counter()
+            path = saver.save(cfg.checkpoint.save_dir, f"sums{on}{i}", run.trainer.model, run.trainer.optimizer,
+                              {"x": 1}, aliases=[])
+            times["save", on].append(time.perf_counter() - start)
+            fmt = ShardedDirectory()
+            start = time.perf_counter()
+            fmt.load_tensors(path, fmt.read_state(path), parts["model"], parts["optimizer"])
+            times["load", on].append(time.perf_counter() - start)
+            saver.close()
+            shutil.rmtree(path)
+    run.close()
+    med = statistics.median
+    return {op: med(times[op, True]) / med(times[op, False]) - 1 for op in ("save", "load")}
 
 
 def main():
@@ -62,6 +102,8 @@ def main():
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--saves", type=int, default=2, help="saves per run, each with one update after it")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each mode, in alternating order")
+    parser.add_argument("--checksum-repeats", type=int, default=4, help="sharded saves and loads with and "
+                                                                        "without checksums, each")
     args = parser.parse_args()
     ctx = make_context(0, 0, 1, use_cuda=False, backend=None)
     results = {"sync": [], "split": []}  # "split" is --async-save as shipped
@@ -76,9 +118,14 @@ def main():
                     results[mode].append(measure(mode, args.saves, cfg, ctx))
             plain = plain_save_seconds(config(tmp, data, os.path.join(tmp, "plain"), args.layers, args.dim), ctx,
                                        os.path.join(tmp, "plain.pt"), args.rounds * args.saves)
+            sums = checksum_overheads(config(tmp, data, os.path.join(tmp, "sums"), args.layers, args.dim), ctx,
+                                      args.checksum_repeats)
         finally:
             dist.destroy_process_group()
-    report(results, plain)
+    report(results, plain[0])
+    print(f"single file: checking its zip CRCs takes {plain[1]:.3f} x its torch.load")
+    print(f"RESULT checksum_save_overhead={sums['save']:.3f} target<=0.05")
+    print(f"RESULT checksum_load_overhead={sums['load']:.3f} target<=0.10")
 
 
 def report(results, plain: float):

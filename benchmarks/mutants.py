@@ -26,6 +26,9 @@ E2E_RESUME = "tests/cli/test_cli_end_to_end.py::test_resume_mid_epoch_is_exact"
 COUNTS = "tests/distributed/test_collective_counts.py"
 EQUIVALENCE = "tests/distributed/test_backend_equivalence.py::test_two_ranks_equal_one_process"
 ADAM = "tests/optim/test_optim_cpu_adam.py"
+SUMS = "tests/distributed/test_checkpoint_checksums.py"
+FLIPS = "tests/trainer/test_checksum_flips.py"
+FULL_DISK_ASYNC = "tests/cli/test_full_disk.py::test_failed_async_save_on_two_ranks_is_as_clean_as_a_synchronous_one"
 
 # The summed-loss backward of Trainer.train_step through _update's multiplier: one contiguous snippet,
 # so that "divide the loss first" can be one replacement.
@@ -322,10 +325,10 @@ MUTANTS = [
            ("tests/cli/test_full_disk.py", "tests/distributed/test_save_crash_phases.py")),
     Mutant("sharded_rename_before_complete", "a directory appears under its name only when COMPLETE is written",
            T + "checkpoint/sharded.py",
-           "    atomic_write_bytes(os.path.join(partial, COMPLETE), json.dumps(info).encode())\n"
+           "    atomic_write_bytes(os.path.join(partial, COMPLETE), complete)\n"
            "    fsync_dir(partial)\n    replace_dir(partial, final)\n",
            "    replace_dir(partial, final)\n"
-           "    atomic_write_bytes(os.path.join(final, COMPLETE), json.dumps(info).encode())\n"
+           "    atomic_write_bytes(os.path.join(final, COMPLETE), complete)\n"
            "    fsync_dir(final)\n",
            ("tests/distributed/test_save_crash_phases.py",)),
     # -- data-bin integrity (issue 16, red-team items 2 and 3) -------------------------------------------
@@ -375,4 +378,37 @@ MUTANTS = [
            "    with answering_signals(prog):\n        main = importlib.import_module(COMMANDS[prog]).main\n",
            "    main = importlib.import_module(COMMANDS[prog]).main\n",
            ("tests/cli/test_interrupted_commands.py::test_signal_while_importing_is_one_line",)),
+    # -- checksummed checkpoints (issue 16) ---------------------------------------------------------------
+    Mutant("load_not_verified", "every load verifies the checkpoint's checksums before any value is used",
+           T + "checkpoint/formats.py",
+           "        check_checksums(self, path)\n        return self.read_verified_state(path, model_only)\n",
+           "        return self.read_verified_state(path, model_only)\n",
+           (SUMS,)),
+    Mutant("zip_crc_not_compared", "a flipped bit in a single-file checkpoint is detected",
+           T + "checkpoint/checksums.py", "    if zlib.crc32(data) != info.CRC:\n", "    if False:\n",
+           (FLIPS,)),
+    Mutant("manifest_without_shards", "every file a sharded checkpoint writes has its checksum recorded",
+           T + "checkpoint/sharded.py", "        files = {**written, EXTRA: hashing.entry(),",
+           "        files = {EXTRA: hashing.entry(),",
+           (SUMS + "::test_intact_checkpoints_verify_and_the_message_lists_earlier_ones",)),
+    Mutant("overlapped_writes_not_hashed", "shard files are hashed as they are written, every byte",
+           T + "checkpoint/checksums.py", "            pending = self._pool.submit(self._sums.update, view)\n",
+           "            pending = self._pool.submit(len, view)\n",
+           ("tests/core/test_torch_private.py",)),
+    Mutant("missing_manifest_taken_for_old", "a checkpoint whose manifest is lost is not loaded unverified",
+           T + "checkpoint/sharded.py", '            if marker(path).get("checksums"):\n', "            if False:\n",
+           (SUMS + "::test_a_missing_manifest_is_damage_when_the_marker_says_it_was_written",)),
+    Mutant("async_failure_leaves_partial", "a failed --async-save leaves no partial directory",
+           T + "checkpoint/sharded.py", "        except BaseException as e:  # noqa: BLE001 - reported by wait() on the "
+           "training thread\n            discard()\n",
+           "        except BaseException as e:  # noqa: BLE001 - reported by wait() on the training thread\n",
+           (FULL_DISK_ASYNC,)),
+    Mutant("save_failure_cause_unnamed", "a failed save names its cause (no space), whichever rank hit it",
+           T + "checkpoint/dcp_errors.py", "            errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else",
+           "            errno.ENOSPC, errno.EDQUOT) else",
+           (FULL_DISK_ASYNC,)),
+    Mutant("extra_error_echoes_torch", "error messages never echo torch's advice (weights_only=False)",
+           T + "checkpoint/sharded.py", '{os.path.join(path, EXTRA)}{torch_reason(e)}. The checkpoint is',
+           '{os.path.join(path, EXTRA)}: {e}. The checkpoint is',
+           (SUMS + "::test_a_damaged_old_checkpoint_never_echoes_torch_advice",)),
 ]

@@ -37,3 +37,13 @@ def dcp_metadata_path(reader) -> str:
     if not hasattr(reader, "_get_metadata_path"):
         raise _moved("FileSystemReader._get_metadata_path", "to read sharded checkpoint metadata safely")
     return os.fspath(reader._get_metadata_path())
+
+
+def use_file_system(writer, file_system) -> None:
+    """Make a DCP ``FileSystemWriter`` open its files through ``file_system``.
+
+    Why private: the writer's ``fs`` attribute is undocumented, and DCP has no public hook that sees the
+    bytes as they are written (checksums.py hashes them there, so nothing is read back)."""
+    if not hasattr(writer, "fs"):
+        raise _moved("FileSystemWriter.fs", "to checksum the shard files as they are written")
+    writer.fs = file_system

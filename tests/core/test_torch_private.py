@@ -40,3 +40,20 @@ def test_a_moved_private_api_is_named(monkeypatch, checkpoint):
     monkeypatch.delattr(loader, "_load_state_dict_from_keys")
     with pytest.raises(RuntimeError, match="no longer provides .*_load_state_dict_from_keys"):
         torch_private.load_dcp_keys(["model"], storage_reader=FileSystemReader(checkpoint))
+
+
+def test_a_writer_writes_through_the_file_system_it_is_given(tmp_path):
+    """The shard files' checksums are taken as DCP writes them: every file it writes, with its real bytes
+    (a tensor above the size hashed beside the write, too)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from shardtrain.trainer.checkpoint.checksums import OVERLAP_FROM, HashingFileSystem, file_entry
+
+    writer, hashing = FileSystemWriter(str(tmp_path)), HashingFileSystem()
+    torch_private.use_file_system(writer, hashing)
+    dcp.save({"big": torch.randn(OVERLAP_FROM // 2), "small": torch.arange(5)}, storage_writer=writer, no_dist=True)
+    assert set(hashing.written) == {p.name for p in tmp_path.iterdir()} == {"__0_0.distcp", ".metadata"}
+    for name, entry in hashing.written.items():
+        assert entry == file_entry(str(tmp_path / name))
+    with pytest.raises(RuntimeError, match="no longer provides FileSystemWriter.fs"):
+        torch_private.use_file_system(object(), hashing)

@@ -1,5 +1,6 @@
 """DCP's failures while reading a sharded checkpoint, as one CheckpointError that says what to do."""
 import contextlib
+import errno
 import re
 import warnings
 from typing import Optional
@@ -51,5 +52,39 @@ def _refusal(e: BaseException) -> Optional[CheckpointError]:
     for failure in getattr(e, "failures", {}).values():  # CheckpointException: rank -> (exception, trace)
         found = _refusal(failure[0] if isinstance(failure, tuple) else failure)
         if found:
+            return found
+    return None
+
+
+def failed_save_error(what: str, save_dir: str, error: BaseException) -> CheckpointError:
+    """The paragraph for a save that failed (synchronous or --async-save): ``what`` names the checkpoint."""
+    return CheckpointError(
+        f"Saving the checkpoint {what} to {save_dir!r} failed: {save_failure_reason(error)}. The previous "
+        "checkpoints are intact and resume as before; free space in --save-dir (or choose another one) and "
+        "relaunch the same command.")
+
+
+def save_failure_reason(error: BaseException) -> str:
+    """What stopped a save, in words: the OSError behind it on any rank (DCP gathers every rank's failure;
+    torch's zip writer turns a failed write into "unexpected pos"), else the first line of the error."""
+    found = _os_error(error, set())
+    if found is not None:
+        full = " (no space left: the disk, a quota or a file-size limit is full)" if found.errno in (
+            errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else ""
+        return f"{found.strerror or found}{full}"
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+def _os_error(e: BaseException, seen: set) -> Optional[OSError]:
+    if e is None or id(e) in seen:
+        return None
+    seen.add(id(e))
+    if isinstance(e, OSError):
+        return e
+    inner = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()]
+    for candidate in [*inner, e.__cause__, e.__context__]:
+        found = _os_error(candidate, seen)
+        if found is not None:
             return found
     return None

@@ -9,6 +9,8 @@ directory is sharded); no other module asks which format it has.
 import os
 from typing import Callable, Dict, List
 
+from shardtrain.trainer.checkpoint.verify import check_checksums
+
 
 class CheckpointFormat:
     """How a checkpoint's parts (see contents.py) are laid out on disk and read back."""
@@ -26,7 +28,19 @@ class CheckpointFormat:
 
     def read_state(self, path: str, model_only: bool = False) -> Dict:
         """The checkpoint's state without the tensors kept apart (a single file keeps none apart);
-        ``model_only``: for inference and fine-tuning, also a convertible fairseq file."""
+        ``model_only``: for inference and fine-tuning, also a convertible fairseq file.
+
+        Every load starts here (load_tensors and read_tensors take the state this returns), and this
+        verifies every file's checksum before reading a byte: no loading path can skip it."""
+        check_checksums(self, path)
+        return self.read_verified_state(path, model_only)
+
+    def verify(self, path: str):
+        """-> verify.Verified (None: no such file, left to the reader to name); checksums.Damaged on a mismatch."""
+        raise NotImplementedError
+
+    def read_verified_state(self, path: str, model_only: bool) -> Dict:
+        """read_state, once ``path`` is verified."""
         raise NotImplementedError
 
     def check_model(self, trainer, state: Dict, path: str, cfg) -> None:

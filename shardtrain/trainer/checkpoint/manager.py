@@ -10,6 +10,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import probe_writable_dir
+from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error
 from shardtrain.trainer.checkpoint.formats import format_for_saving, resolve_checkpoint_path
 from shardtrain.trainer.checkpoint.save_dir_lock import SaveDirLock
 
@@ -81,11 +82,7 @@ class CheckpointManager:
             return self.format.save(self.checkpoint, names, header, parts, epoch, updates, self.is_master,
                                     self._prepare)
         except (OSError, CheckpointException) as e:
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0][:200]
-            raise CheckpointError(
-                f"Saving the checkpoint of update {updates} to {self.checkpoint.save_dir!r} failed: {reason}. The "
-                "previous checkpoints are intact and resume as before; free space in --save-dir (or choose "
-                "another one) and relaunch the same command.") from None
+            raise failed_save_error(f"of update {updates}", self.checkpoint.save_dir, e) from None
 
     def _prepare(self) -> None:
         os.makedirs(self.checkpoint.save_dir, exist_ok=True)

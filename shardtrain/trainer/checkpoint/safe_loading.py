@@ -74,6 +74,14 @@ def load_weights_only(source: Union[str, IO[bytes]], what: str, mmap: bool = Fal
                               + _UNSAFE_HINT) from None
 
 
+def torch_reason(e: Exception) -> str:
+    """torch's own words, when they are short and not its advice to load unsafely."""
+    lines = str(e).strip().splitlines()
+    if not lines or lines[0].startswith("Weights only load failed"):
+        return f"; {type(e).__name__}"
+    return f"; {type(e).__name__}: {lines[0][:200]}"
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) in METADATA_GLOBALS or (module == "builtins" and name in _BUILTINS):

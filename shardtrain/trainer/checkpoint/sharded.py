@@ -4,7 +4,7 @@ Layout of ``checkpoint_{epoch}_{updates}/``: torch.distributed.checkpoint (DCP)
 files holding the model and optimizer, each rank writing its own shards in
 parallel (no rank gathers the full model); ``extra.pt`` with everything else
 (config, scheduler, data position, meters, every rank's RNG states), written
-by rank 0; and ``COMPLETE``, written last.
+by rank 0; ``CHECKSUMS`` of every file (checksums.py); and ``COMPLETE``, written last.
 
 Atomicity: the directory is written under a hidden ``.NAME.partial`` name and
 renamed into place only after ``COMPLETE`` is on disk, so a crash at any
@@ -32,11 +32,16 @@ from shardtrain.core.fileio import atomic_open, atomic_write_bytes, fsync_dir, r
 from shardtrain.core.torch_private import load_dcp_keys
 from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.trainer.checkpoint.async_staging import Prestaged, RunStager, StepGate, step_only_storages
+from shardtrain.trainer.checkpoint.checksums import (
+    MANIFEST, Damaged, HashingStream, entry_of_bytes, gather_checksums, manifest_bytes, read_manifest, shard_writer,
+    verify_directory,
+)
 from shardtrain.trainer.checkpoint.contents import TENSOR_PARTS, state_of, without
-from shardtrain.trainer.checkpoint.dcp_errors import reading_shards
+from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error, reading_shards
 from shardtrain.trainer.checkpoint.fit import check_same_model
 from shardtrain.trainer.checkpoint.formats import CheckpointFormat, matching
-from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader, load_weights_only
+from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader, load_weights_only, torch_reason
+from shardtrain.trainer.checkpoint.verify import Verified
 from shardtrain.trainer.launch import ranks
 
 COMPLETE = "COMPLETE"
@@ -87,7 +92,16 @@ class ShardedDirectory(CheckpointFormat):
             if os.path.basename(path) not in referenced and path not in keep:
                 shutil.rmtree(path, ignore_errors=True)
 
-    def read_state(self, path: str, model_only: bool = False) -> Dict:
+    def verify(self, path: str) -> Verified:
+        check_complete(path)
+        files = read_manifest(path)
+        if files is None:
+            if marker(path).get("checksums"):
+                raise Damaged(MANIFEST, "is missing (its COMPLETE marker says it was written)")
+            return Verified(checksums=False)
+        return Verified(checksums=True, files=len(files), nbytes=verify_directory(path, files))
+
+    def read_verified_state(self, path: str, model_only: bool) -> Dict:
         return load_extra(path)
 
     def check_model(self, trainer, state, path, cfg) -> None:
@@ -122,16 +136,19 @@ class ShardedSaver:
     finishes it, ``close()`` also frees the buffer.
     """
 
-    def __init__(self, async_save: bool = False, staging: str = "split"):
+    def __init__(self, async_save: bool = False, staging: str = "split", checksums: bool = True):
         """``staging``: "split" (above); "copy": copy every tensor into the reused
         buffer; "dcp": DCP's own stager, a fresh copy per save. The last two are
-        the behaviours before, kept for benchmarks/async_save.py to compare against."""
+        the behaviours before, kept for benchmarks/async_save.py to compare against.
+        ``checksums``: False writes no CHECKSUMS (as before them), for benchmarks/checkpoint.py's baseline."""
         self.async_save = async_save
+        self.checksums = checksums
         self.stager = RunStager(copy_everything=staging == "copy") if staging != "dcp" else None
         self.gate = StepGate()
         self._pending: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._group = None
+        self._in_flight = ("", "")  # (save dir, name) of the background save, for its error
 
     def save(self, save_dir: str, name: str, model, optimizer, extra: Dict, aliases: List[str],
              interval: bool = False, after: Optional[Callable[[], None]] = None) -> str:
@@ -146,42 +163,48 @@ class ShardedSaver:
         ranks.barrier()
         state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
         info = {"format": FORMAT, "world_size": ranks.world_size(), "name": name, "interval": interval}
+        writer, hashing = shard_writer(partial, self.checksums)
 
         def finish():
+            written = gather_checksums(hashing, self._gloo_group())  # collective
             if rank == 0:
-                finalize(save_dir, name, partial, final, extra, info, aliases)
+                finalize(save_dir, name, partial, final, extra, info, aliases, written)
                 if after is not None:
                     after()
 
+        def discard():  # a failed save leaves nothing behind (every rank's write has ended: DCP agreed on failure)
+            if rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+
         if not self.async_save:
             try:
-                dcp.save(state, checkpoint_id=partial, no_dist=not dist.is_initialized())
+                dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
                 finish()
             except BaseException:
-                if rank == 0:
-                    shutil.rmtree(partial, ignore_errors=True)
+                discard()
                 raise
             ranks.barrier()
             return final
         # save() began with wait(), so no write still reads the buffer being refilled
         if self.stager is None:
-            future = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group())
+            future = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group())
         else:
             staged = self.stager.stage(state, step_only_storages(model, state["optimizer"]))
             if self.stager.in_place_bytes:
                 self.gate.hold()
             try:
-                future = dcp.async_save(staged, checkpoint_id=partial, process_group=self._async_group(),
+                future = dcp.async_save(staged, storage_writer=writer, process_group=self._gloo_group(),
                                         async_stager=Prestaged())
             except BaseException:
                 self.gate.release()
                 self.gate.detach()
                 raise
-        self._pending = threading.Thread(target=self._complete, args=(future, finish), daemon=True)
+        self._in_flight = (save_dir, name)
+        self._pending = threading.Thread(target=self._complete, args=(future, finish, discard), daemon=True)
         self._pending.start()
         return final
 
-    def _complete(self, future, finish) -> None:
+    def _complete(self, future, finish, discard) -> None:
         try:
             try:
                 future.result()
@@ -189,6 +212,7 @@ class ShardedSaver:
                 self.gate.release()  # the live tensors are free to change
             finish()
         except BaseException as e:  # noqa: BLE001 - reported by wait() on the training thread
+            discard()
             self._error = e
 
     def wait(self) -> None:
@@ -200,9 +224,8 @@ class ShardedSaver:
             ranks.barrier()
         if self._error is not None:
             error, self._error = self._error, None
-            raise CheckpointError(f"A background checkpoint save failed: {type(error).__name__}: {error}. "
-                                  "The previous checkpoints are intact; check --save-dir (space, "
-                                  "permissions).") from error
+            save_dir, name = self._in_flight
+            raise failed_save_error(f"{name} (in the background, --async-save)", save_dir, error) from None
 
     def close(self) -> None:
         """End of the run: the last save lands, then the staging buffer is freed."""
@@ -212,20 +235,27 @@ class ShardedSaver:
             if self.stager is not None:
                 self.stager.close()
 
-    def _async_group(self):
+    def _gloo_group(self):
         # Background collectives get their own gloo group so they never interleave
-        # with the training step's collectives (which may be NCCL on the GPU).
+        # with the training step's collectives (which may be NCCL on the GPU); the
+        # checksums are gathered on it too, as Python objects.
         if self._group is None and dist.is_initialized():
             self._group = dist.new_group(backend="gloo")
         return self._group
 
 
-def finalize(save_dir, name, partial, final, extra, info, aliases) -> None:
-    """Rank 0, after every shard is written: extra state, marker, rename, aliases
-    (also the last steps of shard-consolidate's file -> directory)."""
+def finalize(save_dir, name, partial, final, extra, info, aliases, written: Optional[Dict]) -> None:
+    """Rank 0, after every shard is written: extra state, checksums, marker, rename, aliases
+    (also the last steps of shard-consolidate's file -> directory). ``written``: the shard
+    files' checksums (None: write none, as before checksums)."""
     with atomic_open(os.path.join(partial, EXTRA)) as f:
-        torch.save(extra, f)
-    atomic_write_bytes(os.path.join(partial, COMPLETE), json.dumps(info).encode())
+        hashing = HashingStream(f)
+        torch.save(extra, hashing)
+    complete = json.dumps({**info, "checksums": written is not None}).encode()
+    if written is not None:
+        files = {**written, EXTRA: hashing.entry(), COMPLETE: entry_of_bytes(complete)}
+        atomic_write_bytes(os.path.join(partial, MANIFEST), manifest_bytes(files))  # before COMPLETE: never half
+    atomic_write_bytes(os.path.join(partial, COMPLETE), complete)
     fsync_dir(partial)
     replace_dir(partial, final)
     for alias in aliases:
@@ -249,8 +279,8 @@ def load_extra(path: str) -> Dict:
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
-        raise CheckpointError(f"Cannot read {os.path.join(path, EXTRA)}: {type(e).__name__}: {e}. The "
-                              "checkpoint is damaged; resume from an earlier one.") from None
+        raise CheckpointError(f"Cannot read {os.path.join(path, EXTRA)}{torch_reason(e)}. The checkpoint is "
+                              "damaged; resume from an earlier one.") from None
 
 
 def load_sharded_into(path: str, model, optimizer: Optional[torch.optim.Optimizer]) -> None:

@@ -9,17 +9,19 @@ otherwise, and are swapped in with the same rename.
 import os
 import re
 import shutil
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_open, fsync_dir, remove_quietly, temp_sibling
 from shardtrain.fairseq_import import fairseq_lm, fairseq_pickle
+from shardtrain.trainer.checkpoint.checksums import is_zip, verify_zip
 from shardtrain.trainer.checkpoint.contents import FORMAT_VERSION, state_of
 from shardtrain.trainer.checkpoint.fit import check_model_fits
 from shardtrain.trainer.checkpoint.formats import CheckpointFormat, matching
-from shardtrain.trainer.checkpoint.safe_loading import load_weights_only
+from shardtrain.trainer.checkpoint.safe_loading import load_weights_only, torch_reason
+from shardtrain.trainer.checkpoint.verify import Verified
 
 
 class SingleFile(CheckpointFormat):
@@ -47,7 +49,15 @@ class SingleFile(CheckpointFormat):
             for path in matching(options.save_dir, re.compile(r"checkpoint(\d+)\.pt$"))[options.keep_last_epochs:]:
                 os.remove(path)
 
-    def read_state(self, path: str, model_only: bool = False) -> Dict:
+    def verify(self, path: str) -> Optional[Verified]:
+        # torch.save's zip already holds each entry's CRC32 (see checksums.py); a pre-zip file holds none
+        if not os.path.isfile(path):
+            return None
+        if not is_zip(path):
+            return Verified(checksums=False)
+        return Verified(checksums=True, files=verify_zip(path), nbytes=os.path.getsize(path))
+
+    def read_verified_state(self, path: str, model_only: bool) -> Dict:
         # for inference the tensors stay in the memory-mapped file until copied into the model
         return _read_mapped(path) if model_only else load_checkpoint(path)
 
@@ -100,7 +110,7 @@ def load_checkpoint(path: str, model_only: bool = False) -> Dict:
         if isinstance(e, CheckpointError):  # a pickled object outside the safe types
             raise
         raise CheckpointError(
-            f"Cannot load checkpoint {path!r} ({os.path.getsize(path)} bytes{_reason(e)}): it is truncated (a full "
+            f"Cannot load checkpoint {path!r} ({os.path.getsize(path)} bytes{torch_reason(e)}): it is truncated (a full "
             "disk or an interrupted copy), corrupt, or not a checkpoint at all. Pass another checkpoint (fairseq "
             "checkpoints need `shard-import-fairseq`).") from None
     if fairseq_pickle.looks_like_fairseq(state):
@@ -113,14 +123,6 @@ def load_checkpoint(path: str, model_only: bool = False) -> Dict:
     if not isinstance(state, dict) or "model" not in state or "cfg" not in state:
         raise CheckpointError(f"{path!r} is not a shardtrain checkpoint (it has no model/cfg entries).")
     return state
-
-
-def _reason(e: Exception) -> str:
-    """torch's own words, when they are short and not its advice to load unsafely."""
-    lines = str(e).strip().splitlines()
-    if not lines or lines[0].startswith("Weights only load failed"):
-        return f"; {type(e).__name__}"
-    return f"; {type(e).__name__}: {lines[0][:200]}"
 
 
 def _atomic_torch_save(obj, path: str) -> None:

@@ -1,0 +1,261 @@
+"""Checksums of checkpoint files: recorded as the bytes are written, verified before any value is read.
+
+The algorithm is CRC32 (zlib), chosen by measurement: the fastest hash the standard library has (zlib.crc32
+2.4 GiB/s, sha256 1.65, blake2b 0.6, adler32 slower than crc32 here too), and it releases the GIL, so the
+hashing runs on another core beside the write (and the verification on every core). benchmarks/checkpoint.py
+reports what it costs (RESULT checksum_save_overhead / checksum_load_overhead). It catches every burst of up to 32 flipped bits and any odd number of flips: the damage disks, networks and
+interrupted copies do. Like any checksum stored beside the data, it is no defence against deliberate forgery.
+
+- A sharded directory: each rank hashes the shard files DCP writes, as it writes them (HashingFileSystem:
+  nothing is read back), rank 0 also ``.metadata`` and ``extra.pt``; rank 0 writes them all, with the
+  ``COMPLETE`` marker's own, into ``CHECKSUMS`` (atomically, before ``COMPLETE``: a directory with a marker
+  always has its whole manifest). The manifest carries a CRC of itself, so a flip inside it is found too.
+- A single file: ``torch.save`` writes a zip that stores the CRC32 of every entry (torch computes them; its
+  reader never checks them). verify_zip reads every entry through Python's zipfile, which checks each CRC and
+  that each local header names its entry; the bytes neither zipfile nor torch looks at (timestamps, version
+  fields, the padding of local extra fields) cannot change what is loaded. tests/trainer/test_checksum_flips.py
+  flips random bits and asserts exactly that.
+"""
+import contextlib
+import json
+import mmap
+import os
+import struct
+import zipfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional
+
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+from shardtrain.core.torch_private import use_file_system
+from shardtrain.trainer.launch import ranks
+
+MANIFEST = "CHECKSUMS"
+ALGORITHM = "crc32"
+CHUNK = 16 * 2 ** 20
+BLOCK = 64 * 2 ** 20  # one CRC per block: verification hashes the blocks of one file in parallel
+OVERLAP_FROM = 2 ** 20  # writes this large are hashed in a second thread while the OS writes them
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+class Damaged(Exception):
+    """A file of a checkpoint does not match its checksum: ``file`` (relative to the checkpoint), ``detail``."""
+
+    def __init__(self, file: str, detail: str):
+        super().__init__(f"{file}: {detail}")
+        self.file, self.detail = file, detail
+
+
+class BlockCrcs:
+    """The CRC32 of each BLOCK-byte block of a byte stream: a long file is verified by many threads at once."""
+
+    def __init__(self):
+        self.done: List[int] = []
+        self.crc, self.filled, self.size = 0, 0, 0
+
+    def update(self, view: memoryview) -> None:
+        pos = 0
+        while pos < view.nbytes:
+            take = min(BLOCK - self.filled, view.nbytes - pos)
+            self.crc = zlib.crc32(view[pos:pos + take], self.crc)
+            self.filled, pos = self.filled + take, pos + take
+            if self.filled == BLOCK:
+                self.done.append(self.crc)
+                self.crc, self.filled = 0, 0
+        self.size += view.nbytes
+
+    def entry(self) -> Dict:
+        last = [self.crc] if self.filled or not self.done else []
+        return {ALGORITHM: [f"{c:08x}" for c in self.done + last], "size": self.size}
+
+
+class HashingStream:
+    """A writable stream that records the block CRCs and the length of what is written through it."""
+
+    def __init__(self, stream, pool: Optional[ThreadPoolExecutor] = None):
+        self._stream, self._pool, self._sums = stream, pool, BlockCrcs()
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        if self._pool is not None and view.nbytes >= OVERLAP_FROM:
+            # crc32 and the write both release the GIL: hash while the OS copies (the buffer is valid until we return)
+            pending = self._pool.submit(self._sums.update, view)
+            written = self._stream.write(view)
+            pending.result()
+        else:
+            self._sums.update(view)
+            written = self._stream.write(view)
+        if written is not None and written != view.nbytes:  # a raw stream's short write: our CRC covers more
+            raise OSError(f"short write ({written} of {view.nbytes} bytes)")
+        return view.nbytes
+
+    def entry(self) -> Dict:
+        return self._sums.entry()
+
+    def __getattr__(self, name):  # tell, flush, fileno (for DCP's fsync), close
+        return getattr(self._stream, name)
+
+
+class HashingFileSystem(FileSystem):
+    """DCP's local file system, recording each written file's checksum under its final name."""
+
+    def __init__(self):
+        super().__init__()
+        self.written: Dict[str, Dict] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crc32")
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode: str):
+        with super().create_stream(path, mode) as stream:
+            if "w" not in mode:
+                yield stream
+                return
+            hashing = HashingStream(stream, self._pool)
+            yield hashing
+        name = os.path.basename(os.fspath(path))
+        # the metadata is written as .metadata.tmp and renamed
+        self.written[name[:-4] if name.endswith(".tmp") else name] = hashing.entry()
+
+
+def shard_writer(partial: str, checksums: bool):
+    """-> (DCP writer for ``partial``, its HashingFileSystem or None when ``checksums`` is off)."""
+    writer = FileSystemWriter(partial)
+    if not checksums:
+        return writer, None
+    hashing = HashingFileSystem()
+    use_file_system(writer, hashing)
+    return writer, hashing
+
+
+def gather_checksums(hashing: Optional[HashingFileSystem], group) -> Optional[Dict]:
+    """Collective: every rank's written files' checksums, merged on rank 0 (None elsewhere, or when off)."""
+    mine = None if hashing is None else hashing.written
+    if not dist.is_initialized():
+        return mine
+    gathered = [None] * ranks.world_size() if ranks.rank() == 0 else None
+    dist.gather_object(mine, gathered, dst=0, group=group)
+    if gathered is None or any(g is None for g in gathered):
+        return None
+    return {name: entry for g in gathered for name, entry in g.items()}
+
+
+def file_entry(path: str) -> Dict:
+    """A file's manifest entry, computed from its bytes (tests; the savers hash as they write)."""
+    sums = BlockCrcs()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(CHUNK)
+            if not chunk:
+                return sums.entry()
+            sums.update(memoryview(chunk))
+
+
+def _verifier() -> ThreadPoolExecutor:
+    # crc32 releases the GIL: one thread per core hashes blocks (and zip entries) side by side
+    return ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="verify")
+
+
+@contextlib.contextmanager
+def _mapped(path: str):
+    """The file's bytes as a read-only memoryview (no copy: the pages are shared with the load that follows)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield memoryview(b"")
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
+            yield view
+
+
+def manifest_bytes(files: Dict[str, Dict]) -> bytes:
+    body = json.dumps(files, sort_keys=True)
+    return json.dumps({"algorithm": ALGORITHM, "files": files, "self": f"{zlib.crc32(body.encode()):08x}"},
+                      sort_keys=True, indent=1).encode()
+
+
+def entry_of_bytes(data: bytes) -> Dict:
+    sums = BlockCrcs()
+    sums.update(memoryview(data))
+    return sums.entry()
+
+
+def read_manifest(directory: str) -> Optional[Dict[str, Dict]]:
+    """The manifest's files, None when the checkpoint has none; Damaged when it does not match itself."""
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            manifest = json.loads(f.read())
+        files = manifest["files"]
+        ok = manifest["algorithm"] == ALGORITHM and manifest["self"] == f"{zlib.crc32(json.dumps(files, sort_keys=True).encode()):08x}"
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise Damaged(MANIFEST, f"unreadable ({type(e).__name__})") from None
+    if not ok:
+        raise Damaged(MANIFEST, "does not match its own checksum")
+    return files
+
+
+def verify_directory(directory: str, files: Dict[str, Dict]) -> int:
+    """Check every file the manifest lists (sizes first: cheap, and a truncation names itself); -> bytes checked."""
+    for name, want in sorted(files.items()):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise Damaged(name, "is missing")
+        if os.path.getsize(path) != want["size"]:
+            raise Damaged(name, f"has {os.path.getsize(path)} bytes, {want['size']} were written (truncated or "
+                                "replaced)")
+    with _verifier() as pool, contextlib.ExitStack() as stack:
+        views = {name: stack.enter_context(_mapped(os.path.join(directory, name))) for name in files}
+        blocks = [(name, i, crc) for name, want in sorted(files.items()) for i, crc in enumerate(want[ALGORITHM])]
+        found = list(pool.map(lambda b: zlib.crc32(views[b[0]][b[1] * BLOCK:(b[1] + 1) * BLOCK]), blocks))
+    for (name, i, want), crc in zip(blocks, found):
+        if f"{crc:08x}" != want:
+            raise Damaged(name, f"does not match its checksum (crc32 {crc:08x} of the block at byte {i * BLOCK}, "
+                                f"{want} was written): its bytes changed after the save")
+    return sum(want["size"] for want in files.values())
+
+
+def is_zip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == ZIP_MAGIC
+
+
+def verify_zip(path: str) -> int:
+    """Check every entry's CRC32 of a torch.save zip; -> its entry count. Damaged on any mismatch.
+
+    What zipfile's reader checks (a local header's signature and name, the entry's bytes against the
+    central directory's CRC), done on a memory map with the entries hashed in parallel."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+        with _mapped(path) as view, _verifier() as pool:
+            bad = [e for e in pool.map(lambda info: _entry_problem(view, info), entries) if e]
+    except Exception as e:  # noqa: BLE001 - a damaged zip fails in many ways, all of them "damaged"
+        raise Damaged(os.path.basename(path), f"is not the zip torch.save wrote ({type(e).__name__}: "
+                                              f"{str(e)[:200]})") from None
+    if bad:
+        raise Damaged(os.path.basename(path), bad[0])
+    return len(entries)
+
+
+def _entry_problem(view: memoryview, info: zipfile.ZipInfo) -> Optional[str]:
+    h = info.header_offset
+    header = bytes(view[h:h + 30])
+    if len(header) < 30 or header[:4] != ZIP_MAGIC:
+        return f"has no entry header where its directory places {info.filename} (truncated or damaged)"
+    n, e = struct.unpack("<HH", header[26:30])
+    raw = bytes(view[h + 30:h + 30 + n])
+    if raw.decode("utf-8" if info.flag_bits & 0x800 else "cp437", "replace") != info.orig_filename:
+        return f"names another entry where its directory places {info.filename}"
+    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+        return f"stores {info.filename} in a way torch.save never does"
+    start = h + 30 + n + e
+    data = view[start:start + info.file_size]
+    if data.nbytes != info.file_size:
+        return f"is truncated inside {info.filename}"
+    if zlib.crc32(data) != info.CRC:
+        return f"does not match the checksum of its entry {info.filename}: its bytes changed after the save"
+    return None

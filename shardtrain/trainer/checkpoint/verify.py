@@ -1,0 +1,101 @@
+"""Is a checkpoint intact? Every load asks first (CheckpointFormat.read_state); ``shard-verify`` asks here.
+
+A checkpoint written before shardtrain recorded checksums (a sharded directory without ``CHECKSUMS``, or a
+pre-zip torch file) still loads, after a one-line notice. A damaged one is refused before any of its values
+is read, with one paragraph naming the checkpoint, the file and the earlier checkpoints beside it.
+
+Why refuse rather than fall back, for --restore-file checkpoint_last too: a damaged file means the storage
+or a copy went wrong, which a person should know before more hours are written to the same place; quietly
+resuming from an older checkpoint would also repeat the updates since then. The paragraph lists the
+checkpoints to pass to --restore-file instead.
+"""
+import dataclasses
+import logging
+import os
+import re
+from typing import List, Optional
+
+from shardtrain.core.errors import CheckpointError
+from shardtrain.trainer.checkpoint.checksums import Damaged
+
+logger = logging.getLogger(__name__)
+NO_CHECKSUMS = "no checksums (written before shardtrain recorded them)"
+_CHECKPOINT_NAME = re.compile(r"checkpoint\w*(\.pt)?")
+# what each file of a checkpoint is, for the paragraph (a single file is "the checkpoint file")
+KINDS = ((".distcp", "a shard file"), (".metadata", "the shard index .metadata"), ("extra.pt", "its training state"),
+         ("CHECKSUMS", "its checksum manifest"), ("COMPLETE", "its COMPLETE marker"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Verified:
+    """What verification found: ``files`` checked, their ``nbytes``; ``checksums`` False for an old checkpoint."""
+    checksums: bool
+    files: int = 0
+    nbytes: int = 0
+
+    def describe(self) -> str:
+        return f"intact ({self.files} files, {_size(self.nbytes)})" if self.checksums else NO_CHECKSUMS
+
+
+def verify_checkpoint(path: str) -> str:
+    """``path``'s state in one line ("intact (5 files, 1.2 GB)" or NO_CHECKSUMS); a CheckpointError that says
+    what to do when it is damaged, incomplete or missing."""
+    # imported here: formats.py imports this module
+    from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
+
+    path = resolve_checkpoint_path(path)
+    if not os.path.exists(path):
+        raise CheckpointError(f"Checkpoint {path!r} does not exist. Check the path.")
+    return check_checksums(format_of(path), path, notice=False).describe()  # the line says it
+
+
+def check_checksums(fmt, path: str, notice: bool = True) -> Optional[Verified]:
+    """``fmt.verify(path)`` with its findings turned into a notice (for a load) or the paragraph; None:
+    nothing to verify (a missing file, which the reader that follows names)."""
+    try:
+        found = fmt.verify(path)
+    except Damaged as e:
+        raise damaged_error(path, e) from None
+    if notice and found is not None and not found.checksums:
+        logger.warning(f"notice: {path} carries no checksums (written before shardtrain recorded them), so it "
+                       "is loaded unverified")
+    return found
+
+
+def damaged_error(path: str, damage: Damaged) -> CheckpointError:
+    others = earlier_checkpoints(path)
+    listed = (f"the other checkpoints in {os.path.dirname(os.path.abspath(path))} are: {', '.join(others)}"
+              if others else f"there is no other checkpoint in {os.path.dirname(os.path.abspath(path))}")
+    return CheckpointError(
+        f"Checkpoint {path} is damaged ({_kind(damage.file)} is missing or damaged): {damage.file} {damage.detail}. "
+        f"Nothing was loaded from it and nothing was written. "
+        f"Its bytes changed after it was saved (a disk, copy or transfer fault), so it cannot be trusted; "
+        f"{listed}. Use an earlier one (to resume: --restore-file NAME), or copy an intact version back.")
+
+
+def _kind(file: str) -> str:
+    for ending, kind in KINDS:
+        if file.endswith(ending):
+            return kind
+    return "the checkpoint file"
+
+
+def earlier_checkpoints(path: str, limit: int = 5) -> List[str]:
+    """The names of the other checkpoints beside ``path`` (not its aliases), newest first."""
+    directory = os.path.dirname(os.path.abspath(path))
+    target = os.path.realpath(path)
+    try:
+        names = [n for n in os.listdir(directory) if _CHECKPOINT_NAME.fullmatch(n)]
+    except OSError:
+        return []
+    others = [n for n in names if os.path.exists(os.path.join(directory, n))
+              and os.path.realpath(os.path.join(directory, n)) != target]
+    others.sort(key=lambda n: os.path.getmtime(os.path.join(directory, n)), reverse=True)
+    return others[:limit]
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"
