@@ -26,6 +26,7 @@ setup(
             "shard-consolidate = shardtrain.cli.entry:shard_consolidate",
             "shard-hydra-train = shardtrain.cli.entry:shard_hydra_train",
             "shard-import-fairseq = shardtrain.cli.entry:shard_import_fairseq",
+            "shard-verify = shardtrain.cli.entry:shard_verify",
         ]
     },
 )

@@ -411,4 +411,7 @@ MUTANTS = [
            T + "checkpoint/sharded.py", '{os.path.join(path, EXTRA)}{torch_reason(e)}. The checkpoint is',
            '{os.path.join(path, EXTRA)}: {e}. The checkpoint is',
            (SUMS + "::test_a_damaged_old_checkpoint_never_echoes_torch_advice",)),
+    Mutant("shard_verify_exits_0_on_damage", "shard-verify's exit status says whether everything is intact",
+           "shardtrain/cli/verify.py", "            damaged += 1\n", "            pass\n",
+           (SUMS + "::test_shard_verify_checks_every_checkpoint_of_a_save_dir",)),
 ]

@@ -19,6 +19,7 @@ COMMANDS = {
     "shard-consolidate": "shardtrain.cli.consolidate",
     "shard-hydra-train": "shardtrain.cli.hydra_train",
     "shard-import-fairseq": "shardtrain.cli.import_fairseq",
+    "shard-verify": "shardtrain.cli.verify",
 }
 
 
@@ -37,3 +38,4 @@ shard_demo = functools.partial(run, "shard-demo")
 shard_consolidate = functools.partial(run, "shard-consolidate")
 shard_hydra_train = functools.partial(run, "shard-hydra-train")
 shard_import_fairseq = functools.partial(run, "shard-import-fairseq")
+shard_verify = functools.partial(run, "shard-verify")

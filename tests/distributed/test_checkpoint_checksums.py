@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from shardtrain.cli import consolidate, generate, train, validate
+from shardtrain.cli import verify as verify_cli
 from shardtrain.config.build import parse_train_args
 from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from shardtrain.trainer.checkpoint.verify import NO_CHECKSUMS, verify_checkpoint
@@ -174,3 +175,44 @@ def test_a_damaged_old_checkpoint_never_echoes_torch_advice(data_bin, saves, tmp
     err = capsys.readouterr().err
     assert info.value.code == 2 and "extra.pt" in err and "damaged" in err and "Traceback" not in err
     assert not any(advice in err for advice in TORCH_ADVICE), err
+
+
+def shard_verify(path, capsys):
+    """(exit status, {name: state}) of ``shard-verify path``."""
+    try:
+        verify_cli.main([str(path)])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr().out
+    return code, {os.path.basename(line.split(": ", 1)[0]): line.split(": ", 1)[1] for line in out.splitlines()}
+
+
+@pytest.mark.parametrize("form", ["sharded", "single"])
+def test_shard_verify_checks_every_checkpoint_of_a_save_dir(form, saves, tmp_path, capsys):
+    code, states = shard_verify(saves[form], capsys)
+    assert code == 0, states
+    assert sum(s.startswith("intact") for s in states.values()) == 2, states  # updates 2 and 4
+    assert all(s.startswith(("intact", "the same checkpoint as")) for s in states.values()), states
+    copy, damaged = damaged_copy(saves, form, "__0_0.distcp" if form == "sharded" else "checkpoint_last.pt", flip,
+                                 tmp_path)
+    code, states = shard_verify(copy, capsys)
+    name = os.readlink(damaged) if form == "sharded" else damaged.name  # the directory the alias points to
+    assert code == 1 and states[name].startswith("DAMAGED") and "is damaged" in states[name], states
+    assert states["checkpoint_1_2" if form == "sharded" else "checkpoint_1_2.pt"].startswith("intact"), states
+    assert shard_verify(damaged, capsys)[0] == 1  # one checkpoint, named directly
+
+
+def test_shard_verify_checks_a_data_bin_and_refuses_what_is_neither(data_bin, tmp_path, capsys):
+    code, states = shard_verify(data_bin, capsys)
+    assert code == 0 and list(states.values())[0].startswith("intact"), states
+    copy = tmp_path / "data-bin"
+    shutil.copytree(data_bin, copy)
+    flip(copy / "train.bin", None)
+    code, states = shard_verify(copy, capsys)
+    assert code == 1 and list(states.values())[0].startswith("DAMAGED"), states
+    (tmp_path / "empty").mkdir()
+    for path in (tmp_path / "missing", tmp_path / "empty"):
+        with pytest.raises(SystemExit) as info:
+            verify_cli.main([str(path)])
+        assert info.value.code == 2 and "Traceback" not in capsys.readouterr().err
