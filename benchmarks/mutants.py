@@ -328,4 +328,23 @@ MUTANTS = [
            "    atomic_write_bytes(os.path.join(final, COMPLETE), json.dumps(info).encode())\n"
            "    fsync_dir(final)\n",
            ("tests/distributed/test_save_crash_phases.py",)),
+    # -- issue 16, red-team item 1: no checkpoint with NaN/inf state ----------------------------------
+    Mutant("nan_weights_saved", "a checkpoint whose parameters or optimizer state are not finite is never written",
+           T + "loop.py",
+           "        check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank\n",
+           "", ("tests/trainer/test_finite_checkpoint.py::test_nan_weights_are_never_saved",)),
+    Mutant("finite_check_not_agreed", "every rank refuses the save when any rank's shards are not finite",
+           T + "checkpoint/finite.py", "flags = backend.all_reduce_sum(flags).cpu()", "flags = flags.cpu()",
+           ("tests/trainer/test_finite_checkpoint.py::test_every_rank_refuses_when_one_ranks_shard_is_damaged",)),
+    Mutant("optimizer_state_not_checked", "a checkpoint whose optimizer state is not finite is never written",
+           T + "checkpoint/finite.py", '"optimizer state": optimizer_tensors(model, optimizer)}',
+           '"optimizer state": []}',
+           ("tests/trainer/test_finite_checkpoint.py::test_check_names_the_damaged_part",)),
+    Mutant("divergence_claims_intact_unchecked", "a divergence calls a checkpoint intact only when it was checked",
+           T + "precision.py", "        if self.checked_save is not None:", "        if True:",
+           ("tests/trainer/test_finite_checkpoint.py::test_divergence_calls_a_checkpoint_intact_only_when_checked",)),
+    Mutant("finite_overflow_refused", "finite values whose norm overflows are saved (only NaN/inf is refused)",
+           T + "checkpoint/finite.py", "    return all(bool(torch.isfinite(t).all()) for t in tensors)",
+           "    return False",
+           ("tests/trainer/test_finite_checkpoint.py::test_finite_values_whose_norm_overflows_still_pass",)),
 ]

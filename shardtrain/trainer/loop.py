@@ -20,6 +20,7 @@ from shardtrain.trainer.parallel.backends import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.checkpoint.contents import header, stateful_parts
+from shardtrain.trainer.checkpoint.finite import check_finite
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
 from shardtrain.trainer.metrics.meters import MetricsLogger
 from shardtrain.trainer.precision import build_precision, run_dtypes
@@ -197,7 +198,10 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
     if do_save and not ck.no_save:
         start = time.time()
         names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)
+        check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank
         paths = run.checkpoints.save(header(run), stateful_parts(run, epoch_itr), epoch, updates, names)
+        if names:  # saved (a failed save raised), and named alike on every rank
+            run.trainer.precision.checked_save = f"{names[0]} of update {updates}"
         if paths and run.backend.is_master:
             write_config(cfg, ck.save_dir)
         logger.info(f"saved checkpoint {paths[0] if paths else '-'} (epoch {epoch} @ {updates} updates, "
