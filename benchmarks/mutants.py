@@ -347,4 +347,14 @@ MUTANTS = [
            T + "checkpoint/finite.py", "    return all(bool(torch.isfinite(t).all()) for t in tensors)",
            "    return False",
            ("tests/trainer/test_finite_checkpoint.py::test_finite_values_whose_norm_overflows_still_pass",)),
+    # -- issue 16, red-team item 4: one run per save dir, enforced at start ----------------------------
+    Mutant("lock_only_an_existing_save_dir", "a second run in a save dir is refused at start, also on a new dir",
+           T + "checkpoint/manager.py", "        if self.is_master and not self.checkpoint.no_save:",
+           "        if self.is_master and not self.checkpoint.no_save and os.path.isdir(self.checkpoint.save_dir):",
+           ("tests/cli/test_save_dir_lock.py::test_second_run_on_a_new_save_dir_is_refused_at_start",)),
+    Mutant("failed_start_leaves_save_dir", "a run that fails to start leaves no files behind",
+           T + "checkpoint/save_dir_lock.py",
+           "        if self._fd is not None and self._made and _holds_only_the_lock(self.save_dir):",
+           "        if False:",
+           ("tests/cli/test_save_dir_lock.py::test_a_run_that_fails_to_start_leaves_no_save_dir",)),
 ]

@@ -44,10 +44,19 @@ class Run:
         torch.manual_seed(cfg.common.seed)
         dtypes = run_dtypes(cfg)  # decided once: the backend and the precision receive them
         self.backend = build_backend(cfg, ctx, dtypes)
-        self.task = build.build_task(cfg)
         self.checkpoints = CheckpointManager(cfg.checkpoint, is_master=self.backend.is_master,
                                              sharded=self.backend.sharded_checkpoints)
-        self.checkpoints.check_writable()
+        try:
+            self.checkpoints.check_writable()
+            self.checkpoints.lock_save_dir()  # before the model is built: a second run is refused at once
+            self._build(cfg, ctx, dtypes)
+        except BaseException:
+            self.checkpoints.close()  # a run that failed to start leaves no save dir behind
+            self.backend.close()  # nor a process group
+            raise
+
+    def _build(self, cfg, ctx, dtypes) -> None:
+        self.task = build.build_task(cfg)
         precision = build_precision(cfg, self.backend, dtypes)
         d = cfg.distributed
         checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it
@@ -109,7 +118,6 @@ def main(cfg, ctx) -> Optional[float]:
 def train(run: Run) -> Optional[float]:
     """Resume (if there is a checkpoint), then run epochs until a stopping rule fires."""
     cfg = run.cfg
-    run.checkpoints.lock_save_dir()
     if not cfg.dataset.disable_validation:
         for subset in cfg.dataset.valid_subset.split(","):
             run.task.dataset(subset)  # a missing or empty split fails now, not after the first epoch
