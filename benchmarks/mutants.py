@@ -357,4 +357,12 @@ MUTANTS = [
            "        if self._fd is not None and self._made and _holds_only_the_lock(self.save_dir):",
            "        if False:",
            ("tests/cli/test_save_dir_lock.py::test_a_run_that_fails_to_start_leaves_no_save_dir",)),
+    # -- issue 16, red-team item 6: every choice checked, whichever front end set it ------------------
+    Mutant("choices_unchecked_outside_flags", "Hydra and YAML values get the choice checks flags get",
+           "shardtrain/config/checks.py", "            if value not in choices:", "            if False:",
+           ("tests/cli/test_hydra_train.py::test_mistakes_are_one_paragraph_errors",)),
+    Mutant("registry_choices_unchecked", "a registry's names are choices like any other (--ddp-backend)",
+           "shardtrain/config/checks.py", "            choices = list(choices() if callable(choices) else choices)",
+           "            if callable(choices):\n                continue",
+           ("tests/cli/test_hydra_train.py::test_mistakes_are_one_paragraph_errors",)),
 ]

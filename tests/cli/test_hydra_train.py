@@ -181,6 +181,17 @@ BAD = {
     "file: not extending the base": (["--config-dir", "{tmp}", "--config-name", "nobase"],
                                      ["nobase.yaml", "- shardtrain"]),
     "file: top-level junk": (["--config-dir", "{tmp}", "--config-name", "junk"], ["'colour'", "junk.yaml"]),
+    # every field with choices is checked whichever front end set it (red-team item 6 of issue 16)
+    "choice: sharding strategy": (["distributed.fsdp_sharding_strategy=foo"],
+                                  ["'foo' is not a choice of --fsdp-sharding-strategy "
+                                   "(distributed.fsdp_sharding_strategy)", "Choices: full_shard, shard_grad_op"]),
+    "choice: zero sharding": (["distributed.zero_sharding=foo"], ["(distributed.zero_sharding)", "Choices: none, os"]),
+    "choice: backend registry": (["distributed.ddp_backend=fsdp"], ["'fsdp' is not a choice of --ddp-backend",
+                                                                   "fully_sharded"]),
+    "choice: process-group backend": (["distributed.distributed_backend=mpi"], ["Choices: nccl, gloo."]),
+    "choice: component field": (["model.activation_fn=rellu"], ["(model.activation_fn). Did you mean 'relu'?"]),
+    "file: bad choice": (["--config-dir", "{tmp}", "--config-name", "badchoice"],
+                         ["'oss' is not a choice of --zero-sharding", "Did you mean 'os'?"]),
 }
 FILES = {
     "run": "defaults: [shardtrain, _self_]\n",
@@ -189,6 +200,7 @@ FILES = {
     "badopt": "defaults:\n  - shardtrain\n  - override optimizer: adamm\n  - _self_\n",
     "nobase": "optimization:\n  lr: 0.1\n",
     "junk": "defaults: [shardtrain, _self_]\ncolour: blue\n",
+    "badchoice": "defaults: [shardtrain, _self_]\ndistributed:\n  zero_sharding: oss\n",
 }
 
 
