@@ -365,4 +365,16 @@ MUTANTS = [
            "shardtrain/config/checks.py", "            choices = list(choices() if callable(choices) else choices)",
            "            if callable(choices):\n                continue",
            ("tests/cli/test_hydra_train.py::test_mistakes_are_one_paragraph_errors",)),
+    # -- issue 16, red-team item 7: --best-checkpoint-metric must be logged -----------------------------
+    Mutant("best_metric_unchecked", "a --best-checkpoint-metric that validation never logs is refused",
+           T + "build.py", "    elif metric not in logged:", "    elif False:",
+           ("tests/cli/test_bad_input.py::test_bad_train_input",)),
+    Mutant("criterion_declares_unlogged_nll", "criterions declare exactly the metrics they log",
+           "shardtrain/tasks/criterions.py", '        return {"loss", "ppl", "nll_loss"} if nll else {"loss", "ppl"}',
+           '        return {"loss", "ppl", "nll_loss"}',
+           ("tests/trainer/test_best_checkpoint_metric.py::test_declared_metrics_are_what_validation_logs",)),
+    Mutant("plugin_metrics_assumed_builtin", "a plugin criterion that declares no metrics is trusted, with a warning",
+           "shardtrain/tasks/criterions.py",
+           "        if type(self).reduce_metrics is not Criterion.reduce_metrics:\n            return None\n", "",
+           ("tests/trainer/test_best_checkpoint_metric.py::test_a_plugin_that_declares_nothing_is_trusted_with_a_warning",)),
 ]

@@ -57,13 +57,15 @@ class Run:
 
     def _build(self, cfg, ctx, dtypes) -> None:
         self.task = build.build_task(cfg)
+        criterion = build.build_criterion(cfg, self.task)
+        if not cfg.dataset.disable_validation:
+            build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, self.task, criterion)
         precision = build_precision(cfg, self.backend, dtypes)
         d = cfg.distributed
         checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it
         model = prepare_model(lambda: build.build_model(cfg, self.task), self.backend, seed=cfg.common.seed,
                               param_dtype=precision.param_dtype, offload_activations=d.offload_activations,
                               checkpoint_activations_every=d.checkpoint_activations_every if checkpointing else None)
-        criterion = build.build_criterion(cfg, self.task)
         self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, precision)
         self.metrics = RunMetrics(ctx.device, self.trainer)
         logger.info(f"rank {ctx.rank} holds {self.metrics.state_memory()} (parameters, gradients, optimizer state) "

@@ -152,6 +152,13 @@ CASES = {
     "user dir fails to import": (
         lambda b, t: [b, "--user-dir", broken_plugin(t)],
         ["failed to import: ModuleNotFoundError", "python -c 'import broken_plugin_bad_input'"]),
+    # a best-checkpoint metric validation never logs (red-team item 7 of issue 16)
+    "best checkpoint metric never logged": (
+        lambda b, t: [b, "--best-checkpoint-metric", "accuracy"],
+        ["--best-checkpoint-metric accuracy is never logged", "CrossEntropyCriterion logs loss, ppl)",
+         "--patience"]),
+    "nll_loss needs --sentence-avg with cross_entropy": (
+        lambda b, t: [b, "--best-checkpoint-metric", "nll_loss"], ["Choose one of loss, ppl"]),
 }
 
 
