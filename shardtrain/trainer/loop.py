@@ -27,6 +27,7 @@ from shardtrain.trainer.precision import build_precision, run_dtypes
 from shardtrain.trainer.launch.preemption import PreemptionWatcher
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.checkpoint.resume import restore
+from shardtrain.trainer.memory_fit import check_run_fits
 from shardtrain.trainer.metrics.run_metrics import RunMetrics
 from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
@@ -60,6 +61,7 @@ class Run:
         criterion = build.build_criterion(cfg, self.task)
         if not cfg.dataset.disable_validation:
             build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, self.task, criterion)
+        check_run_fits(cfg, self.task, self.backend, dtypes)  # before anything is allocated
         precision = build_precision(cfg, self.backend, dtypes)
         d = cfg.distributed
         checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it
