@@ -401,4 +401,7 @@ MUTANTS = [
     Mutant("yaml_alias_bomb_unbounded", "a YAML alias bomb is refused before it is loaded",
            "shardtrain/config/yaml_bound.py", "        if count > MAX_VALUES:", "        if count > MAX_VALUES * 10 ** 9:",
            ("tests/cli/test_hydra_train.py::test_an_alias_bomb_is_refused_in_time_linear_in_its_size",)),
+    Mutant("spm_long_lines_unnamed", "lines over sentencepiece's maximum length are named, not 'no text'",
+           "shardtrain/data/tokenizers.py", "        if too_long[0]:", "        if False:",
+           ("tests/data_format/test_spm_long_lines.py",)),
 ]
