@@ -24,6 +24,7 @@ from shardtrain.cli.errors import cli_entry
 from shardtrain.config import hydra_store
 from shardtrain.config.build import from_dict, import_user_dir
 from shardtrain.config.checks import check_config
+from shardtrain.config.yaml_bound import check_yaml_files
 from shardtrain.config.flags import new_parser
 from shardtrain.config.sections import COMPONENT_SLOTS
 from shardtrain.core.errors import ConfigError
@@ -72,6 +73,7 @@ def build_config(args: argparse.Namespace) -> DictConfig:
     if args.config_name:
         path = hydra_store.config_path(config_dir, args.config_name)
         name, source = os.path.basename(path)[:-len(".yaml")], f"the config {path}"
+        check_yaml_files([path])  # alias bombs, before anything loads the file
     else:
         path, name, source = None, hydra_store.BASE_CONFIG, "shardtrain's base config"
         hydra_store.check_config_dir(config_dir)

@@ -4,9 +4,13 @@ Each rule is (predicate that is True when the config is wrong, message naming
 the flags and the fix; a callable when it is derived, e.g. from the backend
 registry). Later issues add rows here, not ``if``s elsewhere.
 """
+import dataclasses
 from typing import Callable, List, Tuple, Union
 
+from omegaconf import DictConfig, OmegaConf
+
 from shardtrain.config.sections import loss_scaled
+from shardtrain.core.registry import did_you_mean
 from shardtrain.core.errors import ConfigError
 
 
@@ -118,7 +122,28 @@ def rules() -> List[Tuple[Callable, str]]:
     return [(wrong, message() if callable(message) else message) for wrong, message in _TABLE]
 
 
+def choice_problems(cfg) -> List[str]:
+    """Every field declared with ``choices`` (core/fields.py) holds one of them, in every section
+    and component. Flags are checked by argparse too, but Hydra overrides, YAML files and saved
+    config.yaml reach only this; callable choices (a registry's names) are resolved now."""
+    problems = []
+    for section, node in cfg.items():
+        cls = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        for f in dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ():
+            choices = f.metadata.get("choices")
+            value = node[f.name]
+            if not choices or value is None:
+                continue
+            choices = list(choices() if callable(choices) else choices)
+            if value not in choices:
+                problems.append(
+                    f"{value!r} is not a choice of --{f.name.replace('_', '-')} ({section}.{f.name})."
+                    f"{did_you_mean(value, choices)} Choices: {', '.join(choices)}.")
+    return problems
+
+
 def check_config(cfg) -> None:
-    problems = [message for wrong, message in rules() if wrong(cfg)]
+    # the table's rules may look a choice up (a backend's capabilities): they run on valid choices only
+    problems = choice_problems(cfg) or [message for wrong, message in rules() if wrong(cfg)]
     if problems:
         raise ConfigError(" ".join(problems))

@@ -54,8 +54,7 @@ class Registry:
 
     def unknown_message(self, name: str) -> str:
         choices = sorted(self._entries)
-        near = difflib.get_close_matches(name, choices, n=1)
-        hint = f" Did you mean {near[0]!r}?" if near else ""
+        hint = did_you_mean(name, choices)
         return (
             f"Unknown {self.kind} {name!r} given to {self.flag}.{hint} "
             f"Choices: {', '.join(choices) or '(none registered)'}. "
@@ -75,3 +74,9 @@ class Registry:
 
 def _describe(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def did_you_mean(name: str, choices: List[str]) -> str:
+    """`` Did you mean 'x'?`` for the nearest of ``choices``, or nothing: every refusal of a name says it alike."""
+    near = difflib.get_close_matches(str(name), choices, n=1)
+    return f" Did you mean {near[0]!r}?" if near else ""

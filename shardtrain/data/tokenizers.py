@@ -78,6 +78,9 @@ def _load_processor(model_path: str) -> spm.SentencePieceProcessor:
                         "(not the .vocab), or re-run shard-preprocess to train a new one.") from None
 
 
+_SPM_MAX_SENTENCE_BYTES = 4192  # sentencepiece's default max_sentence_length, set explicitly to name it
+
+
 def train_sentencepiece(sentences: Iterable[str], model_path: str, vocab_size: int,
                         model_type: str = "unigram", seed: int = 1) -> None:
     """Train a model on ``sentences`` (one per line, no newline) and write it to ``model_path``.
@@ -90,9 +93,18 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str, vocab_size: i
     """
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)  # sampling of big inputs is the only randomness
+    too_long = [0, 0]  # lines over sentencepiece's max_sentence_length (it skips them silently), lines
+
+    def counted(lines):
+        for line in lines:
+            too_long[0] += len(line.encode("utf-8")) > _SPM_MAX_SENTENCE_BYTES
+            too_long[1] += 1
+            yield line
+
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+            sentence_iterator=counted(sentences), model_writer=model, vocab_size=vocab_size,
+            max_sentence_length=_SPM_MAX_SENTENCE_BYTES,
             model_type=model_type, character_coverage=1.0, normalization_rule_name="identity",
             remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, hard_vocab_limit=False,
             # fairseq's Dictionary owns bos/pad/eos; spm keeps only its mandatory unk.
@@ -100,6 +112,12 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str, vocab_size: i
             input_sentence_size=_SPM_MAX_SENTENCES, shuffle_input_sentence=True,
             num_threads=_SPM_THREADS, minloglevel=2)
     except RuntimeError as e:
+        if too_long[0]:
+            raise ConfigError(
+                f"sentencepiece training failed ({str(e).rstrip('. ')}): {too_long[0]:,} of the {too_long[1]:,} "
+                f"lines of the --trainpref file are longer than {_SPM_MAX_SENTENCE_BYTES:,} bytes, and "
+                "sentencepiece skips such lines. Split the text into shorter lines (a sentence or paragraph "
+                "each).") from None
         raise ConfigError(f"sentencepiece training failed ({str(e).rstrip('. ')}). If it says the vocabulary "
                           "is smaller than required_chars, raise --spm-vocab-size; otherwise check that the "
                           "--trainpref file holds text.") from None

@@ -4,7 +4,7 @@ A task owns its dictionary and datasets and hands the trainer an epoch
 iterator already partitioned for this rank. Custom tasks subclass ``Task``
 and register with ``@register_task("name", dataclass=Cfg)``.
 """
-from typing import Dict, Optional
+from typing import Dict, Optional, Set
 
 from shardtrain.data.batching import batch_by_size, ordered_indices
 from shardtrain.data.iterators import EpochBatchIterator
@@ -60,3 +60,9 @@ class Task:
 
     def build_criterion(self, criterion_cls, criterion_cfg, sentence_avg: bool = False):
         return criterion_cls(criterion_cfg, self, sentence_avg=sentence_avg)
+
+    def logged_metrics(self, criterion) -> Optional[Set[str]]:
+        """The validation metrics a run of this task logs (--best-checkpoint-metric names one), or
+        None when not known. Validation reduces the criterion's logging outputs only, so these are
+        the criterion's; a task that logs more adds its own."""
+        return criterion.logged_metrics()

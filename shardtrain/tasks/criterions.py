@@ -8,7 +8,7 @@ same update as one big batch. Losses are reported in base 2, as fairseq does.
 """
 import dataclasses
 import math
-from typing import Dict, List
+from typing import Dict, List, Optional, Set
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,17 @@ class Criterion:
 
     def compute_loss(self, logits, target):
         raise NotImplementedError
+
+    #: True when compute_loss returns an ``nll_loss`` beside the loss (reduce_metrics logs it then)
+    returns_nll_loss = False
+
+    def logged_metrics(self) -> Optional[Set[str]]:
+        """The names ``reduce_metrics`` logs (what --best-checkpoint-metric may name), or None
+        when not known: a subclass with its own ``reduce_metrics`` and no ``logged_metrics``."""
+        if type(self).reduce_metrics is not Criterion.reduce_metrics:
+            return None
+        nll = self.returns_nll_loss or self.sentence_avg  # the branches of reduce_metrics below
+        return {"loss", "ppl", "nll_loss"} if nll else {"loss", "ppl"}
 
     @staticmethod
     def reduce_metrics(logging_outputs: List[Dict], metrics) -> None:
@@ -88,6 +99,8 @@ class LabelSmoothedCrossEntropyConfig:
 @register_criterion("label_smoothed_cross_entropy", dataclass=LabelSmoothedCrossEntropyConfig)
 class LabelSmoothedCrossEntropyCriterion(Criterion):
     """fairseq's formula: eps_i = eps / (V - 1); loss = (1 - eps - eps_i) * nll + eps_i * smooth."""
+
+    returns_nll_loss = True
 
     def compute_loss(self, logits, target):
         if self.cfg.ignore_prefix_size > 0:

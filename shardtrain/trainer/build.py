@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from shardtrain.config.components import resolve
+from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.parallel import zero
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,22 @@ def init_weights(model, seed: int) -> None:
 def build_criterion(cfg, task):
     info = resolve(cfg.components)["criterion"]
     return task.build_criterion(info.obj, cfg.criterion, sentence_avg=cfg.optimization.sentence_avg)
+
+
+def check_best_checkpoint_metric(metric: str, task, criterion) -> None:
+    """--best-checkpoint-metric must be one validation logs, or checkpoint_best is never written
+    and --patience never fires. A plugin that does not say what it logs is taken on trust."""
+    logged = task.logged_metrics(criterion)
+    name = type(criterion).__name__
+    if logged is None:
+        logger.warning(f"{name} does not declare the metrics it logs (logged_metrics()), so --best-checkpoint-"
+                       f"metric {metric} is not checked: if validation never logs it, no checkpoint_best is saved")
+    elif metric not in logged:
+        raise ConfigError(
+            f"--best-checkpoint-metric {metric} is never logged by validation with this --task and --criterion "
+            f"({name} logs {', '.join(sorted(logged))}), so checkpoint_best would never be written and --patience "
+            f"could never stop the run. Choose one of {', '.join(sorted(logged))}, or a criterion that logs "
+            f"{metric}.")
 
 
 def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:

@@ -20,12 +20,14 @@ from shardtrain.trainer.parallel.backends import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.checkpoint.contents import header, stateful_parts
+from shardtrain.trainer.checkpoint.finite import check_finite
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
 from shardtrain.trainer.metrics.meters import MetricsLogger
 from shardtrain.trainer.precision import build_precision, run_dtypes
 from shardtrain.trainer.launch.preemption import PreemptionWatcher
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.checkpoint.resume import restore
+from shardtrain.trainer.memory_fit import check_run_fits
 from shardtrain.trainer.metrics.run_metrics import RunMetrics
 from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
@@ -43,17 +45,29 @@ class Run:
         torch.manual_seed(cfg.common.seed)
         dtypes = run_dtypes(cfg)  # decided once: the backend and the precision receive them
         self.backend = build_backend(cfg, ctx, dtypes)
-        self.task = build.build_task(cfg)
         self.checkpoints = CheckpointManager(cfg.checkpoint, is_master=self.backend.is_master,
                                              sharded=self.backend.sharded_checkpoints)
-        self.checkpoints.check_writable()
+        try:
+            self.checkpoints.check_writable()
+            self.checkpoints.lock_save_dir()  # before the model is built: a second run is refused at once
+            self._build(cfg, ctx, dtypes)
+        except BaseException:
+            self.checkpoints.close()  # a run that failed to start leaves no save dir behind
+            self.backend.close()  # nor a process group
+            raise
+
+    def _build(self, cfg, ctx, dtypes) -> None:
+        self.task = build.build_task(cfg)
+        criterion = build.build_criterion(cfg, self.task)
+        if not cfg.dataset.disable_validation:
+            build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, self.task, criterion)
+        check_run_fits(cfg, self.task, self.backend, dtypes)  # before anything is allocated
         precision = build_precision(cfg, self.backend, dtypes)
         d = cfg.distributed
         checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it
         model = prepare_model(lambda: build.build_model(cfg, self.task), self.backend, seed=cfg.common.seed,
                               param_dtype=precision.param_dtype, offload_activations=d.offload_activations,
                               checkpoint_activations_every=d.checkpoint_activations_every if checkpointing else None)
-        criterion = build.build_criterion(cfg, self.task)
         self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, precision)
         self.metrics = RunMetrics(ctx.device, self.trainer)
         logger.info(f"rank {ctx.rank} holds {self.metrics.state_memory()} (parameters, gradients, optimizer state) "
@@ -108,7 +122,6 @@ def main(cfg, ctx) -> Optional[float]:
 def train(run: Run) -> Optional[float]:
     """Resume (if there is a checkpoint), then run epochs until a stopping rule fires."""
     cfg = run.cfg
-    run.checkpoints.lock_save_dir()
     if not cfg.dataset.disable_validation:
         for subset in cfg.dataset.valid_subset.split(","):
             run.task.dataset(subset)  # a missing or empty split fails now, not after the first epoch
@@ -197,7 +210,10 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
     if do_save and not ck.no_save:
         start = time.time()
         names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)
+        check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank
         paths = run.checkpoints.save(header(run), stateful_parts(run, epoch_itr), epoch, updates, names)
+        if names:  # saved (a failed save raised), and named alike on every rank
+            run.trainer.precision.checked_save = f"{names[0]} of update {updates}"
         if paths and run.backend.is_master:
             write_config(cfg, ck.save_dir)
         logger.info(f"saved checkpoint {paths[0] if paths else '-'} (epoch {epoch} @ {updates} updates, "

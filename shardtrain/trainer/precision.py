@@ -45,6 +45,9 @@ class Precision:
         ``skip_nan``: how many NaN/inf updates in a row are skipped rather than fatal."""
         self.autocast_dtype, self.device_type, self.param_dtype = autocast_dtype, device_type, param_dtype
         self.skip_nan, self.nan_in_a_row = skip_nan, 0
+        # The newest checkpoint this run saved after checking it finite (loop.py), or None: only
+        # then may a divergence say that a checkpoint is intact.
+        self.checked_save: Optional[str] = None
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -84,9 +87,15 @@ class Precision:
         skipped = f" after skipping {self.skip_nan} in a row (--skip-nan-updates)" if self.skip_nan else ""
         raise TrainingDivergedError(
             f"The loss or gradient is NaN/inf at update {update}{skipped}; stopping before the weights are "
-            f"corrupted (the last checkpoint is intact). Lower --lr, add warmup (--warmup-updates), "
+            f"corrupted ({self._last_checkpoint()}). Lower --lr, add warmup (--warmup-updates), "
             f"set --clip-norm, or check the data of this update"
             f"{'' if self.skip_nan else ' (or pass over such updates with --skip-nan-updates N)'}.")
+
+    def _last_checkpoint(self) -> str:
+        if self.checked_save is not None:
+            return f"the last checkpoint this run saved, {self.checked_save}, was checked finite"
+        return ("this run saved no checkpoint yet; if it resumed from one, that checkpoint was not checked "
+                "and may hold NaN/inf itself")
 
     def metrics(self) -> Dict[str, float]:
         return {}

@@ -181,6 +181,19 @@ BAD = {
     "file: not extending the base": (["--config-dir", "{tmp}", "--config-name", "nobase"],
                                      ["nobase.yaml", "- shardtrain"]),
     "file: top-level junk": (["--config-dir", "{tmp}", "--config-name", "junk"], ["'colour'", "junk.yaml"]),
+    # every field with choices is checked whichever front end set it (red-team item 6 of issue 16)
+    "choice: sharding strategy": (["distributed.fsdp_sharding_strategy=foo"],
+                                  ["'foo' is not a choice of --fsdp-sharding-strategy "
+                                   "(distributed.fsdp_sharding_strategy)", "Choices: full_shard, shard_grad_op"]),
+    "choice: zero sharding": (["distributed.zero_sharding=foo"], ["(distributed.zero_sharding)", "Choices: none, os"]),
+    "choice: backend registry": (["distributed.ddp_backend=fsdp"], ["'fsdp' is not a choice of --ddp-backend",
+                                                                   "fully_sharded"]),
+    "choice: process-group backend": (["distributed.distributed_backend=mpi"], ["Choices: nccl, gloo."]),
+    "choice: component field": (["model.activation_fn=rellu"], ["(model.activation_fn). Did you mean 'relu'?"]),
+    "file: alias bomb": (["--config-dir", "{tmp}", "--config-name", "bomb"],
+                         ["bomb.yaml expands to 11,111,1", "values through its YAML aliases"]),
+    "file: bad choice": (["--config-dir", "{tmp}", "--config-name", "badchoice"],
+                         ["'oss' is not a choice of --zero-sharding", "Did you mean 'os'?"]),
 }
 FILES = {
     "run": "defaults: [shardtrain, _self_]\n",
@@ -189,6 +202,9 @@ FILES = {
     "badopt": "defaults:\n  - shardtrain\n  - override optimizer: adamm\n  - _self_\n",
     "nobase": "optimization:\n  lr: 0.1\n",
     "junk": "defaults: [shardtrain, _self_]\ncolour: blue\n",
+    "bomb": "defaults: [shardtrain, _self_]\na: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
+        f"{k}: &{k} [{','.join(['*' + p] * 10)}]\n" for p, k in zip("abcdef", "bcdefg")),
+    "badchoice": "defaults: [shardtrain, _self_]\ndistributed:\n  zero_sharding: oss\n",
 }
 
 
@@ -272,3 +288,20 @@ def test_shard_train_writes_config_yaml_too(data_bin, tmp_path):
     assert check_config_yaml(save, parse_train_args(argv + ["1"]))["optimization"]["max_update"] == 1
     train.main(argv + ["2"])  # resumed with another --max-update: config.yaml follows
     assert check_config_yaml(save)["optimization"]["max_update"] == 2
+
+
+def test_an_alias_bomb_is_refused_in_time_linear_in_its_size(tmp_path):
+    """10^12 values (and 12 keys) in a few hundred bytes: counted per distinct node, not expanded (issue 16, item 10)."""
+    import time
+
+    from shardtrain.config.yaml_bound import check_yaml_files
+    from shardtrain.core.errors import ConfigError
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text("a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
+        f"{k}: &{k} [{','.join(['*' + p] * 10)}]\n" for p, k in zip("abcdefghijk", "bcdefghijkl")))
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match="expands to 1,111,111,111,122 values"):
+        check_yaml_files([str(path)])
+    assert time.perf_counter() - start < 1.0
+    check_yaml_files([os.path.join(EXAMPLES, name) for name in os.listdir(EXAMPLES) if name.endswith(".yaml")])

@@ -53,3 +53,43 @@ def test_second_run_in_a_save_dir_is_refused_until_the_first_is_gone(backend, da
     train.main(flags + ["--max-update", "100000", "--max-epoch", "1"])
     out, err = capsys.readouterr()
     assert "loaded checkpoint" in out + err
+
+
+@pytest.fixture(scope="module")
+def long_epoch_data_bin(tmp_path_factory):
+    """About 200 updates per epoch: the first run is still before its first save when the second starts."""
+    return make_space_data_bin(str(tmp_path_factory.mktemp("lock_long")), n_words=6, train_tokens=50000,
+                               valid_tokens=300, line_len=30, seed=8)
+
+
+def test_second_run_on_a_new_save_dir_is_refused_at_start(long_epoch_data_bin, tmp_path, capsys):
+    """The first run made the save dir and holds it before it ever saves (red-team item 4 of issue 16:
+    the lock used to be taken only at the first save, so a second run trained until then)."""
+    save = tmp_path / "new" / "save"
+    flags = [long_epoch_data_bin, *tiny_model_flags(), "--cpu", "--save-dir", str(save), "--disable-validation"]
+    first = subprocess.Popen([sys.executable, "-m", "shardtrain.cli.train", *flags, "--max-update", "100000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_line(first, '"num_updates": "1"', timeout_s=60)
+        assert os.listdir(save) == [LOCK_NAME]  # no checkpoint yet
+        with pytest.raises(SystemExit) as info:
+            train.main(flags + ["--max-update", "3"])
+        out, err = capsys.readouterr()
+        assert info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        assert f"Another run (pid {first.pid} on " in err, err
+        assert "num_updates" not in out + err  # refused before training
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert first.returncode == -signal.SIGKILL
+    assert os.listdir(save) == [LOCK_NAME]  # the refused run removed nothing of the first one's
+
+
+def test_a_run_that_fails_to_start_leaves_no_save_dir(data_bin, tmp_path, capsys):
+    """The lock made the (nested, new) save dir at start; failing before any save removes it again."""
+    save = tmp_path / "a" / "b"
+    with pytest.raises(SystemExit) as info:
+        train.main([data_bin, *tiny_model_flags(), "--cpu", "--save-dir", str(save), "--valid-subset", "nosuch"])
+    assert info.value.code == 2, capsys.readouterr().err
+    assert "nosuch" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []

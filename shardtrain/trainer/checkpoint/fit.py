@@ -30,9 +30,19 @@ def check_same_model(trainer, state: Dict, path: str, cfg) -> None:
 
     if shape_fields(saved.get("model")) != shape_fields(to_dict(cfg)["model"]):
         raise CheckpointError(
-            f"Checkpoint {path} was saved with another model (--arch {saved['components']['arch']} and its size "
-            f"flags); this run uses --arch {cfg.components.arch}. Use the same architecture, or start a new "
-            "--save-dir.")
+            f"Checkpoint {path} was saved with another model: {_model_difference(saved, cfg)}. Use the same "
+            "architecture, or start a new --save-dir.")
+
+
+def _model_difference(saved: Dict, cfg) -> str:
+    """The --arch of each, or (the same --arch) the size flags that differ, with both values."""
+    saved_arch, arch = saved.get("components", {}).get("arch"), cfg.components.arch
+    if saved_arch != arch:
+        return f"it was saved with --arch {saved_arch} and this run uses --arch {arch} (compare their size flags)"
+    theirs, ours = saved.get("model") or {}, to_dict(cfg)["model"]
+    flags = [f"--{k.replace('_', '-')} {theirs[k]} in the checkpoint, {ours[k]} in this run"
+             for k in sorted(theirs.keys() & ours.keys()) if theirs[k] != ours[k] and not isinstance(ours[k], float)]
+    return f"both use --arch {arch}, but {'; '.join(flags) or 'its size flags differ'}"
 
 
 def check_fingerprint(task, state: Dict, path: str) -> None:
@@ -49,7 +59,6 @@ def check_model_fits(trainer, state: Dict, path: str, cfg) -> None:
     """A single file's tensors are at hand: compare their names and shapes with this run's model."""
     check_fingerprint(trainer.task, state, path)
     saved = state["cfg"]
-    saved_arch = saved.get("components", {}).get("arch")
     model = state["model"]
     own = unwrap(trainer.model).state_dict()
     mismatched = [k for k, v in model.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
@@ -64,6 +73,5 @@ def check_model_fits(trainer, state: Dict, path: str, cfg) -> None:
         if any("embed_tokens" in k and own[k].shape[0] != model[k].shape[0] for k in mismatched):
             vocab_hint = " The vocabulary differs: the checkpoint was trained on another dict.txt."
         raise CheckpointError(
-            f"Checkpoint {path} does not fit this model ({detail}); it was saved with --arch {saved_arch} and "
-            f"this run uses --arch {cfg.components.arch} (compare their model size flags).{vocab_hint} "
+            f"Checkpoint {path} does not fit this model ({detail}); {_model_difference(saved, cfg)}.{vocab_hint} "
             "Use the same architecture and data-bin, or start a new --save-dir.")

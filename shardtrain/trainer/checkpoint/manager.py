@@ -26,9 +26,10 @@ class CheckpointManager:
         self.lock = SaveDirLock(checkpoint.save_dir)
 
     def lock_save_dir(self) -> None:
-        """Refuse to run beside another run in the same save dir (rank 0; see save_dir_lock)."""
-        if self.is_master and not self.checkpoint.no_save and os.path.isdir(self.checkpoint.save_dir):
-            self.lock.acquire()  # a save dir that does not exist yet is locked when the first save makes it
+        """Refuse to run beside another run in the same save dir (rank 0; see save_dir_lock),
+        at start: a save dir that does not exist yet is made and locked now."""
+        if self.is_master and not self.checkpoint.no_save:
+            self.lock.acquire()
 
     # -- where -----------------------------------------------------------------
     def check_writable(self) -> None:

@@ -1,0 +1,159 @@
+"""Refuse, before anything is allocated, a model whose state cannot fit this machine.
+
+``--decoder-layers 100000`` used to build for minutes and then fail with an
+allocation traceback; ``--tokens-per-sample 1000000000`` tried to allocate
+128 GB of positions. The estimate is this rank's parameters, gradients and
+optimizer state (divided over the ranks where the backend shards them) and
+buffers (the sinusoidal positions), from the model built on the meta device
+(no memory). A model whose config names its repeated layers
+(``repeated_layers_field`` on the model class) is built with one and two
+layers and extrapolated, as a meta build of 100,000 layers still takes minutes.
+Only what certainly cannot fit is refused: activations are not counted, and an
+optimizer this table does not know counts no state.
+"""
+import dataclasses
+import logging
+import os
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+from omegaconf import OmegaConf
+
+from shardtrain.config.components import resolve
+from shardtrain.core.errors import ConfigError
+from shardtrain.trainer.launch.threads import local_ranks
+from shardtrain.trainer.parallel.zero import shards_optimizer_state
+
+logger = logging.getLogger(__name__)
+GIB = 2 ** 30
+# Host bytes per parameter tensor beyond its data, measured on the CPU with torch 2.13 (3,000 blocks
+# of transformer_lm): 2.9 KB building the module, 0.4 KB its gradient, 2.6 KB Adam's two moments.
+# 100,000 small blocks hold 1.2M parameter tensors: 7 GB of it, more than their numbers.
+BYTES_PER_TENSOR = 5 * 1024
+# Optimizer state bytes per parameter by --optimizer (fp32 moments unless said otherwise).
+STATE_BYTES: Dict[str, Callable] = {
+    "adam": lambda o: 8, "adamw": lambda o: 8, "adamax": lambda o: 8, "adadelta": lambda o: 8,
+    "adagrad": lambda o: 4, "sgd": lambda o: 4 if o.momentum else 0,
+    "cpu_adam": lambda o: 4 if o.fp16_adam_stats else 8,
+    "adafactor": lambda o: 4 if o.beta1 else 0,  # the factored second moment is negligible
+}
+
+
+@dataclasses.dataclass
+class Estimate:
+    """Bytes one rank holds."""
+    params: int
+    grads: int
+    optimizer: int
+    buffers: int
+    bookkeeping: int  # host memory of the module and tensor objects themselves
+
+    @property
+    def state(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def model_sizes(cfg, task) -> Tuple[int, int, int]:
+    """(parameter count, buffer bytes, parameter tensors) of the model ``cfg`` describes, built on
+    the meta device."""
+    model_cls = resolve(cfg.components)["model"].obj
+    layers_field = getattr(model_cls, "repeated_layers_field", None)
+    layers = cfg.model[layers_field] if layers_field else None
+    if not layers or layers <= 2:
+        return _meta_sizes(model_cls, cfg.model, task)
+    one, two = (_meta_sizes(model_cls, _with(cfg.model, layers_field, n), task) for n in (1, 2))
+    return tuple(a + (layers - 1) * (b - a) for a, b in zip(one, two))
+
+
+def _with(model_cfg, key: str, value: int):
+    changed = OmegaConf.to_container(model_cfg)
+    changed[key] = value
+    return OmegaConf.merge(OmegaConf.structured(OmegaConf.get_type(model_cfg)), changed)
+
+
+def _meta_sizes(model_cls, model_cfg, task) -> Tuple[int, int, int]:
+    with torch.device("meta"):
+        model = task.build_model(model_cls, model_cfg)
+    return (sum(p.numel() for p in model.parameters()),
+            sum(b.numel() * b.element_size() for b in model.buffers()), len(list(model.parameters())))
+
+
+def estimate(cfg, task, param_bytes: int, shards: int, optimizer_shards: int) -> Estimate:
+    """This rank's bytes: parameters stored in ``param_bytes`` each (2 under
+    --memory-efficient-fp16), split over ``shards`` ranks (the optimizer state over ``optimizer_shards``)."""
+    count, buffers, tensors = model_sizes(cfg, task)
+    state = STATE_BYTES.get(cfg.components.optimizer, lambda o: 0)(cfg.optimizer)
+    if cfg.components.optimizer == "cpu_adam" and param_bytes < 4:
+        state += 4  # its fp32 master copy of low-precision parameters
+    return Estimate(params=count * param_bytes // shards, grads=count * param_bytes // shards,
+                    optimizer=count * state // optimizer_shards, buffers=buffers,
+                    bookkeeping=tensors * BYTES_PER_TENSOR)
+
+
+def host_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else the physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(est: Estimate, device: torch.device, ranks_on_host: int, state_on_host: bool,
+               available: Optional[Dict[str, int]] = None) -> None:
+    """Refuse ``est`` when it exceeds the free memory of this rank's GPU (the buffers, and the
+    state unless ``state_on_host``: --cpu-offload) or of the host, shared by ``ranks_on_host``
+    ranks. ``available``: {"host": bytes, "device": bytes}, measured when None (tests pass it)."""
+    if device.type == "cpu":
+        needs = {"host": ranks_on_host * (est.state + est.buffers + est.bookkeeping)}
+    else:
+        needs = {"host": ranks_on_host * ((est.state if state_on_host else 0) + est.bookkeeping),
+                 "device": est.buffers + (0 if state_on_host else est.state)}
+    if available is None:
+        available = {"host": host_available_bytes()}
+        if device.type == "cuda":
+            available["device"] = torch.cuda.mem_get_info(device)[0]
+    for where, need in needs.items():
+        if where in available and need > available[where]:
+            raise ConfigError(_message(est, where, need, available[where], ranks_on_host))
+
+
+def check_run_fits(cfg, task, backend, dtypes) -> None:
+    """The run's estimate (see ``estimate``), checked against this machine."""
+    world = backend.world_size
+    optimizer_shards = world if backend.shards_parameters or shards_optimizer_state(
+        cfg.distributed.zero_sharding, world) else 1
+    try:
+        est = estimate(cfg, task, param_bytes=dtypes.storage.itemsize if dtypes.storage else 4,
+                       shards=world if backend.shards_parameters else 1, optimizer_shards=optimizer_shards)
+    except (RuntimeError, NotImplementedError) as e:  # a plugin's model that cannot be built on meta
+        logger.info(f"memory not estimated: the model could not be built on the meta device ({e})")
+        return
+    check_fits(est, backend.device, ranks_on_this_host(world), state_on_host=cfg.distributed.cpu_offload)
+
+
+def ranks_on_this_host(world_size: int) -> int:
+    """Ranks sharing this machine's memory: torchrun's and SLURM's count, else all (spawned here)."""
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        return local_ranks(os.environ, "torchrun")
+    if "SLURM_PROCID" in os.environ:
+        return local_ranks(os.environ, "slurm")
+    return world_size
+
+
+def _message(est: Estimate, where: str, need: int, free: int, ranks: int) -> str:
+    memory = "memory available on this machine (MemAvailable)" if where == "host" else f"free memory of the {where}"
+    per = f" per rank, {ranks} ranks on this machine" if where == "host" and ranks > 1 else " for this rank"
+    positions = est.buffers > est.state  # the sinusoidal positions: --tokens-per-sample long
+    fix = ("a smaller --tokens-per-sample (or --max-target-positions): the positions are precomputed for every one"
+           if positions else
+           "fewer --decoder-layers or a smaller --decoder-embed-dim/--decoder-ffn-embed-dim, --ddp-backend "
+           "fully_sharded over more ranks (it divides parameters, gradients and optimizer state by the number "
+           "of ranks), --cpu-offload on a GPU, or --optimizer cpu_adam --fp16-adam-stats")
+    return (f"The model cannot fit: it needs about {need / GIB:.1f} GiB{per} (parameters {est.params / GIB:.1f}, "
+            f"gradients {est.grads / GIB:.1f}, optimizer state {est.optimizer / GIB:.1f}, buffers such as the "
+            f"positions {est.buffers / GIB:.1f}, tensor bookkeeping {est.bookkeeping / GIB:.1f} GiB; activations not counted), but the {memory} is "
+            f"{free / GIB:.1f} GiB. Make it fit with {fix}.")

@@ -1,0 +1,64 @@
+"""Sizes that cannot fit are refused before anything is allocated (red-team item 8 of issue 16);
+what fits is not (benchmarks/largest_model.py's 1.31B recipe on a 24 GiB machine)."""
+import pytest
+import torch
+
+from shardtrain.config.build import parse_train_args
+from shardtrain.config.components import resolve
+from shardtrain.core.errors import ConfigError
+from shardtrain.trainer import build
+from shardtrain.trainer.memory_fit import _meta_sizes, check_fits, estimate, model_sizes
+
+GIB = 2 ** 30
+SMALL = ["--arch", "transformer_lm", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+         "--decoder-attention-heads", "2"]
+
+
+@pytest.fixture(scope="module")
+def gpt2_vocab(tmp_path_factory):
+    """A data dir whose dictionary has a GPT-2-sized vocabulary (50,000 symbols), as largest_model.py's."""
+    d = tmp_path_factory.mktemp("vocab")
+    (d / "dict.txt").write_text("".join(f"w{i} 1\n" for i in range(50_000 - 4)))
+    return str(d)
+
+
+def config_and_task(data, *flags):
+    cfg = parse_train_args([data, *flags])
+    return cfg, build.build_task(cfg)
+
+
+def test_one_and_two_layers_extrapolate_to_the_full_meta_build(gpt2_vocab):
+    cfg, task = config_and_task(gpt2_vocab, *SMALL, "--decoder-layers", "7", "--tokens-per-sample", "100")
+    full = _meta_sizes(resolve(cfg.components)["model"].obj, cfg.model, task)
+    assert model_sizes(cfg, task) == full and full[0] > 0
+
+
+def test_the_largest_model_recipe_fits_24_gib(gpt2_vocab):
+    """largest_model.py: transformer_lm_gpt3_xl (1.31B), fully_sharded on 2 CPU ranks, --cpu-offload,
+    cpu_adam with fp16 moments, --bf16: accepted on 24 GiB; the same on 12 GiB is refused."""
+    cfg, task = config_and_task(gpt2_vocab, "--arch", "transformer_lm_gpt3_xl", "--tokens-per-sample", "512",
+                                "--optimizer", "cpu_adam", "--fp16-adam-stats", "--bf16")
+    est = estimate(cfg, task, param_bytes=4, shards=2, optimizer_shards=2)
+    assert 1.2e9 < est.params / 2 < 1.4e9  # fp32 parameters, halved by the sharding
+    check_fits(est, torch.device("cpu"), 2, state_on_host=True, available={"host": 24 * GIB})
+    with pytest.raises(ConfigError, match=r"per rank, 2 ranks on this machine"):
+        check_fits(est, torch.device("cpu"), 2, state_on_host=True, available={"host": 12 * GIB})
+
+
+def test_many_small_blocks_count_their_tensors(gpt2_vocab):
+    """The red team's --decoder-layers 100000 at width 32: 12.7 GiB of numbers, yet it grew past
+    22 GB resident here: 1.2M parameter tensors cost more than their data."""
+    cfg, task = config_and_task(gpt2_vocab, *SMALL, "--decoder-layers", "100000", "--optimizer", "adam")
+    est = estimate(cfg, task, param_bytes=4, shards=1, optimizer_shards=1)
+    assert est.state < 16 * GIB
+    with pytest.raises(ConfigError, match=r"tensor bookkeeping \d"):
+        check_fits(est, torch.device("cpu"), 1, state_on_host=False, available={"host": 16 * GIB})
+
+
+def test_on_a_gpu_the_state_goes_where_the_flags_put_it(gpt2_vocab):
+    cfg, task = config_and_task(gpt2_vocab, "--arch", "transformer_lm_gpt3_xl", "--tokens-per-sample", "512")
+    est = estimate(cfg, task, param_bytes=4, shards=1, optimizer_shards=1)  # ~21 GB with Adam
+    cuda = torch.device("cuda", 0)
+    with pytest.raises(ConfigError, match="free memory of the device"):
+        check_fits(est, cuda, 1, state_on_host=False, available={"host": 100 * GIB, "device": 16 * GIB})
+    check_fits(est, cuda, 1, state_on_host=True, available={"host": 100 * GIB, "device": 16 * GIB})  # offloaded
