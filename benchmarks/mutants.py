@@ -490,4 +490,8 @@ MUTANTS = [
     Mutant("spm_long_lines_unnamed", "lines over sentencepiece's maximum length are named, not 'no text'",
            "shardtrain/data/tokenizers.py", "        if too_long[0]:", "        if False:",
            ("tests/data_format/test_spm_long_lines.py",)),
+    Mutant("plugin_criterion_must_declare_metrics", "a plugin criterion that declares no metrics is trusted, with a warning",
+           "shardtrain/tasks/base.py", "        return declared() if declared is not None else None\n",
+           "        return criterion.logged_metrics()\n",
+           ("tests/examples/test_fsdp_tutorial.py::test_net_trains_in_one_process_and_validation_reports_accuracy",)),
 ]

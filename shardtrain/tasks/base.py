@@ -65,4 +65,5 @@ class Task:
         """The validation metrics a run of this task logs (--best-checkpoint-metric names one), or
         None when not known. Validation reduces the criterion's logging outputs only, so these are
         the criterion's; a task that logs more adds its own."""
-        return criterion.logged_metrics()
+        declared = getattr(criterion, "logged_metrics", None)  # a plugin criterion need not subclass ours
+        return declared() if declared is not None else None

@@ -46,7 +46,8 @@ def build_criterion(cfg, task):
 def check_best_checkpoint_metric(metric: str, task, criterion) -> None:
     """--best-checkpoint-metric must be one validation logs, or checkpoint_best is never written
     and --patience never fires. A plugin that does not say what it logs is taken on trust."""
-    logged = task.logged_metrics(criterion)
+    declared = getattr(task, "logged_metrics", None)  # a plugin task need not subclass ours
+    logged = declared(criterion) if declared is not None else None
     name = type(criterion).__name__
     if logged is None:
         logger.warning(f"{name} does not declare the metrics it logs (logged_metrics()), so --best-checkpoint-"

@@ -14,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from shardtrain.cli import consolidate, train, validate
+from shardtrain.trainer.checkpoint.checksums import MANIFEST, file_entry, manifest_bytes, read_manifest
 from shardtrain.trainer.checkpoint.safe_loading import METADATA_GLOBALS
 from st_testutils import cli_refusal, make_space_data_bin, tiny_model_flags
 
@@ -81,9 +82,15 @@ def test_single_file_checkpoint_with_a_payload(saved, data_bin, tmp_path, capsys
 
 
 def tampered_copy(src, tmp_path, name, data: bytes):
+    """A copy of the sharded checkpoint ``src`` with ``name`` replaced by ``data`` and its checksum forged to
+    match: checksums catch damage, not an attacker who rewrites CHECKSUMS too (or deletes it, as in an old
+    checkpoint), so what is tested here is the loader's own refusal behind them."""
     dest = tmp_path / "ck"
     shutil.copytree(os.path.realpath(src), dest)
     (dest / name).write_bytes(data)
+    files = read_manifest(str(dest))
+    files[name] = file_entry(str(dest / name))
+    (dest / MANIFEST).write_bytes(manifest_bytes(files))
     return dest
 
 
