@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from shardtrain.config.components import resolve
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.launch.threads import local_ranks
+from shardtrain.trainer.metrics.meters import proc_bytes
 from shardtrain.trainer.parallel.zero import shards_optimizer_state
 
 logger = logging.getLogger(__name__)
@@ -92,14 +93,8 @@ def estimate(cfg, task, param_bytes: int, shards: int, optimizer_shards: int) ->
 
 def host_available_bytes() -> int:
     """MemAvailable from /proc/meminfo (Linux), else the physical memory."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    available = proc_bytes("/proc/meminfo", "MemAvailable")
+    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def check_fits(est: Estimate, device: torch.device, ranks_on_host: int, state_on_host: bool,

@@ -20,6 +20,7 @@ from shardtrain.trainer import build
 from shardtrain.trainer.checkpoint.contents import ModelPart
 from shardtrain.trainer.checkpoint.fit import check_fingerprint
 from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
+from shardtrain.trainer.metrics.meters import proc_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -135,14 +136,7 @@ def host_private_bytes() -> Optional[int]:
     """This process's anonymous resident memory (Linux): what it allocated itself.
     The pages of a memory-mapped checkpoint are not counted: the kernel drops
     them when it needs the memory."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return proc_bytes("/proc/self/status", "RssAnon")
 
 
 @torch.no_grad()

@@ -129,6 +129,19 @@ def perplexity(loss: Optional[float], base: float = 2.0) -> float:
         return math.inf
 
 
+def proc_bytes(path: str, key: str) -> Optional[int]:
+    """The ``key:`` line of a Linux /proc file given in kB (``/proc/self/status``'s RssAnon,
+    ``/proc/meminfo``'s MemAvailable), in bytes; None where there is no such file or line."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def resident_memory_gb() -> float:
     """This process's resident memory in GiB (for CPU runs).
 
