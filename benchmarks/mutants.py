@@ -5,30 +5,15 @@ Each is one exact replacement of ``old`` (found exactly once in ``file``) by
 code changes and ``old`` no longer matches, fix the snippet: never drop a
 mutant because no test catches it (that is a missing test).
 """
-import dataclasses
-from typing import Tuple
+from mutant_spec import T, Mutant
+from mutants_integrity import INTEGRITY_MUTANTS
 
-
-@dataclasses.dataclass(frozen=True)
-class Mutant:
-    name: str
-    claim: str  # the README sentence it breaks, short
-    file: str
-    old: str
-    new: str
-    tests: Tuple[str, ...]
-
-
-T = "shardtrain/trainer/"
 STEP = "tests/trainer/test_trainer_step.py"
 SCALER = "tests/trainer/test_loss_scaler.py"
 E2E_RESUME = "tests/cli/test_cli_end_to_end.py::test_resume_mid_epoch_is_exact"
 COUNTS = "tests/distributed/test_collective_counts.py"
 EQUIVALENCE = "tests/distributed/test_backend_equivalence.py::test_two_ranks_equal_one_process"
 ADAM = "tests/optim/test_optim_cpu_adam.py"
-SUMS = "tests/distributed/test_checkpoint_checksums.py"
-FLIPS = "tests/trainer/test_checksum_flips.py"
-FULL_DISK_ASYNC = "tests/cli/test_full_disk.py::test_failed_async_save_on_two_ranks_is_as_clean_as_a_synchronous_one"
 
 # The summed-loss backward of Trainer.train_step through _update's multiplier: one contiguous snippet,
 # so that "divide the loss first" can be one replacement.
@@ -331,167 +316,4 @@ MUTANTS = [
            "    atomic_write_bytes(os.path.join(final, COMPLETE), complete)\n"
            "    fsync_dir(final)\n",
            ("tests/distributed/test_save_crash_phases.py",)),
-    # -- data-bin integrity (issue 16, red-team items 2 and 3) -------------------------------------------
-    Mutant("data_bin_publish_unmarked", "a killed shard-preprocess leaves a data-bin that says it is incomplete",
-           "shardtrain/data/preprocess.py", "    mark_incomplete(destdir)\n", "",
-           ("tests/data_format/test_fmt_manifest.py::test_sigkill_mid_publish_is_detected_and_cleaned_up_by_the_next_run",)),
-    Mutant("dead_staging_dirs_kept", "the next shard-preprocess removes a killed run's staging directory",
-           "shardtrain/data/preprocess.py", "        _remove_dead_staging_dirs(destdir)\n", "",
-           ("tests/data_format/test_fmt_manifest.py::test_a_live_writers_staging_dir_is_kept",)),
-    Mutant("data_bin_unchecked_at_start", "a data-bin is checked against its manifest before anything trains",
-           "shardtrain/tasks/language_modeling.py", "        log_state_at_start(data_dir)", "        pass",
-           ("tests/data_format/test_fmt_manifest.py::test_shard_train_refuses_a_mixed_data_bin_and_loads_fairseqs",)),
-    Mutant("damaged_manifest_blocks_the_rerun", "re-running shard-preprocess repairs a data-bin with a damaged manifest",
-           "shardtrain/data/preprocess.py", "    except DataError:\n        return {}\n",
-           "    except KeyError:\n        return {}\n",
-           ("tests/data_format/test_fmt_manifest.py::test_rerunning_shard_preprocess_repairs_a_damaged_manifest",)),
-    Mutant("manifest_ignores_extra_files", "files the manifest does not list are refused",
-           "shardtrain/data/manifest.py", "    if extra:\n", "    if False:\n",
-           ("tests/data_format/test_fmt_manifest.py::test_damage_is_refused",)),
-    Mutant("vocabulary_check_samples_first_items", "every token id is checked against the vocabulary at start",
-           "shardtrain/tasks/language_modeling.py", "        found = tokens.first_out_of_range(len(self.dictionary))\n",
-           "        found = tokens.first_out_of_range(len(self.dictionary)) if len(tokens) <= 64 else None\n",
-           ("tests/cli/test_bad_input.py::test_id_beyond_the_vocabulary_late_in_valid_is_refused_at_start",)),
-    Mutant("vocabulary_check_off_by_one", "every token id is checked against the vocabulary at start",
-           "shardtrain/data/indexed_dataset.py", "if block.max() >= limit or", "if block.max() > limit or",
-           ("tests/data_format/test_fmt_indexed_dataset.py::test_first_out_of_range_finds_every_item",)),
-    Mutant("validate_interval_zero_accepted", "--validate-interval 0 is refused up front",
-           "shardtrain/config/checks.py", "c.dataset.validate_interval < 1,", "c.dataset.validate_interval < 0,",
-           ("tests/cli/test_bad_input.py::test_each_compatibility_rule_is_refused_alone",)),
-    # -- interrupted commands (issue 16, red-team item 9) ------------------------------------------------
-    Mutant("killed_writers_temps_kept", "the next write of a file removes what a killed writer left of it",
-           "shardtrain/core/fileio.py", "    remove_dead_writers_temps(path)\n    tmp = temp_sibling(path)\n",
-           "    tmp = temp_sibling(path)\n",
-           ("tests/cli/test_interrupted_commands.py::test_sigkill_leftovers_are_removed_by_the_next_run",)),
-    Mutant("other_hosts_writers_called_dead", "a live writer's temporary files are kept, on any machine",
-           "shardtrain/core/fileio.py", "    if host != socket.gethostname() or not pid.isdigit():\n",
-           "    if not pid.isdigit():\n",
-           ("tests/data_format/test_fmt_manifest.py::test_a_live_writers_staging_dir_is_kept",)),
-    Mutant("signal_inside_torch_save_is_a_traceback", "Ctrl-C and SIGTERM are answered with one line",
-           "shardtrain/cli/errors.py", "        error = error.__cause__ or error.__context__\n", "        error = None\n",
-           ("tests/cli/test_interrupted_commands.py::test_signal_while_writing_is_one_line_and_leaves_nothing",)),
-    Mutant("sigterm_dies_silently", "Ctrl-C and SIGTERM are answered with one line",
-           "shardtrain/cli/errors.py", "        with sigterm_raises():\n            yield\n", "        yield\n",
-           ("tests/cli/test_interrupted_commands.py::test_signal_while_writing_is_one_line_and_leaves_nothing",)),
-    Mutant("signals_unanswered_while_importing", "Ctrl-C and SIGTERM are answered with one line, from the start",
-           "shardtrain/cli/entry.py",
-           "    with answering_signals(prog):\n        main = importlib.import_module(COMMANDS[prog]).main\n",
-           "    main = importlib.import_module(COMMANDS[prog]).main\n",
-           ("tests/cli/test_interrupted_commands.py::test_signal_while_importing_is_one_line",)),
-    # -- checksummed checkpoints (issue 16) ---------------------------------------------------------------
-    Mutant("load_not_verified", "every load verifies the checkpoint's checksums before any value is used",
-           T + "checkpoint/formats.py",
-           "        check_checksums(self, path)\n        return self.read_verified_state(path, model_only)\n",
-           "        return self.read_verified_state(path, model_only)\n",
-           (SUMS,)),
-    Mutant("zip_crc_not_compared", "a flipped bit in a single-file checkpoint is detected",
-           T + "checkpoint/checksums.py", "    if zlib.crc32(data) != info.CRC:\n", "    if False:\n",
-           (FLIPS,)),
-    Mutant("manifest_without_shards", "every file a sharded checkpoint writes has its checksum recorded",
-           T + "checkpoint/sharded.py", "        files = {**written, EXTRA: hashing.entry(),",
-           "        files = {EXTRA: hashing.entry(),",
-           (SUMS + "::test_intact_checkpoints_verify_and_the_message_lists_earlier_ones",)),
-    Mutant("overlapped_writes_not_hashed", "shard files are hashed as they are written, every byte",
-           T + "checkpoint/checksums.py", "            pending = self._pool.submit(self._sums.update, view)\n",
-           "            pending = self._pool.submit(len, view)\n",
-           ("tests/core/test_torch_private.py",)),
-    Mutant("missing_manifest_taken_for_old", "a checkpoint whose manifest is lost is not loaded unverified",
-           T + "checkpoint/sharded.py", '            if marker(path).get("checksums"):\n', "            if False:\n",
-           (SUMS + "::test_a_missing_manifest_is_damage_when_the_marker_says_it_was_written",)),
-    Mutant("async_failure_leaves_partial", "a failed --async-save leaves no partial directory",
-           T + "checkpoint/sharded.py", "        except BaseException as e:  # noqa: BLE001 - reported by wait() on the "
-           "training thread\n            discard()\n",
-           "        except BaseException as e:  # noqa: BLE001 - reported by wait() on the training thread\n",
-           (FULL_DISK_ASYNC,)),
-    Mutant("save_failure_cause_unnamed", "a failed save names its cause (no space), whichever rank hit it",
-           T + "checkpoint/dcp_errors.py", "            errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else",
-           "            errno.ENOSPC, errno.EDQUOT) else",
-           (FULL_DISK_ASYNC,)),
-    Mutant("extra_error_echoes_torch", "error messages never echo torch's advice (weights_only=False)",
-           T + "checkpoint/sharded.py", '{os.path.join(path, EXTRA)}{torch_reason(e)}. The checkpoint is',
-           '{os.path.join(path, EXTRA)}: {e}. The checkpoint is',
-           (SUMS + "::test_a_damaged_old_checkpoint_never_echoes_torch_advice",)),
-    Mutant("shard_verify_exits_0_on_damage", "shard-verify's exit status says whether everything is intact",
-           "shardtrain/cli/verify.py", "            damaged += 1\n", "            pass\n",
-           (SUMS + "::test_shard_verify_checks_every_checkpoint_of_a_save_dir",)),
-    # -- issue 16, red-team item 1: no checkpoint with NaN/inf state ----------------------------------
-    Mutant("nan_weights_saved", "a checkpoint whose parameters or optimizer state are not finite is never written",
-           T + "loop.py",
-           "        check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank\n",
-           "", ("tests/trainer/test_finite_checkpoint.py::test_nan_weights_are_never_saved",)),
-    Mutant("finite_check_not_agreed", "every rank refuses the save when any rank's shards are not finite",
-           T + "checkpoint/finite.py", "flags = backend.all_reduce_sum(flags).cpu()", "flags = flags.cpu()",
-           ("tests/trainer/test_finite_checkpoint.py::test_every_rank_refuses_when_one_ranks_shard_is_damaged",)),
-    Mutant("optimizer_state_not_checked", "a checkpoint whose optimizer state is not finite is never written",
-           T + "checkpoint/finite.py", '"optimizer state": optimizer_tensors(model, optimizer)}',
-           '"optimizer state": []}',
-           ("tests/trainer/test_finite_checkpoint.py::test_check_names_the_damaged_part",)),
-    Mutant("divergence_claims_intact_unchecked", "a divergence calls a checkpoint intact only when it was checked",
-           T + "precision.py", "        if self.checked_save is not None:", "        if True:",
-           ("tests/trainer/test_finite_checkpoint.py::test_divergence_calls_a_checkpoint_intact_only_when_checked",)),
-    Mutant("finite_overflow_refused", "finite values whose norm overflows are saved (only NaN/inf is refused)",
-           T + "checkpoint/finite.py", "    return all(bool(torch.isfinite(t).all()) for t in tensors)",
-           "    return False",
-           ("tests/trainer/test_finite_checkpoint.py::test_finite_values_whose_norm_overflows_still_pass",)),
-    # -- issue 16, red-team item 4: one run per save dir, enforced at start ----------------------------
-    Mutant("lock_only_an_existing_save_dir", "a second run in a save dir is refused at start, also on a new dir",
-           T + "checkpoint/manager.py", "        if self.is_master and not self.checkpoint.no_save:",
-           "        if self.is_master and not self.checkpoint.no_save and os.path.isdir(self.checkpoint.save_dir):",
-           ("tests/cli/test_save_dir_lock.py::test_second_run_on_a_new_save_dir_is_refused_at_start",)),
-    Mutant("failed_start_leaves_save_dir", "a run that fails to start leaves no files behind",
-           T + "checkpoint/save_dir_lock.py",
-           "        if self._fd is not None and self._made and _holds_only_the_lock(self.save_dir):",
-           "        if False:",
-           ("tests/cli/test_save_dir_lock.py::test_a_run_that_fails_to_start_leaves_no_save_dir",)),
-    # -- issue 16, red-team item 6: every choice checked, whichever front end set it ------------------
-    Mutant("choices_unchecked_outside_flags", "Hydra and YAML values get the choice checks flags get",
-           "shardtrain/config/checks.py", "            if value not in choices:", "            if False:",
-           ("tests/cli/test_hydra_train.py::test_mistakes_are_one_paragraph_errors",)),
-    Mutant("registry_choices_unchecked", "a registry's names are choices like any other (--ddp-backend)",
-           "shardtrain/config/checks.py", "            choices = list(choices() if callable(choices) else choices)",
-           "            if callable(choices):\n                continue",
-           ("tests/cli/test_hydra_train.py::test_mistakes_are_one_paragraph_errors",)),
-    # -- issue 16, red-team item 7: --best-checkpoint-metric must be logged -----------------------------
-    Mutant("best_metric_unchecked", "a --best-checkpoint-metric that validation never logs is refused",
-           T + "build.py", "    elif metric not in logged:", "    elif False:",
-           ("tests/cli/test_bad_input.py::test_bad_train_input",)),
-    Mutant("criterion_declares_unlogged_nll", "criterions declare exactly the metrics they log",
-           "shardtrain/tasks/criterions.py", '        return {"loss", "ppl", "nll_loss"} if nll else {"loss", "ppl"}',
-           '        return {"loss", "ppl", "nll_loss"}',
-           ("tests/trainer/test_best_checkpoint_metric.py::test_declared_metrics_are_what_validation_logs",)),
-    Mutant("plugin_metrics_assumed_builtin", "a plugin criterion that declares no metrics is trusted, with a warning",
-           "shardtrain/tasks/criterions.py",
-           "        if type(self).reduce_metrics is not Criterion.reduce_metrics:\n            return None\n", "",
-           ("tests/trainer/test_best_checkpoint_metric.py::test_a_plugin_that_declares_nothing_is_trusted_with_a_warning",)),
-    # -- issue 16, red-team item 8: sizes that cannot fit are refused before allocating ----------------
-    Mutant("memory_not_checked", "a size that cannot fit this machine is refused before anything is allocated",
-           T + "loop.py", "        check_run_fits(cfg, self.task, self.backend, dtypes)  # before anything is allocated\n",
-           "", ("tests/cli/test_bad_input.py::test_bad_train_input[a billion positions]",)),
-    Mutant("memory_estimate_unsharded", "sharded backends divide the estimate by the ranks (what fits is accepted)",
-           T + "memory_fit.py",
-           "    return Estimate(params=count * param_bytes // shards, grads=count * param_bytes // shards,",
-           "    return Estimate(params=count * param_bytes, grads=count * param_bytes,",
-           ("tests/trainer/test_memory_fit.py::test_the_largest_model_recipe_fits_24_gib",)),
-    Mutant("memory_layers_extrapolated_wrong", "the estimate of a deep model equals its full meta build",
-           T + "memory_fit.py", "a + (layers - 1) * (b - a)", "a + layers * (b - a)",
-           ("tests/trainer/test_memory_fit.py::test_one_and_two_layers_extrapolate_to_the_full_meta_build",)),
-    Mutant("memory_tensor_bookkeeping_ignored", "many small tensors count their per-tensor host memory",
-           T + "memory_fit.py",
-           '        needs = {"host": ranks_on_host * (est.state + est.buffers + est.bookkeeping)}',
-           '        needs = {"host": ranks_on_host * (est.state + est.buffers)}',
-           ("tests/trainer/test_memory_fit.py::test_many_small_blocks_count_their_tensors",)),
-    # -- issue 16, red-team item 10: messages ----------------------------------------------------------
-    Mutant("arch_mismatch_names_arch_twice", "a checkpoint of the same --arch names the size flags that differ",
-           T + "checkpoint/fit.py", "    if saved_arch != arch:", "    if True:",
-           ("tests/cli/test_bad_input.py::test_restore_file_from_another_architecture",)),
-    Mutant("yaml_alias_bomb_unbounded", "a YAML alias bomb is refused before it is loaded",
-           "shardtrain/config/yaml_bound.py", "        if count > MAX_VALUES:", "        if count > MAX_VALUES * 10 ** 9:",
-           ("tests/cli/test_hydra_train.py::test_an_alias_bomb_is_refused_in_time_linear_in_its_size",)),
-    Mutant("spm_long_lines_unnamed", "lines over sentencepiece's maximum length are named, not 'no text'",
-           "shardtrain/data/tokenizers.py", "        if too_long[0]:", "        if False:",
-           ("tests/data_format/test_spm_long_lines.py",)),
-    Mutant("plugin_criterion_must_declare_metrics", "a plugin criterion that declares no metrics is trusted, with a warning",
-           "shardtrain/tasks/base.py", "        return declared() if declared is not None else None\n",
-           "        return criterion.logged_metrics()\n",
-           ("tests/examples/test_fsdp_tutorial.py::test_net_trains_in_one_process_and_validation_reports_accuracy",)),
-]
+] + INTEGRITY_MUTANTS
