@@ -24,7 +24,7 @@ from shardtrain.cli.errors import cli_entry
 from shardtrain.config import hydra_store
 from shardtrain.config.build import from_dict, import_user_dir
 from shardtrain.config.checks import check_config
-from shardtrain.config.yaml_bound import check_yaml_files
+from shardtrain.config.yaml_bound import check_config_tree
 from shardtrain.config.flags import new_parser
 from shardtrain.config.sections import COMPONENT_SLOTS
 from shardtrain.core.errors import ConfigError
@@ -73,12 +73,12 @@ def build_config(args: argparse.Namespace) -> DictConfig:
     if args.config_name:
         path = hydra_store.config_path(config_dir, args.config_name)
         name, source = os.path.basename(path)[:-len(".yaml")], f"the config {path}"
-        check_yaml_files([path])  # alias bombs, before anything loads the file
     else:
         path, name, source = None, hydra_store.BASE_CONFIG, "shardtrain's base config"
         hydra_store.check_config_dir(config_dir)
     hydra_store.check_base_not_hidden(config_dir)
     overrides = list(args.overrides) + ([f"common.user_dir={quote(args.user_dir)}"] if args.user_dir else [])
+    check_config_tree(config_dir, path, overrides)  # alias bombs, before anything loads a file
     user_dir = prescan_user_dir(path, overrides)
     plugins.load_plugins()  # installed and --user-dir plugins register before the store lists the registries
     import_user_dir(user_dir)

@@ -8,8 +8,12 @@ buffers (the sinusoidal positions), from the model built on the meta device
 (no memory). A model whose config names its repeated layers
 (``repeated_layers_field`` on the model class) is built with one and two
 layers and extrapolated, as a meta build of 100,000 layers still takes minutes.
-Only what certainly cannot fit is refused: activations are not counted, and an
-optimizer this table does not know counts no state.
+The activations are what autograd keeps from one forward of one sequence of
+--tokens-per-sample tokens (a lower bound of the batch's), counted on the same
+meta builds through saved-tensor hooks.
+Only what certainly cannot fit is refused: the activations of one sequence only,
+none under --checkpoint-activations, and an optimizer this table does not know
+counts no state.
 """
 import dataclasses
 import logging
@@ -17,7 +21,9 @@ import os
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
+from torch.overrides import TorchFunctionMode
 
 from shardtrain.config.components import resolve
 from shardtrain.core.errors import ConfigError
@@ -48,21 +54,23 @@ class Estimate:
     optimizer: int
     buffers: int
     bookkeeping: int  # host memory of the module and tensor objects themselves
+    activations: int = 0  # saved by one forward of one sequence (0: not counted)
 
     @property
     def state(self) -> int:
         return self.params + self.grads + self.optimizer
 
 
-def model_sizes(cfg, task) -> Tuple[int, int, int]:
-    """(parameter count, buffer bytes, parameter tensors) of the model ``cfg`` describes, built on
-    the meta device."""
+def model_sizes(cfg, task, criterion=None) -> Tuple[int, int, int, int]:
+    """(parameter count, buffer bytes, parameter tensors, activation bytes) of the model ``cfg``
+    describes, built on the meta device; the activations (fp32) are counted when a ``criterion`` is given."""
     model_cls = resolve(cfg.components)["model"].obj
     layers_field = getattr(model_cls, "repeated_layers_field", None)
     layers = cfg.model[layers_field] if layers_field else None
+    length = task.max_positions() if criterion is not None else None
     if not layers or layers <= 2:
-        return _meta_sizes(model_cls, cfg.model, task)
-    one, two = (_meta_sizes(model_cls, _with(cfg.model, layers_field, n), task) for n in (1, 2))
+        return _meta_sizes(model_cls, cfg.model, task, criterion, length)
+    one, two = (_meta_sizes(model_cls, _with(cfg.model, layers_field, n), task, criterion, length) for n in (1, 2))
     return tuple(a + (layers - 1) * (b - a) for a, b in zip(one, two))
 
 
@@ -72,23 +80,73 @@ def _with(model_cfg, key: str, value: int):
     return OmegaConf.merge(OmegaConf.structured(OmegaConf.get_type(model_cfg)), changed)
 
 
-def _meta_sizes(model_cls, model_cfg, task) -> Tuple[int, int, int]:
+def _meta_sizes(model_cls, model_cfg, task, criterion=None, length: Optional[int] = None
+                ) -> Tuple[int, int, int, int]:
     with torch.device("meta"):
         model = task.build_model(model_cls, model_cfg)
+    activations = _saved_bytes(model, criterion, length) if criterion is not None and length else 0
     return (sum(p.numel() for p in model.parameters()),
-            sum(b.numel() * b.element_size() for b in model.buffers()), len(list(model.parameters())))
+            sum(b.numel() * b.element_size() for b in model.buffers()), len(list(model.parameters())), activations)
 
 
-def estimate(cfg, task, param_bytes: int, shards: int, optimizer_shards: int) -> Estimate:
+class _FusedAttention(TorchFunctionMode):
+    """On the meta device F.scaled_dot_product_attention runs its math path, which keeps the length x
+    length probabilities and copies of q, k and v that the fused kernels a run uses never store: route it
+    to the CPU flash kernel's op (its meta version saves q, k, v, the output and the log-sum-exp, as CPU
+    and CUDA flash attention do)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            q, k, v = args[:3]
+            mask, dropout, causal = (list(args[3:6]) + [None, 0.0, False][len(args[3:6]):])
+            mask, dropout = kwargs.get("attn_mask", mask), kwargs.get("dropout_p", dropout)
+            causal = kwargs.get("is_causal", causal)
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, dropout, causal, attn_mask=mask, scale=kwargs.get("scale"))[0]
+        return func(*args, **kwargs)
+
+
+def _saved_bytes(model, criterion, length: int) -> int:
+    """Bytes autograd keeps from the criterion's forward of one ``length``-token sequence on the meta
+    model (attention as the fused kernels keep it: _FusedAttention): each saved tensor's storage once,
+    parameters left out. A model or criterion that cannot run on meta (a plugin's) counts 0."""
+    params = {id(p) for p in model.parameters()}
+    seen: Dict[int, torch.Tensor] = {}  # by id of the storage's owner, kept alive so ids are not reused
+
+    def pack(t: torch.Tensor):
+        owner = t if t._base is None else t._base
+        if id(owner) not in params:
+            seen.setdefault(id(owner), owner)
+        return t
+
+    tokens = torch.zeros(1, length, dtype=torch.long, device="meta")
+    sample = {"net_input": {"src_tokens": tokens}, "target": tokens, "ntokens": length}
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention():
+            criterion(model, sample)
+    except Exception as e:  # noqa: BLE001 - any failure only means the activations go uncounted
+        logger.info(f"activations not estimated: the model's forward could not run on the meta device ({e})")
+        return 0
+    return sum(t.numel() * t.element_size() for t in seen.values())
+
+
+def estimate(cfg, task, param_bytes: int, shards: int, optimizer_shards: int, criterion=None,
+             compute_bytes: int = 4) -> Estimate:
     """This rank's bytes: parameters stored in ``param_bytes`` each (2 under
-    --memory-efficient-fp16), split over ``shards`` ranks (the optimizer state over ``optimizer_shards``)."""
-    count, buffers, tensors = model_sizes(cfg, task)
+    --memory-efficient-fp16), split over ``shards`` ranks (the optimizer state over ``optimizer_shards``);
+    with a ``criterion``, the activations of one sequence in ``compute_bytes`` per value (none are counted
+    under --checkpoint-activations: what it keeps depends on where it cuts)."""
+    d = cfg.distributed
+    if d.checkpoint_activations or d.offload_activations:
+        criterion = None
+    count, buffers, tensors, activations = model_sizes(cfg, task, criterion)
     state = STATE_BYTES.get(cfg.components.optimizer, lambda o: 0)(cfg.optimizer)
     if cfg.components.optimizer == "cpu_adam" and param_bytes < 4:
         state += 4  # its fp32 master copy of low-precision parameters
     return Estimate(params=count * param_bytes // shards, grads=count * param_bytes // shards,
                     optimizer=count * state // optimizer_shards, buffers=buffers,
-                    bookkeeping=tensors * BYTES_PER_TENSOR)
+                    bookkeeping=tensors * BYTES_PER_TENSOR, activations=activations * compute_bytes // 4)
 
 
 def host_available_bytes() -> int:
@@ -103,10 +161,10 @@ def check_fits(est: Estimate, device: torch.device, ranks_on_host: int, state_on
     state unless ``state_on_host``: --cpu-offload) or of the host, shared by ``ranks_on_host``
     ranks. ``available``: {"host": bytes, "device": bytes}, measured when None (tests pass it)."""
     if device.type == "cpu":
-        needs = {"host": ranks_on_host * (est.state + est.buffers + est.bookkeeping)}
+        needs = {"host": ranks_on_host * (est.state + est.buffers + est.bookkeeping + est.activations)}
     else:
         needs = {"host": ranks_on_host * ((est.state if state_on_host else 0) + est.bookkeeping),
-                 "device": est.buffers + (0 if state_on_host else est.state)}
+                 "device": est.buffers + est.activations + (0 if state_on_host else est.state)}
     if available is None:
         available = {"host": host_available_bytes()}
         if device.type == "cuda":
@@ -116,14 +174,15 @@ def check_fits(est: Estimate, device: torch.device, ranks_on_host: int, state_on
             raise ConfigError(_message(est, where, need, available[where], ranks_on_host))
 
 
-def check_run_fits(cfg, task, backend, dtypes) -> None:
+def check_run_fits(cfg, task, backend, dtypes, criterion=None) -> None:
     """The run's estimate (see ``estimate``), checked against this machine."""
     world = backend.world_size
     optimizer_shards = world if backend.shards_parameters or shards_optimizer_state(
         cfg.distributed.zero_sharding, world) else 1
     try:
         est = estimate(cfg, task, param_bytes=dtypes.storage.itemsize if dtypes.storage else 4,
-                       shards=world if backend.shards_parameters else 1, optimizer_shards=optimizer_shards)
+                       shards=world if backend.shards_parameters else 1, optimizer_shards=optimizer_shards,
+                       criterion=criterion, compute_bytes=dtypes.compute.itemsize if dtypes.compute else 4)
     except (RuntimeError, NotImplementedError) as e:  # a plugin's model that cannot be built on meta
         logger.info(f"memory not estimated: the model could not be built on the meta device ({e})")
         return
@@ -142,13 +201,18 @@ def ranks_on_this_host(world_size: int) -> int:
 def _message(est: Estimate, where: str, need: int, free: int, ranks: int) -> str:
     memory = "memory available on this machine (MemAvailable)" if where == "host" else f"free memory of the {where}"
     per = f" per rank, {ranks} ranks on this machine" if where == "host" and ranks > 1 else " for this rank"
-    positions = est.buffers > est.state  # the sinusoidal positions: --tokens-per-sample long
-    fix = ("a smaller --tokens-per-sample (or --max-target-positions): the positions are precomputed for every one"
-           if positions else
-           "fewer --decoder-layers or a smaller --decoder-embed-dim/--decoder-ffn-embed-dim, --ddp-backend "
-           "fully_sharded over more ranks (it divides parameters, gradients and optimizer state by the number "
-           "of ranks), --cpu-offload on a GPU, or --optimizer cpu_adam --fp16-adam-stats")
+    if est.buffers > max(est.state, est.activations):  # the sinusoidal positions: --tokens-per-sample long
+        fix = "a smaller --tokens-per-sample (or --max-target-positions): the positions are precomputed for every one"
+    elif est.activations > est.state:
+        fix = ("--checkpoint-activations (only each layer's input is kept; the rest is recomputed in the backward), "
+               "a smaller --tokens-per-sample, or fewer --decoder-layers")
+    else:
+        fix = ("fewer --decoder-layers or a smaller --decoder-embed-dim/--decoder-ffn-embed-dim, --ddp-backend "
+               "fully_sharded over more ranks (it divides parameters, gradients and optimizer state by the number "
+               "of ranks), --cpu-offload on a GPU, or --optimizer cpu_adam --fp16-adam-stats")
+    activations = (f"activations of one sequence {est.activations / GIB:.1f} GiB" if est.activations else
+                   "activations not counted")
     return (f"The model cannot fit: it needs about {need / GIB:.1f} GiB{per} (parameters {est.params / GIB:.1f}, "
             f"gradients {est.grads / GIB:.1f}, optimizer state {est.optimizer / GIB:.1f}, buffers such as the "
-            f"positions {est.buffers / GIB:.1f}, tensor bookkeeping {est.bookkeeping / GIB:.1f} GiB; activations not counted), but the {memory} is "
-            f"{free / GIB:.1f} GiB. Make it fit with {fix}.")
+            f"positions {est.buffers / GIB:.1f}, tensor bookkeeping {est.bookkeeping / GIB:.1f} GiB; {activations}), "
+            f"but the {memory} is {free / GIB:.1f} GiB. Make it fit with {fix}.")

@@ -192,6 +192,11 @@ BAD = {
     "choice: component field": (["model.activation_fn=rellu"], ["(model.activation_fn). Did you mean 'relu'?"]),
     "file: alias bomb": (["--config-dir", "{tmp}", "--config-name", "bomb"],
                          ["bomb.yaml expands to 11,111,1", "values through its YAML aliases"]),
+    # files the defaults list or an override pulls in are bounded too, before any is loaded
+    "file: alias bomb in the defaults": (["--config-dir", "{tmp}", "--config-name", "usesbomb"],
+                                         ["model/nested/bomb.yaml expands to 11,111,1"]),
+    "file: alias bomb by override": (["--config-dir", "{tmp}", "--config-name", "run", "model=bombmodel"],
+                                     ["model/bombmodel.yaml expands to 11,111,1"]),
     "file: bad choice": (["--config-dir", "{tmp}", "--config-name", "badchoice"],
                          ["'oss' is not a choice of --zero-sharding", "Did you mean 'os'?"]),
 }
@@ -205,12 +210,16 @@ FILES = {
     "bomb": "defaults: [shardtrain, _self_]\na: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
         f"{k}: &{k} [{','.join(['*' + p] * 10)}]\n" for p, k in zip("abcdef", "bcdefg")),
     "badchoice": "defaults: [shardtrain, _self_]\ndistributed:\n  zero_sharding: oss\n",
+    "usesbomb": "defaults:\n  - shardtrain\n  - override model: viabomb\n  - _self_\n",
+    "model/viabomb": "defaults:\n  - nested: bomb\n",  # relative to its own group: model/nested/bomb
 }
+FILES["model/nested/bomb"] = FILES["model/bombmodel"] = FILES["bomb"].replace("defaults: [shardtrain, _self_]\n", "")
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_mistakes_are_one_paragraph_errors(name, tmp_path, capsys):
     for config, text in FILES.items():
+        (tmp_path / f"{config}.yaml").parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f"{config}.yaml").write_text(text)
     argv, expected = BAD[name]
     argv = [a.format(tmp=tmp_path) for a in argv]
@@ -305,3 +314,24 @@ def test_an_alias_bomb_is_refused_in_time_linear_in_its_size(tmp_path):
         check_yaml_files([str(path)])
     assert time.perf_counter() - start < 1.0
     check_yaml_files([os.path.join(EXAMPLES, name) for name in os.listdir(EXAMPLES) if name.endswith(".yaml")])
+
+
+def test_every_file_composing_could_load_is_bounded_before_any_is_read(tmp_path):
+    """The primary config's defaults (nested groups relative to their file, absolute ones, lists) and the
+    GROUP=OPTION overrides name the files checked; a bomb nothing names is left alone (issue 16, item 10)."""
+    from shardtrain.config.yaml_bound import check_config_tree
+    from shardtrain.core.errors import ConfigError
+
+    bomb = FILES["model/bombmodel"]
+    tree = {"main": "defaults:\n  - shardtrain\n  - override model: viabomb\n  - _self_\n",
+            "model/viabomb": "defaults:\n  - nested: ok\n  - /optimizer: [x, bombopt]\n",
+            "model/nested/ok": "a: 1\n", "optimizer/bombopt": bomb, "unused": bomb, "model/other": bomb}
+    for name, text in tree.items():
+        (tmp_path / f"{name}.yaml").parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f"{name}.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"optimizer/bombopt\.yaml expands to"):
+        check_config_tree(str(tmp_path), str(tmp_path / "main.yaml"), [])
+    (tmp_path / "optimizer/bombopt.yaml").write_text("lr: 1\n")
+    check_config_tree(str(tmp_path), str(tmp_path / "main.yaml"), ["optimization.lr=1"])  # unused, other: not read
+    with pytest.raises(ConfigError, match=r"model/other\.yaml expands to"):
+        check_config_tree(str(tmp_path), None, ["+model=[ok,other]"])

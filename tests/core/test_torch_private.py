@@ -42,18 +42,21 @@ def test_a_moved_private_api_is_named(monkeypatch, checkpoint):
         torch_private.load_dcp_keys(["model"], storage_reader=FileSystemReader(checkpoint))
 
 
-def test_a_writer_writes_through_the_file_system_it_is_given(tmp_path):
+def test_a_writer_writes_through_the_file_system_it_is_given(tmp_path, monkeypatch):
     """The shard files' checksums are taken as DCP writes them: every file it writes, with its real bytes
-    (a tensor above the size hashed beside the write, too)."""
+    (several blocks, the buffer's tail that DCP's fsync would miss, too)."""
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from shardtrain.trainer.checkpoint.checksums import OVERLAP_FROM, HashingFileSystem, file_entry
+    from shardtrain.trainer.checkpoint import checksums
+    from shardtrain.trainer.checkpoint.checksums import HashingFileSystem, file_entry
 
+    monkeypatch.setattr(checksums, "BLOCK", 4096)
     writer, hashing = FileSystemWriter(str(tmp_path)), HashingFileSystem()
     torch_private.use_file_system(writer, hashing)
-    dcp.save({"big": torch.randn(OVERLAP_FROM // 2), "small": torch.arange(5)}, storage_writer=writer, no_dist=True)
+    dcp.save({"big": torch.randn(5000), "small": torch.arange(5)}, storage_writer=writer, no_dist=True)
     assert set(hashing.written) == {p.name for p in tmp_path.iterdir()} == {"__0_0.distcp", ".metadata"}
     for name, entry in hashing.written.items():
         assert entry == file_entry(str(tmp_path / name))
+    assert len(hashing.written["__0_0.distcp"]["crc32"]) > 4
     with pytest.raises(RuntimeError, match="no longer provides FileSystemWriter.fs"):
         torch_private.use_file_system(object(), hashing)

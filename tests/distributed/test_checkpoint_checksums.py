@@ -177,6 +177,21 @@ def test_a_damaged_old_checkpoint_never_echoes_torch_advice(data_bin, saves, tmp
     assert not any(advice in err for advice in TORCH_ADVICE), err
 
 
+def test_a_shard_torch_cannot_unpickle_never_echoes_torch_advice():
+    """A damaged shard of an old checkpoint (no checksums) fails inside DCP with torch's weights-only error."""
+    import pickle
+
+    from shardtrain.core.errors import CheckpointError
+    from shardtrain.trainer.checkpoint.dcp_errors import reading_shards
+
+    with pytest.raises(CheckpointError) as info, reading_shards("ck"):
+        raise pickle.UnpicklingError("Weights only load failed. In PyTorch 2.6, we changed the default value of "
+                                     "the `weights_only` argument ... Re-running `torch.load` with `weights_only` "
+                                     "set to `False` will likely succeed ... weights_only=False")
+    assert "UnpicklingError" in str(info.value) and "damaged" in str(info.value)
+    assert not any(advice in str(info.value) for advice in TORCH_ADVICE + ("weights_only",)), info.value
+
+
 def shard_verify(path, capsys):
     """(exit status, {name: state}) of ``shard-verify path``."""
     try:

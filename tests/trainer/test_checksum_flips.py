@@ -69,14 +69,27 @@ def single(tmp_path_factory):
     return path, open(path, "rb").read(), unused_zip_bytes(path)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomized: the same 400 flips in every run (CI must not turn red on the day a seed finds a new one);
+# a seed that did (2026-11-23: the zip64 locator's offset, now checked) led to the exhaustive test below
+@settings(max_examples=400, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(where=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
 def test_a_flip_in_a_single_file_is_detected_or_outside_the_bytes_read(single, tmp_path, where, bit):
     path, original, unused = single
-    offset = int(where * len(original))
+    check_flip(original, unused, str(tmp_path / "d.pt"), int(where * len(original)), bit)
+
+
+def test_every_flip_in_the_end_records_is_detected_or_outside_the_bytes_read(single, tmp_path):
+    """Every bit of the zip64 end record, its locator and the classic end record (98 bytes)."""
+    path, original, unused = single
+    for offset in range(len(original) - 98, len(original)):
+        for bit in range(8):
+            check_flip(original, unused, str(tmp_path / "d.pt"), offset, bit)
+
+
+def check_flip(original: bytes, unused: set, damaged: str, offset: int, bit: int) -> None:
     flipped = bytearray(original)
     flipped[offset] ^= 1 << bit
-    damaged = str(tmp_path / "d.pt")
     with open(damaged, "wb") as f:
         f.write(flipped)
     try:

@@ -24,6 +24,8 @@ def reading_shards(path: str):
             raise refused from None
         cause = _cause(e)
         first = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__
+        if first.startswith("Weights only load failed"):  # torch's advice to load unsafely: never ours to give
+            first = f"{type(cause).__name__}, its contents could not be unpickled"
         missing = re.match(r"Missing key in checkpoint state_dict: (optimizer|model)\.(\S+?)\.?$", first)
         if missing and missing.group(1) == "optimizer":
             raise CheckpointError(
