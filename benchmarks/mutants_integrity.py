@@ -142,7 +142,7 @@ INTEGRITY_MUTANTS = [
            ("tests/trainer/test_best_checkpoint_metric.py::test_a_plugin_that_declares_nothing_is_trusted_with_a_warning",)),
     # -- issue 16, red-team item 8: sizes that cannot fit are refused before allocating ----------------
     Mutant("memory_not_checked", "a size that cannot fit this machine is refused before anything is allocated",
-           T + "loop.py", "        check_run_fits(cfg, self.task, self.backend, dtypes, criterion)  # before anything is allocated\n",
+           T + "loop.py", "        check_run_fits(cfg, self.task, self.backend, dtypes)  # before anything is allocated\n",
            "", ("tests/cli/test_bad_input.py::test_bad_train_input[a billion positions]",)),
     Mutant("memory_estimate_unsharded", "sharded backends divide the estimate by the ranks (what fits is accepted)",
            T + "memory_fit.py",
@@ -179,7 +179,7 @@ INTEGRITY_MUTANTS = [
            "shardtrain/config/yaml_bound.py", '        if key and "." not in key:\n', "        if False:\n",
            ("tests/cli/test_hydra_train.py::test_every_file_composing_could_load_is_bounded_before_any_is_read",)),
     Mutant("activations_not_counted", "what cannot fit for its activations is refused before anything is allocated",
-           T + "memory_fit.py", "activations=activations * compute_bytes // 4)", "activations=0)",
+           T + "memory_fit.py", "activations=saved * compute_bytes // 4)", "activations=0)",
            ("tests/trainer/test_memory_fit.py::test_activations_refuse_the_red_teams_hundred_thousand_layers",)),
     Mutant("activations_counted_on_the_math_path", "the activation count stays a lower bound of what a run keeps",
            T + "memory_fit.py", "saved_tensors_hooks(pack, lambda t: t), _FusedAttention():",

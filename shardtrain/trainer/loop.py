@@ -61,7 +61,7 @@ class Run:
         criterion = build.build_criterion(cfg, self.task)
         if not cfg.dataset.disable_validation:
             build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, self.task, criterion)
-        check_run_fits(cfg, self.task, self.backend, dtypes, criterion)  # before anything is allocated
+        check_run_fits(cfg, self.task, self.backend, dtypes)  # before anything is allocated
         precision = build_precision(cfg, self.backend, dtypes)
         d = cfg.distributed
         checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it

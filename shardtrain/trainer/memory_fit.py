@@ -8,9 +8,12 @@ buffers (the sinusoidal positions), from the model built on the meta device
 (no memory). A model whose config names its repeated layers
 (``repeated_layers_field`` on the model class) is built with one and two
 layers and extrapolated, as a meta build of 100,000 layers still takes minutes.
-The activations are what autograd keeps from one forward of one sequence of
---tokens-per-sample tokens (a lower bound of the batch's), counted on the same
-meta builds through saved-tensor hooks.
+The activations are what autograd keeps from the model's forward of one
+sequence of --tokens-per-sample tokens (a lower bound of the batch's: the loss's
+own are not counted, nor dropout's masks), counted on the same meta builds
+through saved-tensor hooks. Only the model runs, in eval mode and with the RNG
+state restored after, so counting changes nothing a run does (a criterion may
+count its calls; layerdrop and dropout would draw random numbers).
 Only what certainly cannot fit is refused: the activations of one sequence only,
 none under --checkpoint-activations, and an optimizer this table does not know
 counts no state.
@@ -61,16 +64,16 @@ class Estimate:
         return self.params + self.grads + self.optimizer
 
 
-def model_sizes(cfg, task, criterion=None) -> Tuple[int, int, int, int]:
+def model_sizes(cfg, task, activations: bool = False) -> Tuple[int, int, int, int]:
     """(parameter count, buffer bytes, parameter tensors, activation bytes) of the model ``cfg``
-    describes, built on the meta device; the activations (fp32) are counted when a ``criterion`` is given."""
+    describes, built on the meta device; the activations (fp32) are counted when ``activations``."""
     model_cls = resolve(cfg.components)["model"].obj
     layers_field = getattr(model_cls, "repeated_layers_field", None)
     layers = cfg.model[layers_field] if layers_field else None
-    length = task.max_positions() if criterion is not None else None
+    length = task.max_positions() if activations else None
     if not layers or layers <= 2:
-        return _meta_sizes(model_cls, cfg.model, task, criterion, length)
-    one, two = (_meta_sizes(model_cls, _with(cfg.model, layers_field, n), task, criterion, length) for n in (1, 2))
+        return _meta_sizes(model_cls, cfg.model, task, length)
+    one, two = (_meta_sizes(model_cls, _with(cfg.model, layers_field, n), task, length) for n in (1, 2))
     return tuple(a + (layers - 1) * (b - a) for a, b in zip(one, two))
 
 
@@ -80,11 +83,11 @@ def _with(model_cfg, key: str, value: int):
     return OmegaConf.merge(OmegaConf.structured(OmegaConf.get_type(model_cfg)), changed)
 
 
-def _meta_sizes(model_cls, model_cfg, task, criterion=None, length: Optional[int] = None
-                ) -> Tuple[int, int, int, int]:
-    with torch.device("meta"):
+def _meta_sizes(model_cls, model_cfg, task, length: Optional[int] = None) -> Tuple[int, int, int, int]:
+    """``length``: count the activations of one sequence this long (None: not counted)."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # the RNG as it was, for the run
         model = task.build_model(model_cls, model_cfg)
-    activations = _saved_bytes(model, criterion, length) if criterion is not None and length else 0
+        activations = _saved_bytes(model, length) if length else 0
     return (sum(p.numel() for p in model.parameters()),
             sum(b.numel() * b.element_size() for b in model.buffers()), len(list(model.parameters())), activations)
 
@@ -107,10 +110,10 @@ class _FusedAttention(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _saved_bytes(model, criterion, length: int) -> int:
-    """Bytes autograd keeps from the criterion's forward of one ``length``-token sequence on the meta
-    model (attention as the fused kernels keep it: _FusedAttention): each saved tensor's storage once,
-    parameters left out. A model or criterion that cannot run on meta (a plugin's) counts 0."""
+def _saved_bytes(model, length: int) -> int:
+    """Bytes autograd keeps from the forward of one ``length``-token sequence on the meta model (attention
+    as the fused kernels keep it: _FusedAttention): each saved tensor's storage once, parameters left out.
+    A model that cannot run on meta or takes other inputs (a plugin's) counts 0."""
     params = {id(p) for p in model.parameters()}
     seen: Dict[int, torch.Tensor] = {}  # by id of the storage's owner, kept alive so ids are not reused
 
@@ -120,33 +123,31 @@ def _saved_bytes(model, criterion, length: int) -> int:
             seen.setdefault(id(owner), owner)
         return t
 
-    tokens = torch.zeros(1, length, dtype=torch.long, device="meta")
-    sample = {"net_input": {"src_tokens": tokens}, "target": tokens, "ntokens": length}
+    model.eval()
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention():
-            criterion(model, sample)
+            model(torch.zeros(1, length, dtype=torch.long, device="meta"))
     except Exception as e:  # noqa: BLE001 - any failure only means the activations go uncounted
         logger.info(f"activations not estimated: the model's forward could not run on the meta device ({e})")
         return 0
     return sum(t.numel() * t.element_size() for t in seen.values())
 
 
-def estimate(cfg, task, param_bytes: int, shards: int, optimizer_shards: int, criterion=None,
+def estimate(cfg, task, param_bytes: int, shards: int, optimizer_shards: int, activations: bool = False,
              compute_bytes: int = 4) -> Estimate:
     """This rank's bytes: parameters stored in ``param_bytes`` each (2 under
     --memory-efficient-fp16), split over ``shards`` ranks (the optimizer state over ``optimizer_shards``);
-    with a ``criterion``, the activations of one sequence in ``compute_bytes`` per value (none are counted
-    under --checkpoint-activations: what it keeps depends on where it cuts)."""
+    with ``activations``, those of one sequence in ``compute_bytes`` per value (none are counted under
+    --checkpoint-activations: what it keeps depends on where it cuts)."""
     d = cfg.distributed
-    if d.checkpoint_activations or d.offload_activations:
-        criterion = None
-    count, buffers, tensors, activations = model_sizes(cfg, task, criterion)
+    count, buffers, tensors, saved = model_sizes(
+        cfg, task, activations and not (d.checkpoint_activations or d.offload_activations))
     state = STATE_BYTES.get(cfg.components.optimizer, lambda o: 0)(cfg.optimizer)
     if cfg.components.optimizer == "cpu_adam" and param_bytes < 4:
         state += 4  # its fp32 master copy of low-precision parameters
     return Estimate(params=count * param_bytes // shards, grads=count * param_bytes // shards,
                     optimizer=count * state // optimizer_shards, buffers=buffers,
-                    bookkeeping=tensors * BYTES_PER_TENSOR, activations=activations * compute_bytes // 4)
+                    bookkeeping=tensors * BYTES_PER_TENSOR, activations=saved * compute_bytes // 4)
 
 
 def host_available_bytes() -> int:
@@ -174,7 +175,7 @@ def check_fits(est: Estimate, device: torch.device, ranks_on_host: int, state_on
             raise ConfigError(_message(est, where, need, available[where], ranks_on_host))
 
 
-def check_run_fits(cfg, task, backend, dtypes, criterion=None) -> None:
+def check_run_fits(cfg, task, backend, dtypes) -> None:
     """The run's estimate (see ``estimate``), checked against this machine."""
     world = backend.world_size
     optimizer_shards = world if backend.shards_parameters or shards_optimizer_state(
@@ -182,7 +183,7 @@ def check_run_fits(cfg, task, backend, dtypes, criterion=None) -> None:
     try:
         est = estimate(cfg, task, param_bytes=dtypes.storage.itemsize if dtypes.storage else 4,
                        shards=world if backend.shards_parameters else 1, optimizer_shards=optimizer_shards,
-                       criterion=criterion, compute_bytes=dtypes.compute.itemsize if dtypes.compute else 4)
+                       activations=True, compute_bytes=dtypes.compute.itemsize if dtypes.compute else 4)
     except (RuntimeError, NotImplementedError) as e:  # a plugin's model that cannot be built on meta
         logger.info(f"memory not estimated: the model could not be built on the meta device ({e})")
         return
