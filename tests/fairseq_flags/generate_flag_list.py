@@ -74,13 +74,21 @@ class Source:
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
                 return evaluate(node.value, self, path)
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fairseq"):
-                if any((a.asname or a.name) == name for a in node.names):
-                    base = node.module.replace(".", "/")
+            if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+                base = _module_path(path, node)
+                if base is not None:
                     for candidate in (base + ".py", base + "/__init__.py"):
                         if self.tree(candidate) is not None:
                             return self.constant(candidate, name, depth + 1)
         raise ValueError(name)
+
+
+def _module_path(path: str, node: ast.ImportFrom) -> Optional[str]:
+    """``fairseq/x/y`` for ``from fairseq.x.y import`` or a relative import inside fairseq."""
+    if node.level:
+        parts = path.split("/")[:-node.level] + (node.module.split(".") if node.module else [])
+        return "/".join(parts)
+    return node.module.replace(".", "/") if node.module and node.module.startswith("fairseq") else None
 
 
 def evaluate(node: ast.AST, source: Source, path: str) -> Any:
@@ -97,6 +105,9 @@ def evaluate(node: ast.AST, source: Source, path: str) -> Any:
             return {"int": int, "float": float, "str": str}[node.func.id](inner)
         if node.func.id == "ChoiceEnum":
             return {"choices": list(inner)}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Pow, ast.Mult)):
+        left, right = evaluate(node.left, source, path), evaluate(node.right, source, path)
+        return left ** right if isinstance(node.op, ast.Pow) else left * right
     if isinstance(node, ast.Lambda):
         return evaluate(node.body, source, path)
     raise ValueError(ast.unparse(node))
