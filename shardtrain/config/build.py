@@ -89,7 +89,9 @@ def parse_train_command(argv: Sequence[str], prog: str = "shard-train") -> Tuple
     parser, slots, pre = _train_parser(argv, prog)
     namespace, rest = parser.parse_known_args(list(argv))
     if rest:
-        fairseq_compat.explain_unknown(rest, pre)
+        unselected = fairseq_compat.explain_unknown(rest, pre)
+        if unselected:
+            parser.error(unselected)  # argparse's usage and exit 2, as for any unrecognized flag
         parser.parse_args(list(argv))  # argparse's own "unrecognized arguments" (exits 2)
     uses = fairseq_compat.given(namespace)
     fairseq_compat.check_refused(uses)

@@ -4,7 +4,7 @@ component the run did not select.
 The table (shardtrain/config/fairseq_flags.py) decides; this module adds its flags to the train
 parser (hidden from --help, with fairseq's arity), turns what was given into notices or one
 ConfigError, and explains a flag argparse did not recognise when a component the run did not select
-owns it (fairseq rejects those too, as unrecognized).
+owns it (fairseq rejects those too, as unrecognized; so does argparse's error, now naming the owner).
 """
 import argparse
 import dataclasses
@@ -117,8 +117,8 @@ def _component(owner: str) -> str:
     return f"{SLOT_FLAGS[slot]} {name}"
 
 
-def explain_unknown(rest: Sequence[str], names) -> None:
-    """ConfigError for the first unrecognised flag that a component the run did not select owns.
+def explain_unknown(rest: Sequence[str], names) -> Optional[str]:
+    """Why the first unrecognised flag that a component the run did not select owns is refused (or None).
 
     ``names``: the selected components (a ComponentsConfig or the pre-parse's namespace)."""
     for token in rest:
@@ -129,10 +129,10 @@ def explain_unknown(rest: Sequence[str], names) -> None:
         if components:
             slots = sorted({c.split()[0] for c in components})
             chosen = ", ".join(f"{slot} {_selected_name(names, slot)}" for slot in slots)
-            raise ConfigError(
-                f"{name} is a flag of {' or '.join(components)}, and this run uses {chosen}. Select that "
-                f"component to use the flag, or drop it (fairseq rejects it too when its component is not "
-                f"selected).")
+            return (f"{name} is a flag of {' or '.join(components)}, and this run uses {chosen}. Select that "
+                    "component to use the flag, or drop it (fairseq rejects it too when its component is not "
+                    "selected).")
+    return None
 
 
 def _selected_name(names, slot_flag: str) -> str:
