@@ -69,7 +69,7 @@ TABLE = (
     accept("--profile", "no NVTX ranges are emitted; profile the run with torch.profiler or nsys", FLAG),
     accept("--reset-logging", "logging is set up once per rank at the start of the run", FLAG),
     accept("--suppress-crashes", "a user error exits with status 2 and one paragraph; a bug keeps its "
-           "traceback; shard-hydra-train sweeps go on to the next job either way", FLAG),
+           "traceback", FLAG),
     accept("--use-plasma-view", "datasets are memory-mapped, so the ranks on a node share the pages without a "
            "plasma store", FLAG),
     accept("--plasma-path", "datasets are memory-mapped, so the ranks on a node share the pages without a "
@@ -112,8 +112,6 @@ TABLE = (
     # --- dataset
     accept("--num-workers", "batches are read in the training process from memory-mapped files; there are no "
            "loader workers"),
-    accept("--skip-invalid-size-inputs-valid-test", "no block exceeds --tokens-per-sample (under "
-           "--sample-break-mode eos an over-long line is truncated to it), so nothing is skipped", FLAG),
     accept_only("--required-seq-len-multiple", ("1",), "batches are padded to their longest sequence",
                 "padding sequences to a multiple is not supported; batches are padded to their longest sequence"),
     accept_only("--dataset-impl", ("mmap",), "data-bins are read as mmap, the only format shard-preprocess writes",
@@ -155,8 +153,7 @@ TABLE = (
                 "checkpoint suffixes are not supported; write to a separate --save-dir instead"),
     accept("--checkpoint-shard-count", "checkpoints of fully_sharded runs are sharded by rank; others are one "
            "file"),
-    accept("--load-checkpoint-on-all-dp-ranks", "every rank reads what it needs of the checkpoint itself",
-           FLAG),
+    accept("--load-checkpoint-on-all-dp-ranks", "every rank always reads the checkpoint itself", FLAG),
     accept("--write-checkpoints-asynchronously --save-async", "checkpoints are written synchronously; pass "
            "--async-save (fully_sharded) to write them in the background", FLAG),
     # --- task language_modeling
@@ -192,6 +189,10 @@ TABLE += (
     not_yet("--amp-batch-retries", "use --fp16 or --bf16"),
     not_yet("--amp-init-scale", "use --fp16 with --fp16-init-scale"),
     not_yet("--amp-scale-window", "use --fp16 with --fp16-scale-window"),
+    # fairseq skips samples longer than the model's positions; ignoring the flag would keep them (truncated
+    # under --sample-break-mode eos, whole under complete): with the default break mode none nothing is skipped.
+    not_yet("--skip-invalid-size-inputs-valid-test", "drop it (with --sample-break-mode none no sample is too "
+            "long)", FLAG),
     not_yet("--max-sentences", "use --batch-size"),
     not_yet("--max-sentences-valid", "use --batch-size-valid"),
     not_yet("--fixed-validation-seed", "drop it"),
