@@ -53,7 +53,7 @@ TABLE = (
     # --- common
     accept("--aim-repo", f"runs are not tracked in Aim; {_TB}"),
     accept("--aim-run-hash", f"runs are not tracked in Aim; {_TB}"),
-    accept("--wandb-project", f"metrics are not sent to Weights & Biases; {_TB} (`wandb sync` uploads those)"),
+    accept("--wandb-project", f"metrics are not sent to Weights & Biases; {_TB}"),
     accept("--azureml-logging", f"metrics are not sent to AzureML; {_TB}", FLAG),
     refuse("--tpu", "TPUs are not supported: shard-train trains on CUDA GPUs or the CPU (--cpu)", FLAG),
     accept("--on-cpu-convert-precision", "weights are cast to the training precision where they are; there is "
@@ -89,7 +89,7 @@ TABLE = (
                 "with --reduce-in-low-precision (with --fp16 or --bf16)"),
     refuse("--fix-batches-to-gpus", "batches are dealt to the ranks afresh every epoch (fairseq's default); "
            "fixing them to ranks would change the data order", FLAG),
-    accept("--fast-stat-sync", "metrics are already reduced across ranks in one all-reduce per log", FLAG),
+    accept("--fast-stat-sync", "metrics are already reduced across ranks in one all-reduce", FLAG),
     accept("--broadcast-buffers", "shard-train's models keep no trained buffers, so there is nothing to "
            "broadcast", FLAG),
     accept("--slowmo-momentum", _SLOWMO),
