@@ -2,13 +2,13 @@
 import importlib
 import os
 import sys
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from shardtrain.core import plugins
-from shardtrain.config import components, flags
+from shardtrain.config import components, fairseq_compat, flags
 from shardtrain.config.checks import check_config
 from shardtrain.config.sections import SECTIONS, ComponentsConfig, ShardtrainConfig
 from shardtrain.core.errors import ConfigError
@@ -59,6 +59,12 @@ def import_user_dir(path: Optional[str]) -> None:
 
 def build_train_parser(argv: Sequence[str], prog: str = "shard-train"):
     """Stage two of parsing: every section plus the selected components' flags."""
+    parser, slots, _ = _train_parser(argv, prog)
+    return parser, slots
+
+
+def _train_parser(argv: Sequence[str], prog: str):
+    """(parser, the selected components' config classes, the pre-parsed component names)."""
     plugins.load_plugins()  # installed plugins may provide the --task/--arch/... named below
     pre = flags.preparse(argv, ComponentsConfig())
     import_user_dir(pre.user_dir)
@@ -70,18 +76,31 @@ def build_train_parser(argv: Sequence[str], prog: str = "shard-train"):
     parser = flags.new_parser(prog, _TRAIN_DESCRIPTION, usage=flags.short_usage(prog, sections))
     titles = {s: t.format(getattr(pre, "arch" if s == "model" else s, "")) for s, t in _TITLES.items()}
     flags.add_sections(parser, sections, titles)
-    return parser, slots
+    fairseq_compat.add_table_flags(parser, fairseq_compat.selected_owners(pre))
+    return parser, slots, pre
 
 
 def parse_train_args(argv: Sequence[str], prog: str = "shard-train") -> DictConfig:
-    parser, slots = build_train_parser(argv, prog)
-    namespace = parser.parse_args(list(argv))
+    return parse_train_command(argv, prog)[0]
+
+
+def parse_train_command(argv: Sequence[str], prog: str = "shard-train") -> Tuple[DictConfig, List[str]]:
+    """The run's config, and the notices for the fairseq flags it accepted and ignores."""
+    parser, slots, pre = _train_parser(argv, prog)
+    namespace, rest = parser.parse_known_args(list(argv))
+    if rest:
+        unselected = fairseq_compat.explain_unknown(rest, pre)
+        if unselected:
+            parser.error(unselected)  # argparse's usage and exit 2, as for any unrecognized flag
+        parser.parse_args(list(argv))  # argparse's own "unrecognized arguments" (exits 2)
+    uses = fairseq_compat.given(namespace)
+    fairseq_compat.check_refused(uses)
     values = {name: flags.section_values(namespace, name) for name in SECTIONS}
     for slot, (cls, _) in slots.items():
         values[slot] = flags.section_values(namespace, slot) if cls is not None else None
     cfg = from_dict(values)
     check_config(cfg)
-    return cfg
+    return cfg, fairseq_compat.notices(uses)
 
 
 def from_dict(values: Dict) -> DictConfig:

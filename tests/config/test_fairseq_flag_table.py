@@ -1,0 +1,234 @@
+"""Every flag of fairseq 0.12.2's language-modeling groups has exactly one state in shard-train.
+
+WORKS: our parser defines it, with fairseq's default (or an intentional difference listed below);
+ACCEPTED: in shardtrain/config/fairseq_flags.py's table, parsed with fairseq's arity, one notice;
+REFUSED: in the table, exit 2 with its paragraph. fairseq's flags come from
+tests/fairseq_flags/fairseq_0_12_2_flags.json, generated from fairseq's source (regenerated below).
+"""
+import ast
+import importlib.util
+import json
+import os
+
+import pytest
+
+from shardtrain.cli import train
+from shardtrain.config import fairseq_compat
+from shardtrain.config.build import build_train_parser, parse_train_command
+from shardtrain.config.fairseq_flags import TABLE
+from shardtrain.core.errors import ConfigError
+from shardtrain.models import ARCH_REGISTRY
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FLAGS_DIR = os.path.join(os.path.dirname(HERE), "fairseq_flags")
+JSON_PATH = os.path.join(FLAGS_DIR, "fairseq_0_12_2_flags.json")
+with open(JSON_PATH) as _f:
+    FAIRSEQ = json.load(_f)
+GROUPS = FAIRSEQ["groups"]
+SELECT = {"task": "--task", "model": "--arch", "optimizer": "--optimizer", "lr_scheduler": "--lr-scheduler"}
+
+# WORKS flags whose default differs from fairseq's on purpose, and why. (Our default --optimizer adam and
+# --lr-scheduler inverse_sqrt are not in these groups: fairseq has no default optimizer and uses fixed.)
+INTENTIONAL = {
+    ("common", "--log-format"): "tqdm, falling back to simple off a terminal: what fairseq's None does",
+    ("distributed_training", "--distributed-world-size"): "None: all visible GPUs (fairseq computes it at import)",
+    ("distributed_training", "--distributed-backend"): "None: nccl on CUDA, gloo on the CPU, where nccl fails",
+    ("optimization", "--lr"): "5e-4 for the default adam; fairseq's 0.25 is tuned for nag",
+    ("model:transformer_lm", "--decoder-output-dim"): "None: --decoder-embed-dim, as fairseq's architecture sets",
+    ("model:transformer_lm", "--decoder-input-dim"): "None: --decoder-embed-dim, as fairseq's architecture sets",
+}
+# fairseq's transformer_lm architectures that shard-train does not register yet (issue 17 is adding them).
+ARCHS_NOT_YET = {"transformer_lm_wiki103", "transformer_lm_baevski_wiki103"}
+
+
+def _selection(group: str):
+    if ":" not in group:
+        return []
+    slot, name = group.split(":")
+    return [SELECT[slot], name]
+
+
+def _registered(group: str) -> bool:
+    try:
+        build_train_parser(_selection(group))
+        return True
+    except ConfigError:
+        return False
+
+
+def _defined(group: str):
+    """{flag: argparse action} that our parser defines for the group's component (table flags excluded)."""
+    parser, _ = build_train_parser(_selection(group) if _registered(group) else [])
+    return {name: action for action in parser._actions for name in action.option_strings
+            if not action.dest.startswith("fairseq_flags.")}, parser
+
+
+def _entries(group: str, name: str):
+    owner = group if ":" in group else ""
+    return [e for e in TABLE if name in e.names and e.owner == owner]
+
+
+def _fairseq_flags():
+    for group, data in GROUPS.items():
+        for flag in data["flags"]:
+            for name in flag["flags"]:
+                yield group, name, flag
+
+
+def test_every_fairseq_flag_has_exactly_one_state():
+    problems = []
+    for group in GROUPS:
+        defined, parser = _defined(group) if _registered(group) else ({}, None)
+        if parser is None:
+            defined = {}
+        for _, name, flag in [f for f in _fairseq_flags() if f[0] == group]:
+            works = name in defined or (name == "data" and parser is not None
+                                        and any(a.dest.endswith(".data") for a in parser._actions))
+            listed = _entries(group, name)
+            if works and listed:
+                problems.append(f"{group} {name} works: drop its table entry ({listed[0].state})")
+            elif not works and len(listed) != 1:
+                problems.append(f"{group} {name}: {len(listed)} table entries and not defined by our parser")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_table_entry_is_a_fairseq_flag_with_fairseqs_arity():
+    known = {}
+    for group, name, flag in _fairseq_flags():
+        known[(group if ":" in group else "", name)] = flag["arity"].replace("store_false", "store_true")
+    for entry in TABLE:
+        for name in entry.names:
+            assert (entry.owner, name) in known, f"{name} ({entry.owner or 'framework'}) is not a fairseq flag"
+            assert known[(entry.owner, name)] == entry.arity, f"{name}: fairseq's arity is {known[(entry.owner, name)]}"
+
+
+def _normal(value):
+    """fairseq's default and ours in one form: numbers as floats, sequences as tuples."""
+    if isinstance(value, str) and value[:1] in "([":
+        value = ast.literal_eval(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_normal(v) for v in value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _same_default(ours, theirs, defined) -> bool:
+    if isinstance(theirs, str) and theirs.startswith("${"):  # fairseq: "same as that flag"
+        referenced = defined.get("--" + theirs[2:-1].split(".")[-1].replace("_", "-"))
+        return ours is None or (referenced is not None and _normal(ours) == _normal(referenced.default))
+    ours, theirs = _normal(ours), _normal(theirs)
+    if isinstance(theirs, tuple) and len(theirs) == 1 and not isinstance(ours, tuple):
+        theirs = theirs[0]  # a one-value list (--lr, --update-freq) and a single value
+    return ours == theirs
+
+
+def test_works_flags_have_fairseqs_default():
+    problems = []
+    for group in GROUPS:
+        if not _registered(group):
+            continue
+        defined, _ = _defined(group)
+        for _, name, flag in [f for f in _fairseq_flags() if f[0] == group]:
+            if name not in defined or (group, name) in INTENTIONAL:
+                continue
+            if not _same_default(defined[name].default, flag["default"], defined):
+                problems.append(f"{group} {name}: ours {defined[name].default!r}, fairseq's {flag['default']!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_intentional_differences_are_still_differences():
+    for (group, name), why in INTENTIONAL.items():
+        defined, _ = _defined(group)
+        flag = next(f for g, n, f in _fairseq_flags() if (g, n) == (group, name))
+        assert name in defined and not _same_default(defined[name].default, flag["default"], defined), (
+            f"{group} {name} now has fairseq's default: drop it from INTENTIONAL ({why})")
+
+
+def _argv(entry, name, value):
+    argv = ["data-bin", *(_selection(entry.owner) if entry.owner else [])]
+    return argv + ([name] if entry.arity == "store_true" else [name, value])
+
+
+def _accepted_value(entry):
+    return entry.values[0] if entry.values else "1"
+
+
+def test_accepted_flags_parse_and_say_their_notice_once():
+    for entry in TABLE:
+        if entry.state == "refused" or (entry.owner and not _registered(entry.owner)):
+            continue
+        for name in entry.names:
+            value = _accepted_value(entry)
+            _, notices = parse_train_command(_argv(entry, name, value) + [name] * (entry.arity == "store_true"))
+            typed = name if entry.arity == "store_true" else f"{name} {value!r}" if value == "" else f"{name} {value}"
+            assert notices == [f"notice: {typed} is accepted for fairseq compatibility and ignored: {entry.notice}"]
+
+
+def test_refused_flags_exit_2_with_their_paragraph(capsys):
+    checked = 0
+    for entry in TABLE:
+        if entry.state == "accepted" or (entry.owner and not _registered(entry.owner)):
+            continue
+        value = "2" if entry.values else "1"
+        for name in entry.names:
+            with pytest.raises(SystemExit) as exit_info:
+                train.main(_argv(entry, name, value))
+            assert exit_info.value.code == 2
+            err = capsys.readouterr().err
+            assert entry.refusal in " ".join(err.split()) and "Traceback" not in err, err
+            checked += 1
+    assert checked > 40
+
+
+def test_a_flag_of_a_component_not_selected_names_that_component(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["data-bin", "--optimizer", "sgd", "--adam-betas", "(0.9, 0.98)"])
+    assert exit_info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--adam-betas is a flag of --optimizer adam" in err and "this run uses --optimizer sgd" in err
+    with pytest.raises(SystemExit) as exit_info:  # a flag nobody owns: argparse's own message
+        train.main(["data-bin", "--no-such-flag"])
+    assert exit_info.value.code == 2 and "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+def test_notices_print_once_on_rank_0_before_the_run(capsys, monkeypatch):
+    runs = []
+    monkeypatch.setattr(train.start, "call_main", lambda cfg, main: runs.append(cfg))
+    train.main(["data-bin", "--num-workers", "4", "--num-workers", "4", "--use-sharded-state"])
+    lines = capsys.readouterr().err.splitlines()
+    assert len(runs) == 1 and lines == [
+        "shard-train: notice: --use-sharded-state is accepted for fairseq compatibility and ignored: checkpoints of "
+        "fully_sharded runs are always sharded directories",
+        "shard-train: notice: --num-workers 4 is accepted for fairseq compatibility and ignored: batches are read in "
+        "the training process from memory-mapped files; there are no loader workers"]  # table order, each once
+    fairseq_compat.print_notices(["notice: x"], "shard-train", environ={"RANK": "1"})
+    fairseq_compat.print_notices(["notice: x"], "shard-train", environ={"SLURM_PROCID": "3"})
+    assert capsys.readouterr().err == ""
+
+
+def test_every_fairseq_transformer_lm_architecture_is_registered_or_listed_as_not_yet():
+    for arch in GROUPS["model:transformer_lm"]["architectures"]:
+        assert (arch in ARCH_REGISTRY) != (arch in ARCHS_NOT_YET), (
+            f"{arch}: registered and in ARCHS_NOT_YET (drop it)" if arch in ARCH_REGISTRY else f"{arch}: missing")
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("generate_flag_list", os.path.join(FLAGS_DIR,
+                                                                                     "generate_flag_list.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_checked_in_flag_list_is_what_fairseqs_source_gives():
+    generator = _generator()
+    mirror = os.environ.get("FAIRSEQ_MIRROR", generator.DEFAULT_MIRROR)
+    if not os.path.isdir(mirror):
+        pytest.skip(f"fairseq's git mirror is not at {mirror} (set FAIRSEQ_MIRROR)")
+    assert generator.dump(generator.generate(mirror)) == open(JSON_PATH).read(), (
+        "regenerate: python tests/fairseq_flags/generate_flag_list.py")
+    counts = {group: len(data["flags"]) for group, data in GROUPS.items()}
+    assert counts["common"] == 37 and counts["distributed_training"] == 36 and counts["checkpoint"] == 26
+    assert counts["model:transformer_lm"] == 46 and "transformer_lm_gbw" in GROUPS["model:transformer_lm"][
+        "architectures"]
