@@ -6,6 +6,7 @@ code changes and ``old`` no longer matches, fix the snippet: never drop a
 mutant because no test catches it (that is a missing test).
 """
 from mutant_spec import T, Mutant
+from mutants_i17_a import MUTANTS as FLAG_TABLE_MUTANTS
 from mutants_integrity import INTEGRITY_MUTANTS
 
 STEP = "tests/trainer/test_trainer_step.py"
@@ -316,4 +317,4 @@ MUTANTS = [
            "    atomic_write_bytes(os.path.join(final, COMPLETE), complete)\n"
            "    fsync_dir(final)\n",
            ("tests/distributed/test_save_crash_phases.py",)),
-] + INTEGRITY_MUTANTS
+] + INTEGRITY_MUTANTS + FLAG_TABLE_MUTANTS
