@@ -34,10 +34,9 @@ class NAG(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
+        """One update from the gradients already computed (the trainer passes no closure)."""
         if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+            raise ValueError("NAG.step takes no closure: compute the loss and gradients before calling it")
         for group in self.param_groups:
             lr, momentum, weight_decay = group["lr"], group["momentum"], group["weight_decay"]
             lr_old = group.get("lr_old", lr)
@@ -46,7 +45,6 @@ class NAG(torch.optim.Optimizer):
                 if p.grad is not None:
                     self._step_param(p, lr, momentum, weight_decay, correction)
             group["lr_old"] = lr
-        return loss
 
     def _step_param(self, p, lr, momentum, weight_decay, correction) -> None:
         low = p.dtype in _LOW_PRECISION
