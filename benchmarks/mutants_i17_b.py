@@ -3,6 +3,15 @@ relies on our default optimizer/scheduler. benchmarks/mutants.py adds them to it
 from mutant_spec import Mutant
 
 NAG = "tests/optim/test_optim_nag.py"
+PLATEAU = "tests/optim/test_optim_plateau.py"
+PLATEAU_RESUME = "tests/trainer/test_plateau_resume.py::test_plateau_steps_on_validation_and_resumes_exactly"
+_STEP = ("    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule\n"
+         "        run.trainer.lr_step(epoch, valid_loss)\n")
+_SAVE_START = ("    if do_save and not ck.no_save:\n        start = time.time()\n"
+               "        names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)\n"
+               "        check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank\n"
+               "        paths = run.checkpoints.save(header(run), stateful_parts(run, epoch_itr), epoch, updates, names)\n")
+_STEP_AFTER = "names)\n        if end_of_epoch:\n            run.trainer.lr_step(epoch, valid_loss)\n"
 
 I17_B_MUTANTS = [
     Mutant("nag_buffer_not_rescaled", "nag steps as fairseq's NAG, rescaling its momentum when the lr changes",
@@ -13,5 +22,20 @@ I17_B_MUTANTS = [
            "shardtrain/optim/nag.py", "            weights.mul_(1 - lr * weight_decay)\n",
            "            grad = grad + weight_decay * weights\n",
            (NAG + "::test_nag_steps_as_fairseqs_formula_with_a_changing_lr",)),
+    Mutant("plateau_ignores_maximize", "reduce_lr_on_plateau follows --maximize-best-checkpoint-metric",
+           "shardtrain/optim/lr_scheduler/reduce_lr_on_plateau.py", 'mode="max" if maximize else "min"', 'mode="min"',
+           (PLATEAU + "::test_plateau_shrinks_as_fairseq",)),
+    Mutant("plateau_bad_epochs_not_saved", "a resumed reduce_lr_on_plateau shrinks the lr when the uninterrupted run would",
+           "shardtrain/optim/lr_scheduler/reduce_lr_on_plateau.py",
+           '_PLATEAU_STATE = ("best", "num_bad_epochs", "last_epoch", "cooldown_counter")',
+           '_PLATEAU_STATE = ("best", "last_epoch", "cooldown_counter")',
+           (PLATEAU_RESUME,)),
+    # fairseq's order: the end-of-epoch checkpoint holds the schedule before that epoch's step
+    Mutant("plateau_stepped_after_the_save", "a resumed reduce_lr_on_plateau shrinks the lr when the uninterrupted run would",
+           "shardtrain/trainer/loop.py", _STEP + _SAVE_START, _SAVE_START.replace("names)\n", _STEP_AFTER),
+           (PLATEAU_RESUME,)),
+    Mutant("plateau_steps_during_warmup", "reduce_lr_on_plateau sees the metric only after warmup, as fairseq",
+           "shardtrain/optim/lr_scheduler/reduce_lr_on_plateau.py", "if val_loss is not None and self.warmup_end:",
+           "if val_loss is not None:", (PLATEAU + "::test_plateau_warmup_then_plateau_rule",)),
 ]
 MUTANTS = I17_B_MUTANTS

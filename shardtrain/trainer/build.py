@@ -82,7 +82,8 @@ def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
 
 def build_lr_scheduler(cfg, optimizer):
     info = resolve(cfg.components)["lr_scheduler"]
-    return info.obj(cfg.lr_scheduler, optimizer, cfg.optimization.lr, cfg.optimization.max_update)
+    direction = {"maximize": cfg.checkpoint.maximize_best_checkpoint_metric} if info.obj.follows_validation else {}
+    return info.obj(cfg.lr_scheduler, optimizer, cfg.optimization.lr, cfg.optimization.max_update, **direction)
 
 
 def log_model_size(model) -> None:

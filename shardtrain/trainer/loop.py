@@ -138,7 +138,7 @@ def train(run: Run) -> Optional[float]:
         valid_loss, should_stop = train_epoch(run, epoch_itr)
         if should_stop:
             break
-        lr, previous = run.trainer.lr_step(epoch_itr.epoch, valid_loss), lr
+        lr, previous = run.trainer.get_lr(), lr  # validate_and_save stepped the scheduler at the epoch's end
         # "falls to": fairseq also stops on a low lr while it is still rising in warmup
         # (with --stop-min-lr 0 and warmup from 0, before the first update).
         if lr <= cfg.optimization.stop_min_lr and lr < previous:
@@ -207,6 +207,8 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
     if valid_loss is not None:
         state.num_bad_validations = 0 if is_best else state.num_bad_validations + 1
         state.best = valid_loss if is_best else state.best
+    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule
+        run.trainer.lr_step(epoch, valid_loss)
     if do_save and not ck.no_save:
         start = time.time()
         names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)

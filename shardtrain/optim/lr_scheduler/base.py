@@ -27,6 +27,9 @@ class LRScheduler:
     # Subclasses extend the tuple. "best" is the lowest validation loss seen,
     # the state a reduce-on-plateau-like schedule needs.
     state_attrs: Tuple[str, ...] = ("best",)
+    # A schedule driven by the validation metric sets this; it is then built with
+    # maximize=--maximize-best-checkpoint-metric, the metric's direction.
+    follows_validation = False
 
     def __init__(self, cfg: Any, optimizer: torch.optim.Optimizer, lr: float, max_update: int):
         self.cfg = cfg
