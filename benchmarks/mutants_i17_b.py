@@ -37,5 +37,11 @@ I17_B_MUTANTS = [
     Mutant("plateau_steps_during_warmup", "reduce_lr_on_plateau sees the metric only after warmup, as fairseq",
            "shardtrain/optim/lr_scheduler/reduce_lr_on_plateau.py", "if val_loss is not None and self.warmup_end:",
            "if val_loss is not None:", (PLATEAU + "::test_plateau_warmup_then_plateau_rule",)),
+    Mutant("default_schedule_notice_missing", "a fairseq-style --lr without --lr-scheduler is told what runs instead",
+           "shardtrain/cli/train.py", "    if notice:  # logged once", "    if False:  # logged once",
+           ("tests/optim/test_optim_fairseq_defaults.py::test_shard_train_logs_the_notice_once",)),
+    Mutant("default_schedule_notice_on_explicit_scheduler", "the notice is only for commands that rely on the default",
+           "shardtrain/optim/fairseq_defaults.py", '    if _given(argv, "--lr-scheduler"):\n        return None\n', "",
+           ("tests/optim/test_optim_fairseq_defaults.py",)),
 ]
 MUTANTS = I17_B_MUTANTS

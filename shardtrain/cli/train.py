@@ -1,13 +1,25 @@
 """``shard-train DATA --task ... --arch ...``: train a model (on one or many processes)."""
+import logging
+import os
+
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config.build import parse_train_args
+from shardtrain.optim.fairseq_defaults import default_components_notice
 from shardtrain.trainer import loop
-from shardtrain.trainer.launch import start
+from shardtrain.trainer.launch import rendezvous, start
+from shardtrain.trainer.metrics.logging_setup import setup_logging
+
+logger = logging.getLogger(__name__)
 
 
 @cli_entry("shard-train")
 def main(argv):
     cfg = parse_train_args(argv)
+    notice = default_components_notice(argv)
+    if notice:  # logged once, by rank 0, before any rank starts
+        launched = rendezvous.from_environment(os.environ, cfg.distributed.distributed_init_method)
+        setup_logging(cfg.common.log_file, launched.rank if launched else 0)
+        logger.info(notice)
     return start.call_main(cfg, loop.main)
 
 
