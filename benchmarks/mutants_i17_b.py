@@ -43,5 +43,11 @@ I17_B_MUTANTS = [
     Mutant("default_schedule_notice_on_explicit_scheduler", "the notice is only for commands that rely on the default",
            "shardtrain/optim/fairseq_defaults.py", '    if _given(argv, "--lr-scheduler"):\n        return None\n', "",
            ("tests/optim/test_optim_fairseq_defaults.py",)),
+    Mutant("memory_efficient_adam_keeps_torch_adam", "--optimizer adam --memory-efficient-fp16 trains, with fp32 moments",
+           "shardtrain/trainer/build.py", '    if chosen_precision(cfg.common) == "memory_efficient_fp16":\n',
+           "    if False:\n", ("tests/trainer/test_memory_efficient_adam.py::test_adam_trains_with_memory_efficient_fp16",)),
+    Mutant("memory_efficient_adam_drops_decay_mode", "--no-adamw-mode is kept when adam steps fp16 parameters",
+           "shardtrain/optim/cpu_adam.py", "adamw_mode=spec.cls is torch.optim.AdamW", "adamw_mode=True",
+           ("tests/trainer/test_memory_efficient_adam.py::test_adam_spec_becomes_fp32_state_adam_for_fp16_parameters",)),
 ]
 MUTANTS = I17_B_MUTANTS

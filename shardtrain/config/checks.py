@@ -31,7 +31,7 @@ def _with(capability: str) -> str:
 
 
 # Optimizers that step fp16 parameters in fp32 from fp32 state (the others would keep fp16 moments).
-FP32_STATE_FOR_FP16_PARAMS = ("cpu_adam", "adafactor")
+FP32_STATE_FOR_FP16_PARAMS = ("adam", "cpu_adam", "adafactor")
 
 _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: not _positive_or_none(c.dataset.max_tokens),
@@ -86,7 +86,8 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: c.common.min_loss_scale <= 0, "--min-loss-scale must be positive (the default is 1e-4)."),
     (lambda c: c.common.memory_efficient_fp16 and c.components.optimizer not in FP32_STATE_FOR_FP16_PARAMS,
      "--memory-efficient-fp16 stores the parameters in fp16 and needs an optimizer that keeps fp32 state for "
-     "them and steps in fp32 (as fairseq's supports_memory_efficient_fp16): --optimizer cpu_adam or adafactor. "
+     "them and steps in fp32 (as fairseq's supports_memory_efficient_fp16): --optimizer adam, cpu_adam or "
+     "adafactor. "
      "Use one of those, or --fp16 (fp32 weights, fp16 compute) with any optimizer."),
     (lambda c: c.common.memory_efficient_fp16 and _backend_has(c, "shards_parameters"),
      lambda: f"--memory-efficient-fp16 stores the whole model in fp16, but --ddp-backend {_with('shards_parameters')} "

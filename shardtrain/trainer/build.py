@@ -5,7 +5,9 @@ import torch
 import torch.distributed as dist
 
 from shardtrain.config.components import resolve
+from shardtrain.config.sections import chosen_precision
 from shardtrain.core.errors import ConfigError
+from shardtrain.optim import cpu_adam
 from shardtrain.trainer.parallel import zero
 
 logger = logging.getLogger(__name__)
@@ -65,6 +67,8 @@ def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
     same class and arguments behind a :class:`~shardtrain.trainer.parallel.zero.ShardedStateOptimizer`."""
     info = resolve(cfg.components)["optimizer"]
     spec = info.obj(cfg.optimizer, device)
+    if chosen_precision(cfg.common) == "memory_efficient_fp16":
+        spec = cpu_adam.for_fp16_parameters(spec)
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if zero.shards_optimizer_state(cfg.distributed.zero_sharding, world_size):
         optimizer = zero.ShardedStateOptimizer(params, spec, cfg.optimization.lr)

@@ -110,8 +110,8 @@ CASES = {
     "cpu offload without fully_sharded": (lambda b, t: [b, "--cpu-offload"],
                                           ["--cpu-offload", "--ddp-backend fully_sharded"]),
     "fp16 with bf16": (lambda b, t: [b, "--fp16", "--bf16"], ["--fp16 (or --memory-efficient-fp16) and --bf16"]),
-    "memory-efficient fp16 with adam": (lambda b, t: [b, "--memory-efficient-fp16", "--optimizer", "adam"],
-                                        ["--memory-efficient-fp16", "--optimizer cpu_adam"]),
+    "memory-efficient fp16 with sgd": (lambda b, t: [b, "--memory-efficient-fp16", "--optimizer", "sgd"],
+                                       ["--memory-efficient-fp16", "--optimizer adam, cpu_adam"]),
     "memory-efficient fp16 with fully_sharded": (
         lambda b, t: [b, "--memory-efficient-fp16", "--optimizer", "cpu_adam", "--ddp-backend", "fully_sharded"],
         ["--memory-efficient-fp16", "Use --fp16 with fully_sharded"]),
