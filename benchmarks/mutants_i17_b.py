@@ -1,9 +1,11 @@
 """Mutants of issue 17 helper B's claims: nag, reduce_lr_on_plateau, the notice when a fairseq-style command
-relies on our default optimizer/scheduler. benchmarks/mutants.py adds them to its list (same rules)."""
+relies on our default optimizer/scheduler, adam with --memory-efficient-fp16, --lr/--update-freq lists.
+benchmarks/mutants.py adds them to its list (same rules)."""
 from mutant_spec import Mutant
 
 NAG = "tests/optim/test_optim_nag.py"
 PLATEAU = "tests/optim/test_optim_plateau.py"
+LISTS = "tests/optim/test_optim_epoch_lists.py"
 PLATEAU_RESUME = "tests/trainer/test_plateau_resume.py::test_plateau_steps_on_validation_and_resumes_exactly"
 _STEP = ("    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule\n"
          "        run.trainer.lr_step(epoch, valid_loss)\n")
@@ -49,5 +51,17 @@ I17_B_MUTANTS = [
     Mutant("memory_efficient_adam_drops_decay_mode", "--no-adamw-mode is kept when adam steps fp16 parameters",
            "shardtrain/optim/cpu_adam.py", "adamw_mode=spec.cls is torch.optim.AdamW", "adamw_mode=True",
            ("tests/trainer/test_memory_efficient_adam.py::test_adam_spec_becomes_fp32_state_adam_for_fp16_parameters",)),
+    Mutant("update_freq_list_first_only", "--update-freq 4,2 accumulates update_freq[epoch - 1] batches, as fairseq",
+           "shardtrain/trainer/loop.py", "for_epoch(cfg.optimization.update_freq, epoch_itr.epoch)",
+           "for_epoch(cfg.optimization.update_freq, 1)", (LISTS + "::test_training_follows_both_lists",)),
+    Mutant("fixed_lr_list_first_only", "--lr-scheduler fixed takes lr[epoch - 1] of an --lr list, as fairseq",
+           "shardtrain/optim/lr_scheduler/fixed.py", "            return for_epoch(self.lrs, epoch)",
+           "            return self.peak_lr", (LISTS + "::test_fixed_takes_the_epochs_lr",)),
+    Mutant("epoch_lists_not_normalized", "one typed representation: --lr/--update-freq are lists in every config",
+           "shardtrain/config/build.py", "        epoch_lists.normalize(cfg.optimization)\n", "",
+           (LISTS + "::test_one_typed_list_from_flags_configs_and_hydra_style_values",)),
+    Mutant("lr_list_taken_by_any_schedule", "only the fixed schedule takes an --lr list; the others refuse it",
+           "shardtrain/optim/lr_scheduler/base.py", "require(len(self.lrs) == 1 or self.takes_lr_list,",
+           "require(True,", (LISTS + "::test_only_fixed_takes_an_lr_list",)),
 ]
 MUTANTS = I17_B_MUTANTS

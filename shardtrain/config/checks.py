@@ -9,6 +9,7 @@ from typing import Callable, List, Tuple, Union
 
 from omegaconf import DictConfig, OmegaConf
 
+from shardtrain.config.epoch_lists import all_positive_finite, first, numbers
 from shardtrain.config.sections import loss_scaled
 from shardtrain.core.registry import did_you_mean
 from shardtrain.core.errors import ConfigError
@@ -44,10 +45,11 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
      "--batch-size-valid must be positive."),
     (lambda c: c.dataset.required_batch_size_multiple < 1,
      "--required-batch-size-multiple must be at least 1."),
-    (lambda c: c.optimization.update_freq < 1,
+    (lambda c: min(numbers(c.optimization.update_freq)) < 1,
      "--update-freq must be at least 1 (the number of batches accumulated per update)."),
-    (lambda c: not 0 < c.optimization.lr < float("inf"), "--lr must be a positive, finite number."),
-    (lambda c: c.optimization.stop_min_lr >= c.optimization.lr,
+    (lambda c: not all_positive_finite(c.optimization.lr), "--lr must be a positive, finite number (or one per "
+     "epoch, comma-separated)."),
+    (lambda c: c.optimization.stop_min_lr >= first(c.optimization.lr),
      "--stop-min-lr must be below --lr (the peak learning rate): training stops once the learning rate falls "
      "to it. Lower --stop-min-lr, or leave it out (-1: never stop on the learning rate)."),
     (lambda c: not c.optimization.stop_time_hours >= 0,

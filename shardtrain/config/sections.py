@@ -95,8 +95,12 @@ class OptimizationConfig:
     skip_nan_updates: int = field(
         0, help="skip an update whose loss or gradient is NaN/inf on any rank (its batches are passed over, the "
                 "weights kept), up to N in a row; one more in a row stops the run (0: stop at the first)")
-    update_freq: int = field(1, help="accumulate gradients over N batches per update")
-    lr: float = field(5e-4, help="peak learning rate (the scheduler's --lr)")
+    # A list, one value per epoch, as in fairseq (config/epoch_lists.py); typed Any so that one
+    # number also stays valid in YAML, Hydra overrides and older checkpoints' configs.
+    update_freq: Any = field(default_factory=lambda: [1], help="accumulate gradients over N batches per update; "
+                             "a comma-separated list gives epoch e the e-th value (the last one after the list)")
+    lr: Any = field(default_factory=lambda: [5e-4], help="peak learning rate (the scheduler's --lr); a comma-"
+                    "separated list gives each epoch its own with --lr-scheduler fixed")
     stop_min_lr: float = field(-1.0, help="stop training when the learning rate falls to this value")
     sentence_avg: bool = field(False, help="normalize gradients by the number of sentences, not tokens")
 

@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from shardtrain.config.components import resolve
+from shardtrain.config.epoch_lists import first, numbers
 from shardtrain.config.sections import chosen_precision
 from shardtrain.core.errors import ConfigError
 from shardtrain.optim import cpu_adam
@@ -71,10 +72,10 @@ def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
         spec = cpu_adam.for_fp16_parameters(spec)
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if zero.shards_optimizer_state(cfg.distributed.zero_sharding, world_size):
-        optimizer = zero.ShardedStateOptimizer(params, spec, cfg.optimization.lr)
+        optimizer = zero.ShardedStateOptimizer(params, spec, first(cfg.optimization.lr))
         logger.info(optimizer.describe())
     else:
-        optimizer = spec.build(params, cfg.optimization.lr)
+        optimizer = spec.build(params, first(cfg.optimization.lr))
         if cfg.distributed.zero_sharding != "none":
             logger.info("--zero-sharding os: one process, nothing to shard; the optimizer keeps all its state")
     group = optimizer.param_groups[0]
@@ -87,7 +88,8 @@ def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
 def build_lr_scheduler(cfg, optimizer):
     info = resolve(cfg.components)["lr_scheduler"]
     direction = {"maximize": cfg.checkpoint.maximize_best_checkpoint_metric} if info.obj.follows_validation else {}
-    return info.obj(cfg.lr_scheduler, optimizer, cfg.optimization.lr, cfg.optimization.max_update, **direction)
+    lrs = tuple(numbers(cfg.optimization.lr))
+    return info.obj(cfg.lr_scheduler, optimizer, lrs, cfg.optimization.max_update, **direction)
 
 
 def log_model_size(model) -> None:

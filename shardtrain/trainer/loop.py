@@ -13,6 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 from omegaconf import OmegaConf
 
+from shardtrain.config.epoch_lists import for_epoch
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.trainer import build
@@ -153,7 +154,7 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
     cfg, trainer = run.cfg, run.trainer
     itr = epoch_itr.next_epoch_itr(shuffle=True)
     trainer.set_dummy_batch(epoch_itr.first_batch)
-    update_freq = cfg.optimization.update_freq
+    update_freq = for_epoch(cfg.optimization.update_freq, epoch_itr.epoch)  # fairseq's per-epoch list
     progress = run.progress(itr, epoch_itr.epoch, prefix=None)
     trainer.lr_step_begin_epoch(epoch_itr.epoch)
     logger.info(f"begin training epoch {epoch_itr.epoch}")

@@ -23,6 +23,7 @@ from typing import Dict, Optional
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from shardtrain.config.epoch_lists import first
 from shardtrain.config.sections import chosen_precision
 from shardtrain.core.errors import ShardtrainError
 from shardtrain.trainer.loss_scaler import DynamicLossScaler
@@ -205,7 +206,7 @@ def build_scaler(cfg, world_size: int) -> DynamicLossScaler:
     common = cfg.common
     window = common.fp16_scale_window
     if window is None:  # fairseq's default: about 2**14 samples' worth of updates
-        window = max(1, int(2 ** 14 / world_size / cfg.optimization.update_freq))
+        window = max(1, int(2 ** 14 / world_size / first(cfg.optimization.update_freq)))
     return DynamicLossScaler(init_scale=common.fp16_init_scale, scale_window=window,
                              tolerance=common.fp16_scale_tolerance, threshold=common.threshold_loss_scale,
                              min_loss_scale=common.min_loss_scale,
