@@ -1,11 +1,12 @@
 """Mutants of issue 17 helper B's claims: nag, reduce_lr_on_plateau, the notice when a fairseq-style command
-relies on our default optimizer/scheduler, adam with --memory-efficient-fp16, --lr/--update-freq lists.
+relies on our default optimizer/scheduler, adam with --memory-efficient-fp16, --lr/--update-freq lists, --amp.
 benchmarks/mutants.py adds them to its list (same rules)."""
 from mutant_spec import Mutant
 
 NAG = "tests/optim/test_optim_nag.py"
 PLATEAU = "tests/optim/test_optim_plateau.py"
 LISTS = "tests/optim/test_optim_epoch_lists.py"
+AMP = "tests/trainer/test_amp_flag.py"
 PLATEAU_RESUME = "tests/trainer/test_plateau_resume.py::test_plateau_steps_on_validation_and_resumes_exactly"
 _STEP = ("    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule\n"
          "        run.trainer.lr_step(epoch, valid_loss)\n")
@@ -63,5 +64,11 @@ I17_B_MUTANTS = [
     Mutant("lr_list_taken_by_any_schedule", "only the fixed schedule takes an --lr list; the others refuse it",
            "shardtrain/optim/lr_scheduler/base.py", "require(len(self.lrs) == 1 or self.takes_lr_list,",
            "require(True,", (LISTS + "::test_only_fixed_takes_an_lr_list",)),
+    Mutant("amp_ignored", "--amp trains in fp16 autocast with fp32 weights and a dynamic loss scale",
+           "shardtrain/config/sections.py", 'return "fp16" if common.fp16 or common.amp else "fp32"',
+           'return "fp16" if common.fp16 else "fp32"', (AMP,)),
+    Mutant("amp_scale_flags_ignored", "--amp-init-scale and --amp-scale-window set --amp's loss scale",
+           "shardtrain/trainer/precision.py", "    if common.amp and not common.fp16:", "    if False:",
+           (AMP + "::test_amp_is_fp16_compute_with_fp32_weights_and_its_own_scale_flags",)),
 ]
 MUTANTS = I17_B_MUTANTS

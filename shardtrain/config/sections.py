@@ -26,14 +26,17 @@ class ComponentsConfig:
 
 
 def chosen_precision(common) -> str:
-    """The one reading of --fp16/--bf16/--memory-efficient-fp16: "fp32", "bf16", "fp16" or
+    """The one reading of --fp16/--bf16/--memory-efficient-fp16/--amp: "fp32", "bf16", "fp16" or
     "memory_efficient_fp16" (fairseq: --memory-efficient-fp16 implies --fp16). checks.py refuses
-    fp16 with bf16; shardtrain.trainer.precision turns the name into dtypes."""
+    fp16 with bf16; shardtrain.trainer.precision turns the name into dtypes. --amp is fairseq's
+    autocast fp16 with fp32 weights and a dynamic loss scale, which is what "fp16" is here; only
+    its scaler's flags differ (trainer.precision.build_scaler)."""
     if common.bf16:
         return "bf16"
     if common.memory_efficient_fp16:
         return "memory_efficient_fp16"
-    return "fp16" if common.fp16 else "fp32"
+    return "fp16" if common.fp16 or common.amp else "fp32"
+
 
 
 def loss_scaled(common) -> bool:
@@ -68,6 +71,14 @@ class CommonConfig:
     threshold_loss_scale: Optional[float] = field(None, help="threshold FP16 loss scale from below")
     fp16_no_stop_at_min_scale: bool = field(
         False, help="at --min-loss-scale keep skipping overflowing updates instead of stopping")
+    amp: bool = field(False, help="use automatic mixed precision: fp16 autocast, fp32 weights, dynamic loss scale "
+                      "(as --fp16 here)")
+    amp_batch_retries: int = field(
+        2, help="number of retries of same batch after reducing loss scale with AMP (here the overflowing update is "
+        "skipped and the next batch runs at the lowered scale, as with --fp16)")
+    amp_init_scale: int = field(2 ** 7, help="default AMP loss scale")
+    amp_scale_window: Optional[int] = field(
+        None, help="number of updates before increasing AMP loss scale (default: 2000, torch's GradScaler's)")
 
 
 @dataclasses.dataclass

@@ -202,12 +202,18 @@ def mixed_precision(param_dtype: Optional[torch.dtype], reduce_in_low_precision:
                                 reduce_dtype=param_dtype if reduce_in_low_precision else torch.float32)
 
 
+_GRAD_SCALER_GROWTH_INTERVAL = 2000
+
+
 def build_scaler(cfg, world_size: int) -> DynamicLossScaler:
     common = cfg.common
-    window = common.fp16_scale_window
+    if common.amp and not common.fp16:  # fairseq's --amp: torch's GradScaler, growth interval 2000 by default
+        init_scale, window = common.amp_init_scale, common.amp_scale_window or _GRAD_SCALER_GROWTH_INTERVAL
+    else:
+        init_scale, window = common.fp16_init_scale, common.fp16_scale_window
     if window is None:  # fairseq's default: about 2**14 samples' worth of updates
         window = max(1, int(2 ** 14 / world_size / first(cfg.optimization.update_freq)))
-    return DynamicLossScaler(init_scale=common.fp16_init_scale, scale_window=window,
+    return DynamicLossScaler(init_scale=init_scale, scale_window=window,
                              tolerance=common.fp16_scale_tolerance, threshold=common.threshold_loss_scale,
                              min_loss_scale=common.min_loss_scale,
                              stop_at_min_scale=not common.fp16_no_stop_at_min_scale)

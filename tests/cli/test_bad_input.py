@@ -252,6 +252,8 @@ RULE_VIOLATIONS = {
     "--fp16 (or --memory-efficient-fp16) and --bf16": ["--memory-efficient-fp16", "--optimizer", "cpu_adam",
                                                        "--bf16"],
     "--fp16-init-scale": ["--fp16-init-scale", "-1"],
+    "--amp-init-scale": ["--amp-init-scale", "0"],
+    "--amp-scale-window": ["--amp-scale-window", "0"],
     "--fp16-scale-window": ["--fp16-scale-window", "0"],
     "--fp16-scale-tolerance": ["--fp16-scale-tolerance", "1.5"],
     "--min-loss-scale": ["--min-loss-scale", "0"],
