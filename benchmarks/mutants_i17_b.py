@@ -1,5 +1,6 @@
 """Mutants of issue 17 helper B's claims: nag, reduce_lr_on_plateau, the notice when a fairseq-style command
-relies on our default optimizer/scheduler, adam with --memory-efficient-fp16, --lr/--update-freq lists, --amp.
+relies on our default optimizer/scheduler, adam with --memory-efficient-fp16, --lr/--update-freq lists, --amp,
+--memory-efficient-bf16.
 benchmarks/mutants.py adds them to its list (same rules)."""
 from mutant_spec import Mutant
 
@@ -7,6 +8,7 @@ NAG = "tests/optim/test_optim_nag.py"
 PLATEAU = "tests/optim/test_optim_plateau.py"
 LISTS = "tests/optim/test_optim_epoch_lists.py"
 AMP = "tests/trainer/test_amp_flag.py"
+ME_BF16 = "tests/trainer/test_memory_efficient_adam.py::test_memory_efficient_bf16_stores_bf16_and_steps_fp32"
 PLATEAU_RESUME = "tests/trainer/test_plateau_resume.py::test_plateau_steps_on_validation_and_resumes_exactly"
 _STEP = ("    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule\n"
          "        run.trainer.lr_step(epoch, valid_loss)\n")
@@ -70,5 +72,11 @@ I17_B_MUTANTS = [
     Mutant("amp_scale_flags_ignored", "--amp-init-scale and --amp-scale-window set --amp's loss scale",
            "shardtrain/trainer/precision.py", "    if common.amp and not common.fp16:", "    if False:",
            (AMP + "::test_amp_is_fp16_compute_with_fp32_weights_and_its_own_scale_flags",)),
+    Mutant("memory_efficient_bf16_keeps_fp32_storage", "--memory-efficient-bf16 stores the model in bf16",
+           "shardtrain/trainer/precision.py", "    storage = compute if name in LOW_PRECISION_STORAGE else None",
+           "    storage = None", (ME_BF16,)),
+    Mutant("memory_efficient_bf16_torch_adam", "--memory-efficient-bf16 with adam keeps fp32 moments",
+           "shardtrain/trainer/build.py", "    if chosen_precision(cfg.common) in LOW_PRECISION_STORAGE:",
+           '    if chosen_precision(cfg.common) == "memory_efficient_fp16":', (ME_BF16,)),
 ]
 MUTANTS = I17_B_MUTANTS

@@ -73,7 +73,8 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
         or c.checkpoint.reset_dataloader),
      "--finetune-from-model already resets optimizer, lr scheduler, meters and data position; "
      "drop the --reset-* flags."),
-    (lambda c: (c.common.fp16 or c.common.memory_efficient_fp16 or c.common.amp) and c.common.bf16,
+    (lambda c: (c.common.fp16 or c.common.memory_efficient_fp16 or c.common.amp)
+     and (c.common.bf16 or c.common.memory_efficient_bf16),
      "--fp16 (or --memory-efficient-fp16) and --bf16 both pick the compute precision (so does --amp). Use one."),
     (lambda c: c.common.fp16_init_scale <= 0, "--fp16-init-scale must be positive (fairseq's default is 128)."),
     (lambda c: c.common.amp_init_scale <= 0, "--amp-init-scale must be positive (fairseq's default is 128)."),
@@ -97,6 +98,14 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: c.common.memory_efficient_fp16 and _backend_has(c, "shards_parameters"),
      lambda: f"--memory-efficient-fp16 stores the whole model in fp16, but --ddp-backend {_with('shards_parameters')} "
      "already keeps only fp32 parameter shards and computes in fp16 with --fp16. Use --fp16 with "
+     f"{_with('shards_parameters')}, or another --ddp-backend."),
+    (lambda c: c.common.memory_efficient_bf16 and c.components.optimizer not in FP32_STATE_FOR_FP16_PARAMS,
+     "--memory-efficient-bf16 stores the parameters in bf16 and needs an optimizer that keeps fp32 state for "
+     "them and steps in fp32: --optimizer adam, cpu_adam or adafactor. Use one of those, or --bf16 (fp32 "
+     "weights, bf16 compute) with any optimizer."),
+    (lambda c: c.common.memory_efficient_bf16 and _backend_has(c, "shards_parameters"),
+     lambda: f"--memory-efficient-bf16 stores the whole model in bf16, but --ddp-backend {_with('shards_parameters')} "
+     "already keeps only fp32 parameter shards and computes in bf16 with --bf16. Use --bf16 with "
      f"{_with('shards_parameters')}, or another --ddp-backend."),
     (lambda c: c.distributed.cpu_offload and not _backend_has(c, "supports_cpu_offload"),
      lambda: f"--cpu-offload needs --ddp-backend {_with('supports_cpu_offload')} (it offloads the parameter shards); "

@@ -26,11 +26,14 @@ class ComponentsConfig:
 
 
 def chosen_precision(common) -> str:
-    """The one reading of --fp16/--bf16/--memory-efficient-fp16/--amp: "fp32", "bf16", "fp16" or
-    "memory_efficient_fp16" (fairseq: --memory-efficient-fp16 implies --fp16). checks.py refuses
+    """The one reading of --fp16/--bf16/--memory-efficient-fp16/-bf16/--amp: "fp32", "bf16", "fp16",
+    "memory_efficient_fp16" or "memory_efficient_bf16" (fairseq: --memory-efficient-fp16 implies --fp16,
+    --memory-efficient-bf16 --bf16). checks.py refuses
     fp16 with bf16; shardtrain.trainer.precision turns the name into dtypes. --amp is fairseq's
     autocast fp16 with fp32 weights and a dynamic loss scale, which is what "fp16" is here; only
     its scaler's flags differ (trainer.precision.build_scaler)."""
+    if common.memory_efficient_bf16:  # implies --bf16, as in fairseq
+        return "memory_efficient_bf16"
     if common.bf16:
         return "bf16"
     if common.memory_efficient_fp16:
@@ -61,6 +64,9 @@ class CommonConfig:
     memory_efficient_fp16: bool = field(
         False, help="store parameters and gradients in float16, the optimizer keeps fp32 state (implies --fp16; "
         "pytorch_ddp/legacy_ddp with --optimizer cpu_adam or adafactor)")
+    memory_efficient_bf16: bool = field(
+        False, help="store parameters and gradients in bfloat16, the optimizer keeps fp32 state (implies --bf16; "
+        "pytorch_ddp/legacy_ddp with --optimizer adam, cpu_adam or adafactor)")
     fp16_init_scale: int = field(2 ** 7, help="default FP16 loss scale")
     fp16_scale_window: Optional[int] = field(
         None, help="number of updates before increasing loss scale (default: 2**14 / world size / update-freq)")

@@ -10,6 +10,7 @@ from shardtrain.config.sections import chosen_precision
 from shardtrain.core.errors import ConfigError
 from shardtrain.optim import cpu_adam
 from shardtrain.trainer.parallel import zero
+from shardtrain.trainer.precision import LOW_PRECISION_STORAGE
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
     same class and arguments behind a :class:`~shardtrain.trainer.parallel.zero.ShardedStateOptimizer`."""
     info = resolve(cfg.components)["optimizer"]
     spec = info.obj(cfg.optimizer, device)
-    if chosen_precision(cfg.common) == "memory_efficient_fp16":
+    if chosen_precision(cfg.common) in LOW_PRECISION_STORAGE:
         spec = cpu_adam.for_fp16_parameters(spec)
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if zero.shards_optimizer_state(cfg.distributed.zero_sharding, world_size):

@@ -168,7 +168,10 @@ def _innermost(optimizer):
 
 
 # What each --fp16/--bf16/--memory-efficient-fp16 choice (config.sections.chosen_precision) computes in.
-_COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "memory_efficient_fp16": torch.float16}
+_COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "memory_efficient_fp16": torch.float16,
+                   "memory_efficient_bf16": torch.bfloat16}
+# Precisions whose model itself is stored in the compute dtype (fairseq's memory-efficient fp16/bf16).
+LOW_PRECISION_STORAGE = ("memory_efficient_fp16", "memory_efficient_bf16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +187,7 @@ def decide_dtypes(name: str, reduce_in_low_precision: bool) -> Dtypes:
     compute = _COMPUTE_DTYPES[name]
     # fairseq's memory-efficient fp16: the model itself is stored in fp16 (parameters and
     # gradients, also what DDP all-reduces); the optimizer (cpu_adam) keeps fp32 state.
-    storage = compute if name == "memory_efficient_fp16" else None
+    storage = compute if name in LOW_PRECISION_STORAGE else None
     return Dtypes(name, compute, storage, mixed_precision(compute, reduce_in_low_precision))
 
 
@@ -220,6 +223,8 @@ def build_scaler(cfg, world_size: int) -> DynamicLossScaler:
 
 
 def build_precision(cfg, backend, dtypes: Dtypes) -> Precision:
+    if dtypes.name == "memory_efficient_bf16":  # bf16 parameters: no autocast, no loss scale
+        return Precision(None, backend.device.type, dtypes.storage, skip_nan=cfg.optimization.skip_nan_updates)
     if dtypes.storage is not None:  # the parameters are fp16 themselves: nothing to autocast
         return MemoryEfficientFP16Precision(build_scaler(cfg, backend.world_size), None, backend.device.type,
                                             dtypes.storage)

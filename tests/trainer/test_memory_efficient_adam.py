@@ -57,3 +57,19 @@ def test_adam_trains_with_memory_efficient_fp16(data_bin, tmp_path, backend):
     assert all(t.dtype == torch.float16 for t in got["model"].values() if t.is_floating_point())
     for name, tensor in want["model"].items():
         torch.testing.assert_close(got["model"][name], tensor, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_memory_efficient_bf16_stores_bf16_and_steps_fp32(data_bin, tmp_path, backend):
+    """fairseq's --memory-efficient-bf16 (implies --bf16): the model in bf16, fp32 moments, no loss scale."""
+    save_dir = str(tmp_path / "bf16")
+    train.main([data_bin, *tiny_model_flags(), "--save-dir", save_dir, "--log-file", f"{save_dir}.log",
+                "--max-update", "6", "--optimizer", "adam", "--lr", "0.003", "--lr-scheduler", "fixed",
+                "--memory-efficient-bf16", *BACKENDS[backend]])
+    records = json_records(f"{save_dir}.log", "train_inner")
+    assert [int(r["num_updates"]) for r in records] == [1, 2, 3, 4, 5, 6]
+    assert all("loss_scale" not in r for r in records) and records[-1]["loss"] < records[0]["loss"]
+    state = torch.load(f"{save_dir}/checkpoint_last.pt", weights_only=True)
+    assert all(t.dtype == torch.bfloat16 for t in state["model"].values() if t.is_floating_point())
+    moments = [v for s in state["optimizer"]["state"].values() for k, v in s.items() if k.startswith("exp_avg")]
+    assert moments and all(m.dtype == torch.float32 for m in moments)
