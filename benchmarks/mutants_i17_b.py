@@ -1,6 +1,6 @@
 """Mutants of issue 17 helper B's claims: nag, reduce_lr_on_plateau, the notice when a fairseq-style command
 relies on our default optimizer/scheduler, adam with --memory-efficient-fp16, --lr/--update-freq lists, --amp,
---memory-efficient-bf16.
+--memory-efficient-bf16, adam's --use-old-adam and --fp16-adam-stats.
 benchmarks/mutants.py adds them to its list (same rules)."""
 from mutant_spec import Mutant
 
@@ -8,6 +8,7 @@ NAG = "tests/optim/test_optim_nag.py"
 PLATEAU = "tests/optim/test_optim_plateau.py"
 LISTS = "tests/optim/test_optim_epoch_lists.py"
 AMP = "tests/trainer/test_amp_flag.py"
+ADAM_FLAGS = "tests/optim/test_optim_adam_fairseq_flags.py"
 ME_BF16 = "tests/trainer/test_memory_efficient_adam.py::test_memory_efficient_bf16_stores_bf16_and_steps_fp32"
 PLATEAU_RESUME = "tests/trainer/test_plateau_resume.py::test_plateau_steps_on_validation_and_resumes_exactly"
 _STEP = ("    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule\n"
@@ -78,5 +79,11 @@ I17_B_MUTANTS = [
     Mutant("memory_efficient_bf16_torch_adam", "--memory-efficient-bf16 with adam keeps fp32 moments",
            "shardtrain/trainer/build.py", "    if chosen_precision(cfg.common) in LOW_PRECISION_STORAGE:",
            '    if chosen_precision(cfg.common) == "memory_efficient_fp16":', (ME_BF16,)),
+    Mutant("use_old_adam_ignored", "--use-old-adam picks the plain (for-each) Adam, not the fused kernel",
+           "shardtrain/optim/optimizers.py", "    if cfg.use_old_adam:\n", "    if False:\n",
+           (ADAM_FLAGS + "::test_use_old_adam_is_the_plain_implementation_with_the_same_update",)),
+    Mutant("fp16_adam_stats_ignored_by_adam", "--optimizer adam --fp16-adam-stats keeps fp16 moments",
+           "shardtrain/optim/optimizers.py", "    if cfg.fp16_adam_stats:\n", "    if False:\n",
+           (ADAM_FLAGS + "::test_fp16_adam_stats_keeps_fp16_moments_on_the_cpu",)),
 ]
 MUTANTS = I17_B_MUTANTS

@@ -9,7 +9,7 @@ import torch
 
 from shardtrain.cli import train
 from shardtrain.optim.cpu_adam import CPUAdam, for_fp16_parameters
-from shardtrain.optim.optimizers import adam, AdamConfig
+from shardtrain.optim.optimizers import adam, FairseqAdamConfig
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 
 
@@ -20,7 +20,7 @@ def data_bin(tmp_path_factory):
 
 
 def test_adam_spec_becomes_fp32_state_adam_for_fp16_parameters():
-    spec = for_fp16_parameters(adam(AdamConfig(adam_betas=(0.9, 0.98), weight_decay=0.1), torch.device("cpu")))
+    spec = for_fp16_parameters(adam(FairseqAdamConfig(adam_betas=(0.9, 0.98), weight_decay=0.1), torch.device("cpu")))
     assert spec.cls is CPUAdam and spec.kwargs["adamw_mode"] and spec.kwargs["betas"] == (0.9, 0.98)
     param = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
     optimizer = spec.build([param], lr=0.1)
@@ -28,7 +28,7 @@ def test_adam_spec_becomes_fp32_state_adam_for_fp16_parameters():
     optimizer.step()
     assert param.dtype == torch.float16
     assert all(optimizer.state[param][k].dtype == torch.float32 for k in ("exp_avg", "exp_avg_sq"))
-    no_decay = for_fp16_parameters(adam(AdamConfig(adamw_mode=False), torch.device("cpu")))
+    no_decay = for_fp16_parameters(adam(FairseqAdamConfig(adamw_mode=False), torch.device("cpu")))
     assert no_decay.kwargs["adamw_mode"] is False
 
 
