@@ -7,6 +7,7 @@ mutant because no test catches it (that is a missing test).
 """
 from mutant_spec import T, Mutant
 from mutants_i17_a import MUTANTS as FLAG_TABLE_MUTANTS
+from mutants_i17_b import MUTANTS as OPTIM_PRECISION_MUTANTS
 from mutants_integrity import INTEGRITY_MUTANTS
 
 STEP = "tests/trainer/test_trainer_step.py"
@@ -107,7 +108,7 @@ MUTANTS = [
            "            pass\n",
            (SCALER,)),
     Mutant("scale_window_ignores_update_freq", "--fp16-scale-window default 2**14 / world size / update-freq",
-           T + "precision.py", "int(2 ** 14 / world_size / cfg.optimization.update_freq)",
+           T + "precision.py", "int(2 ** 14 / world_size / first(cfg.optimization.update_freq))",
            "int(2 ** 14 / world_size)",
            (SCALER + "::test_default_window_follows_fairseq",)),
     Mutant("unscale_factor_one", "fp16 gradients are unscaled (1/loss scale) before the step",
@@ -317,4 +318,4 @@ MUTANTS = [
            "    atomic_write_bytes(os.path.join(final, COMPLETE), complete)\n"
            "    fsync_dir(final)\n",
            ("tests/distributed/test_save_crash_phases.py",)),
-] + INTEGRITY_MUTANTS + FLAG_TABLE_MUTANTS
+] + INTEGRITY_MUTANTS + FLAG_TABLE_MUTANTS + OPTIM_PRECISION_MUTANTS

@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from shardtrain.core import plugins
-from shardtrain.config import components, fairseq_compat, flags
+from shardtrain.config import components, epoch_lists, fairseq_compat, flags
 from shardtrain.config.checks import check_config
 from shardtrain.config.sections import SECTIONS, ComponentsConfig, ShardtrainConfig
 from shardtrain.core.errors import ConfigError
@@ -119,6 +119,7 @@ def from_dict(values: Dict) -> DictConfig:
         for section in SECTIONS:
             if values.get(section):
                 cfg[section] = OmegaConf.merge(cfg[section], values[section])
+        epoch_lists.normalize(cfg.optimization)
         for slot, (cls, preset) in components.slot_config_classes(names).items():
             if cls is None:
                 continue

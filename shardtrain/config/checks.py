@@ -9,6 +9,7 @@ from typing import Callable, List, Tuple, Union
 
 from omegaconf import DictConfig, OmegaConf
 
+from shardtrain.config.epoch_lists import all_positive_finite, first, numbers
 from shardtrain.config.sections import loss_scaled
 from shardtrain.core.registry import did_you_mean
 from shardtrain.core.errors import ConfigError
@@ -31,7 +32,7 @@ def _with(capability: str) -> str:
 
 
 # Optimizers that step fp16 parameters in fp32 from fp32 state (the others would keep fp16 moments).
-FP32_STATE_FOR_FP16_PARAMS = ("cpu_adam", "adafactor")
+FP32_STATE_FOR_FP16_PARAMS = ("adam", "cpu_adam", "adafactor")
 
 _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: not _positive_or_none(c.dataset.max_tokens),
@@ -44,10 +45,11 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
      "--batch-size-valid must be positive."),
     (lambda c: c.dataset.required_batch_size_multiple < 1,
      "--required-batch-size-multiple must be at least 1."),
-    (lambda c: c.optimization.update_freq < 1,
+    (lambda c: min(numbers(c.optimization.update_freq)) < 1,
      "--update-freq must be at least 1 (the number of batches accumulated per update)."),
-    (lambda c: not 0 < c.optimization.lr < float("inf"), "--lr must be a positive, finite number."),
-    (lambda c: c.optimization.stop_min_lr >= c.optimization.lr,
+    (lambda c: not all_positive_finite(c.optimization.lr), "--lr must be a positive, finite number (or one per "
+     "epoch, comma-separated)."),
+    (lambda c: c.optimization.stop_min_lr >= first(c.optimization.lr),
      "--stop-min-lr must be below --lr (the peak learning rate): training stops once the learning rate falls "
      "to it. Lower --stop-min-lr, or leave it out (-1: never stop on the learning rate)."),
     (lambda c: not c.optimization.stop_time_hours >= 0,
@@ -71,9 +73,13 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
         or c.checkpoint.reset_dataloader),
      "--finetune-from-model already resets optimizer, lr scheduler, meters and data position; "
      "drop the --reset-* flags."),
-    (lambda c: (c.common.fp16 or c.common.memory_efficient_fp16) and c.common.bf16,
-     "--fp16 (or --memory-efficient-fp16) and --bf16 both pick the compute precision. Use one."),
+    (lambda c: (c.common.fp16 or c.common.memory_efficient_fp16 or c.common.amp)
+     and (c.common.bf16 or c.common.memory_efficient_bf16),
+     "--fp16 (or --memory-efficient-fp16) and --bf16 both pick the compute precision (so does --amp). Use one."),
     (lambda c: c.common.fp16_init_scale <= 0, "--fp16-init-scale must be positive (fairseq's default is 128)."),
+    (lambda c: c.common.amp_init_scale <= 0, "--amp-init-scale must be positive (fairseq's default is 128)."),
+    (lambda c: c.common.amp_scale_window is not None and c.common.amp_scale_window < 1,
+     "--amp-scale-window must be at least 1 update (or unset for 2000)."),
     (lambda c: c.common.fp16_scale_window is not None and c.common.fp16_scale_window < 1,
      "--fp16-scale-window must be at least 1 update (or unset for 2**14 / world size / update-freq)."),
     (lambda c: not 0.0 <= c.common.fp16_scale_tolerance <= 1.0,
@@ -86,11 +92,20 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: c.common.min_loss_scale <= 0, "--min-loss-scale must be positive (the default is 1e-4)."),
     (lambda c: c.common.memory_efficient_fp16 and c.components.optimizer not in FP32_STATE_FOR_FP16_PARAMS,
      "--memory-efficient-fp16 stores the parameters in fp16 and needs an optimizer that keeps fp32 state for "
-     "them and steps in fp32 (as fairseq's supports_memory_efficient_fp16): --optimizer cpu_adam or adafactor. "
+     "them and steps in fp32 (as fairseq's supports_memory_efficient_fp16): --optimizer adam, cpu_adam or "
+     "adafactor. "
      "Use one of those, or --fp16 (fp32 weights, fp16 compute) with any optimizer."),
     (lambda c: c.common.memory_efficient_fp16 and _backend_has(c, "shards_parameters"),
      lambda: f"--memory-efficient-fp16 stores the whole model in fp16, but --ddp-backend {_with('shards_parameters')} "
      "already keeps only fp32 parameter shards and computes in fp16 with --fp16. Use --fp16 with "
+     f"{_with('shards_parameters')}, or another --ddp-backend."),
+    (lambda c: c.common.memory_efficient_bf16 and c.components.optimizer not in FP32_STATE_FOR_FP16_PARAMS,
+     "--memory-efficient-bf16 stores the parameters in bf16 and needs an optimizer that keeps fp32 state for "
+     "them and steps in fp32: --optimizer adam, cpu_adam or adafactor. Use one of those, or --bf16 (fp32 "
+     "weights, bf16 compute) with any optimizer."),
+    (lambda c: c.common.memory_efficient_bf16 and _backend_has(c, "shards_parameters"),
+     lambda: f"--memory-efficient-bf16 stores the whole model in bf16, but --ddp-backend {_with('shards_parameters')} "
+     "already keeps only fp32 parameter shards and computes in bf16 with --bf16. Use --bf16 with "
      f"{_with('shards_parameters')}, or another --ddp-backend."),
     (lambda c: c.distributed.cpu_offload and not _backend_has(c, "supports_cpu_offload"),
      lambda: f"--cpu-offload needs --ddp-backend {_with('supports_cpu_offload')} (it offloads the parameter shards); "

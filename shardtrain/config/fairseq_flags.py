@@ -180,15 +180,9 @@ def not_yet(names: str, instead: str, arity: str = "1", owner: str = "") -> Fair
     return refuse(names, f"{NOT_YET}; for now {instead}", arity, owner)
 
 
-_LM, _ADAM, _PLATEAU, _MODEL = ("task:language_modeling", "optimizer:adam", "lr_scheduler:reduce_lr_on_plateau",
-                                "model:transformer_lm")
+_LM, _MODEL = "task:language_modeling", "model:transformer_lm"
 TABLE += (
-    not_yet("--memory-efficient-bf16", "use --bf16", FLAG),
     not_yet("--fp16-no-flatten-grads", "drop it (gradients are not flattened)", FLAG),
-    not_yet("--amp", "use --fp16 or --bf16", FLAG),
-    not_yet("--amp-batch-retries", "use --fp16 or --bf16"),
-    not_yet("--amp-init-scale", "use --fp16 with --fp16-init-scale"),
-    not_yet("--amp-scale-window", "use --fp16 with --fp16-scale-window"),
     # fairseq skips samples longer than the model's positions; ignoring the flag would keep them (truncated
     # under --sample-break-mode eos, whole under complete): with the default break mode none nothing is skipped.
     not_yet("--skip-invalid-size-inputs-valid-test", "drop it (with --sample-break-mode none no sample is too "
@@ -201,13 +195,7 @@ TABLE += (
     not_yet("--no-save-optimizer-state", "shard-consolidate writes a model-only file", FLAG),
     not_yet("--add-bos-token", "drop it", FLAG, _LM),
     not_yet("--output-dictionary-size", "drop it", owner=_LM),
-    not_yet("--use-old-adam", "drop it", FLAG, _ADAM),
-    not_yet("--fp16-adam-stats", "use --optimizer cpu_adam --fp16-adam-stats", FLAG, _ADAM),
     *(not_yet("--wd", "use --weight-decay", owner=f"optimizer:{name}") for name in ("adafactor", "sgd", "adagrad")),
-    not_yet("--momentum", "use --optimizer sgd --momentum", owner="optimizer:nag"),
-    not_yet("--weight-decay", "use --optimizer sgd --weight-decay", owner="optimizer:nag"),
-    *(not_yet(name, "use --lr-scheduler fixed --force-anneal", owner=_PLATEAU)
-      for name in ("--lr-shrink", "--lr-threshold", "--lr-patience", "--warmup-updates", "--warmup-init-lr")),
     not_yet("--relu-dropout", "use --activation-dropout", owner=_MODEL),
     *(not_yet(name, "train without it", owner=_MODEL) for name in (
         "--adaptive-softmax-cutoff", "--adaptive-softmax-dropout", "--adaptive-softmax-factor",

@@ -13,6 +13,7 @@ import re
 import typing
 from typing import Any, Dict, Iterable, Optional, Sequence
 
+from shardtrain.config import epoch_lists
 from shardtrain.core.errors import ConfigError
 
 _NAME_FLAGS = {
@@ -97,6 +98,10 @@ def add_dataclass_flags(group, section: str, cls, overrides: Optional[Dict] = No
             kwargs["action"] = argparse.BooleanOptionalAction if default is True else "store_true"
         elif typing.get_origin(tp) is tuple:
             kwargs.update(type=parse_tuple, metavar="TUPLE")
+        elif isinstance(default, list):  # fairseq's per-epoch lists: --lr 0.001,0.0005
+            element = type(default[0])
+            kwargs.update(type=lambda text, element=element: epoch_lists.parse_list(text, element),
+                          metavar=f.name.upper())
         else:
             kwargs["type"] = tp if tp in (int, float, str) else str
             choices = f.metadata.get("choices")

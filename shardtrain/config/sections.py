@@ -26,14 +26,20 @@ class ComponentsConfig:
 
 
 def chosen_precision(common) -> str:
-    """The one reading of --fp16/--bf16/--memory-efficient-fp16: "fp32", "bf16", "fp16" or
-    "memory_efficient_fp16" (fairseq: --memory-efficient-fp16 implies --fp16). checks.py refuses
-    fp16 with bf16; shardtrain.trainer.precision turns the name into dtypes."""
+    """The one reading of --fp16/--bf16/--memory-efficient-fp16/-bf16/--amp: "fp32", "bf16", "fp16",
+    "memory_efficient_fp16" or "memory_efficient_bf16" (fairseq: --memory-efficient-fp16 implies --fp16,
+    --memory-efficient-bf16 --bf16). checks.py refuses
+    fp16 with bf16; shardtrain.trainer.precision turns the name into dtypes. --amp is fairseq's
+    autocast fp16 with fp32 weights and a dynamic loss scale, which is what "fp16" is here; only
+    its scaler's flags differ (trainer.precision.build_scaler)."""
+    if common.memory_efficient_bf16:  # implies --bf16, as in fairseq
+        return "memory_efficient_bf16"
     if common.bf16:
         return "bf16"
     if common.memory_efficient_fp16:
         return "memory_efficient_fp16"
-    return "fp16" if common.fp16 else "fp32"
+    return "fp16" if common.fp16 or common.amp else "fp32"
+
 
 
 def loss_scaled(common) -> bool:
@@ -58,6 +64,9 @@ class CommonConfig:
     memory_efficient_fp16: bool = field(
         False, help="store parameters and gradients in float16, the optimizer keeps fp32 state (implies --fp16; "
         "pytorch_ddp/legacy_ddp with --optimizer cpu_adam or adafactor)")
+    memory_efficient_bf16: bool = field(
+        False, help="store parameters and gradients in bfloat16, the optimizer keeps fp32 state (implies --bf16; "
+        "pytorch_ddp/legacy_ddp with --optimizer adam, cpu_adam or adafactor)")
     fp16_init_scale: int = field(2 ** 7, help="default FP16 loss scale")
     fp16_scale_window: Optional[int] = field(
         None, help="number of updates before increasing loss scale (default: 2**14 / world size / update-freq)")
@@ -68,6 +77,14 @@ class CommonConfig:
     threshold_loss_scale: Optional[float] = field(None, help="threshold FP16 loss scale from below")
     fp16_no_stop_at_min_scale: bool = field(
         False, help="at --min-loss-scale keep skipping overflowing updates instead of stopping")
+    amp: bool = field(False, help="use automatic mixed precision: fp16 autocast, fp32 weights, dynamic loss scale "
+                      "(as --fp16 here)")
+    amp_batch_retries: int = field(
+        2, help="number of retries of same batch after reducing loss scale with AMP (here the overflowing update is "
+        "skipped and the next batch runs at the lowered scale, as with --fp16)")
+    amp_init_scale: int = field(2 ** 7, help="default AMP loss scale")
+    amp_scale_window: Optional[int] = field(
+        None, help="number of updates before increasing AMP loss scale (default: 2000, torch's GradScaler's)")
 
 
 @dataclasses.dataclass
@@ -95,8 +112,12 @@ class OptimizationConfig:
     skip_nan_updates: int = field(
         0, help="skip an update whose loss or gradient is NaN/inf on any rank (its batches are passed over, the "
                 "weights kept), up to N in a row; one more in a row stops the run (0: stop at the first)")
-    update_freq: int = field(1, help="accumulate gradients over N batches per update")
-    lr: float = field(5e-4, help="peak learning rate (the scheduler's --lr)")
+    # A list, one value per epoch, as in fairseq (config/epoch_lists.py); typed Any so that one
+    # number also stays valid in YAML, Hydra overrides and older checkpoints' configs.
+    update_freq: Any = field(default_factory=lambda: [1], help="accumulate gradients over N batches per update; "
+                             "a comma-separated list gives epoch e the e-th value (the last one after the list)")
+    lr: Any = field(default_factory=lambda: [5e-4], help="peak learning rate (the scheduler's --lr); a comma-"
+                    "separated list gives each epoch its own with --lr-scheduler fixed")
     stop_min_lr: float = field(-1.0, help="stop training when the learning rate falls to this value")
     sentence_avg: bool = field(False, help="normalize gradients by the number of sentences, not tokens")
 

@@ -8,7 +8,7 @@ from shardtrain.optim.registry import (
 )
 
 # Imported for their registrations only.
-from shardtrain.optim import adafactor, cpu_adam, lr_scheduler, optimizers  # noqa: F401, E402
+from shardtrain.optim import adafactor, cpu_adam, lr_scheduler, nag, optimizers  # noqa: F401, E402
 
 __all__ = [
     "LR_SCHEDULER_REGISTRY",

@@ -297,3 +297,13 @@ def cpu_adam(cfg, device: torch.device) -> OptimizerSpec:
     return OptimizerSpec(CPUAdam, dict(betas=parse_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
                                        weight_decay=cfg.weight_decay, adamw_mode=cfg.adamw_mode,
                                        fp16_adam_stats=cfg.fp16_adam_stats))
+
+
+def for_fp16_parameters(spec: OptimizerSpec) -> OptimizerSpec:
+    """``--optimizer adam --memory-efficient-fp16``: torch's Adam/AdamW would keep fp16 moments for
+    fp16 parameters; :class:`CPUAdam` with the same arguments keeps them in fp32 and steps in fp32, as
+    fairseq's adam does for fp16 parameters (its supports_memory_efficient_fp16). Other specs are kept."""
+    if spec.cls not in (torch.optim.Adam, torch.optim.AdamW):
+        return spec
+    kwargs = {k: v for k, v in spec.kwargs.items() if k not in ("fused", "foreach")}
+    return OptimizerSpec(CPUAdam, dict(kwargs, adamw_mode=spec.cls is torch.optim.AdamW))

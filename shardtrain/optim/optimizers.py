@@ -90,13 +90,35 @@ class AdamConfig:
         "--no-adamw-mode adds weight decay to the gradient as L2 (torch.optim.Adam)")
 
 
-@register_optimizer("adam", dataclass=AdamConfig)
+@dataclasses.dataclass
+class FairseqAdamConfig(AdamConfig):
+    use_old_adam: bool = field(False, help="use the plain (for-each) Adam implementation, not the fused kernel "
+                               "(fairseq: fairseq.optim.adam.Adam instead of fused Adam)")
+    fp16_adam_stats: bool = field(False, help="use FP16 stats (with automatic scaling); on the CPU this steps with "
+                                  "cpu_adam's fp16 moments (fairseq has it only with CUDA's fused Adam)")
+
+
+@register_optimizer("adam", dataclass=FairseqAdamConfig)
 def adam(cfg, device: torch.device) -> OptimizerSpec:
     """fairseq's ``adam`` decays weights decoupled from the gradient, i.e. it is AdamW."""
     check_non_negative(cfg, "adam_eps", "weight_decay")
     cls = torch.optim.AdamW if cfg.adamw_mode else torch.optim.Adam
-    return _spec(cls, device, betas=parse_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
-                 weight_decay=cfg.weight_decay)
+    kwargs = dict(betas=parse_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    if cfg.fp16_adam_stats:
+        return _fp16_stats_adam(cls, device, kwargs)
+    if cfg.use_old_adam:
+        return OptimizerSpec(cls, dict(kwargs, foreach=True))
+    return _spec(cls, device, **kwargs)
+
+
+def _fp16_stats_adam(cls, device: torch.device, kwargs) -> OptimizerSpec:
+    if torch.device(device).type != "cpu":
+        raise ConfigError("--optimizer adam --fp16-adam-stats keeps fp16 moments with cpu_adam's kernel, which steps "
+                          f"in CPU memory, but this run trains on {torch.device(device).type}. Use --optimizer cpu_adam "
+                          "--fp16-adam-stats (its state in CPU memory), or drop --fp16-adam-stats.")
+    from shardtrain.optim.cpu_adam import CPUAdam  # cpu_adam imports this module
+
+    return OptimizerSpec(CPUAdam, dict(kwargs, adamw_mode=cls is torch.optim.AdamW, fp16_adam_stats=True))
 
 
 @dataclasses.dataclass

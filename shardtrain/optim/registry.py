@@ -5,9 +5,10 @@ optimizer class and its keyword arguments. Returning a spec instead of an
 instance lets the trainer build it plainly, or hand the same class and
 arguments to ``ZeroRedundancyOptimizer`` for sharded optimizer state.
 
-An lr scheduler entry is a class ``(cfg, optimizer, lr, max_update)`` with
-``step_begin_epoch``, ``step_update``, ``step``, ``state_dict`` and
-``load_state_dict`` (see ``shardtrain.optim.lr_scheduler.base``).
+An lr scheduler entry is a class ``(cfg, optimizer, lrs, max_update)`` (``lrs``:
+``--lr``'s values, one per epoch; plus ``maximize=`` for a class with
+``follows_validation``) with ``step_begin_epoch``, ``step_update``, ``step``,
+``state_dict`` and ``load_state_dict`` (see ``shardtrain.optim.lr_scheduler.base``).
 """
 import contextlib
 import dataclasses

@@ -5,8 +5,12 @@ import torch
 import torch.distributed as dist
 
 from shardtrain.config.components import resolve
+from shardtrain.config.epoch_lists import first, numbers
+from shardtrain.config.sections import chosen_precision
 from shardtrain.core.errors import ConfigError
+from shardtrain.optim import cpu_adam
 from shardtrain.trainer.parallel import zero
+from shardtrain.trainer.precision import LOW_PRECISION_STORAGE
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +69,14 @@ def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
     same class and arguments behind a :class:`~shardtrain.trainer.parallel.zero.ShardedStateOptimizer`."""
     info = resolve(cfg.components)["optimizer"]
     spec = info.obj(cfg.optimizer, device)
+    if chosen_precision(cfg.common) in LOW_PRECISION_STORAGE:
+        spec = cpu_adam.for_fp16_parameters(spec)
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if zero.shards_optimizer_state(cfg.distributed.zero_sharding, world_size):
-        optimizer = zero.ShardedStateOptimizer(params, spec, cfg.optimization.lr)
+        optimizer = zero.ShardedStateOptimizer(params, spec, first(cfg.optimization.lr))
         logger.info(optimizer.describe())
     else:
-        optimizer = spec.build(params, cfg.optimization.lr)
+        optimizer = spec.build(params, first(cfg.optimization.lr))
         if cfg.distributed.zero_sharding != "none":
             logger.info("--zero-sharding os: one process, nothing to shard; the optimizer keeps all its state")
     group = optimizer.param_groups[0]
@@ -82,7 +88,9 @@ def build_optimizer(cfg, params, device: torch.device) -> torch.optim.Optimizer:
 
 def build_lr_scheduler(cfg, optimizer):
     info = resolve(cfg.components)["lr_scheduler"]
-    return info.obj(cfg.lr_scheduler, optimizer, cfg.optimization.lr, cfg.optimization.max_update)
+    direction = {"maximize": cfg.checkpoint.maximize_best_checkpoint_metric} if info.obj.follows_validation else {}
+    lrs = tuple(numbers(cfg.optimization.lr))
+    return info.obj(cfg.lr_scheduler, optimizer, lrs, cfg.optimization.max_update, **direction)
 
 
 def log_model_size(model) -> None:

@@ -13,6 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 from omegaconf import OmegaConf
 
+from shardtrain.config.epoch_lists import for_epoch
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.trainer import build
@@ -138,7 +139,7 @@ def train(run: Run) -> Optional[float]:
         valid_loss, should_stop = train_epoch(run, epoch_itr)
         if should_stop:
             break
-        lr, previous = run.trainer.lr_step(epoch_itr.epoch, valid_loss), lr
+        lr, previous = run.trainer.get_lr(), lr  # validate_and_save stepped the scheduler at the epoch's end
         # "falls to": fairseq also stops on a low lr while it is still rising in warmup
         # (with --stop-min-lr 0 and warmup from 0, before the first update).
         if lr <= cfg.optimization.stop_min_lr and lr < previous:
@@ -153,7 +154,7 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
     cfg, trainer = run.cfg, run.trainer
     itr = epoch_itr.next_epoch_itr(shuffle=True)
     trainer.set_dummy_batch(epoch_itr.first_batch)
-    update_freq = cfg.optimization.update_freq
+    update_freq = for_epoch(cfg.optimization.update_freq, epoch_itr.epoch)  # fairseq's per-epoch list
     progress = run.progress(itr, epoch_itr.epoch, prefix=None)
     trainer.lr_step_begin_epoch(epoch_itr.epoch)
     logger.info(f"begin training epoch {epoch_itr.epoch}")
@@ -207,6 +208,8 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
     if valid_loss is not None:
         state.num_bad_validations = 0 if is_best else state.num_bad_validations + 1
         state.best = valid_loss if is_best else state.best
+    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule
+        run.trainer.lr_step(epoch, valid_loss)
     if do_save and not ck.no_save:
         start = time.time()
         names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)

@@ -23,6 +23,7 @@ from typing import Dict, Optional
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from shardtrain.config.epoch_lists import first
 from shardtrain.config.sections import chosen_precision
 from shardtrain.core.errors import ShardtrainError
 from shardtrain.trainer.loss_scaler import DynamicLossScaler
@@ -167,7 +168,10 @@ def _innermost(optimizer):
 
 
 # What each --fp16/--bf16/--memory-efficient-fp16 choice (config.sections.chosen_precision) computes in.
-_COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "memory_efficient_fp16": torch.float16}
+_COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "memory_efficient_fp16": torch.float16,
+                   "memory_efficient_bf16": torch.bfloat16}
+# Precisions whose model itself is stored in the compute dtype (fairseq's memory-efficient fp16/bf16).
+LOW_PRECISION_STORAGE = ("memory_efficient_fp16", "memory_efficient_bf16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +187,7 @@ def decide_dtypes(name: str, reduce_in_low_precision: bool) -> Dtypes:
     compute = _COMPUTE_DTYPES[name]
     # fairseq's memory-efficient fp16: the model itself is stored in fp16 (parameters and
     # gradients, also what DDP all-reduces); the optimizer (cpu_adam) keeps fp32 state.
-    storage = compute if name == "memory_efficient_fp16" else None
+    storage = compute if name in LOW_PRECISION_STORAGE else None
     return Dtypes(name, compute, storage, mixed_precision(compute, reduce_in_low_precision))
 
 
@@ -201,18 +205,26 @@ def mixed_precision(param_dtype: Optional[torch.dtype], reduce_in_low_precision:
                                 reduce_dtype=param_dtype if reduce_in_low_precision else torch.float32)
 
 
+_GRAD_SCALER_GROWTH_INTERVAL = 2000
+
+
 def build_scaler(cfg, world_size: int) -> DynamicLossScaler:
     common = cfg.common
-    window = common.fp16_scale_window
+    if common.amp and not common.fp16:  # fairseq's --amp: torch's GradScaler, growth interval 2000 by default
+        init_scale, window = common.amp_init_scale, common.amp_scale_window or _GRAD_SCALER_GROWTH_INTERVAL
+    else:
+        init_scale, window = common.fp16_init_scale, common.fp16_scale_window
     if window is None:  # fairseq's default: about 2**14 samples' worth of updates
-        window = max(1, int(2 ** 14 / world_size / cfg.optimization.update_freq))
-    return DynamicLossScaler(init_scale=common.fp16_init_scale, scale_window=window,
+        window = max(1, int(2 ** 14 / world_size / first(cfg.optimization.update_freq)))
+    return DynamicLossScaler(init_scale=init_scale, scale_window=window,
                              tolerance=common.fp16_scale_tolerance, threshold=common.threshold_loss_scale,
                              min_loss_scale=common.min_loss_scale,
                              stop_at_min_scale=not common.fp16_no_stop_at_min_scale)
 
 
 def build_precision(cfg, backend, dtypes: Dtypes) -> Precision:
+    if dtypes.name == "memory_efficient_bf16":  # bf16 parameters: no autocast, no loss scale
+        return Precision(None, backend.device.type, dtypes.storage, skip_nan=cfg.optimization.skip_nan_updates)
     if dtypes.storage is not None:  # the parameters are fp16 themselves: nothing to autocast
         return MemoryEfficientFP16Precision(build_scaler(cfg, backend.world_size), None, backend.device.type,
                                             dtypes.storage)

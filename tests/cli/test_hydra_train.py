@@ -247,7 +247,7 @@ def test_composing_leaves_logging_and_the_working_directory_alone(tmp_path, monk
     cfg = hydra_train.main([f"task.data={tmp_path}", "--cfg", "job", "optimization.lr=0.25"])
     assert logging.getLogger().handlers == handlers and not logging.getLogger("hydra").handlers
     assert os.getcwd() == str(tmp_path) and os.listdir(tmp_path) == []
-    assert OmegaConf.create(capsys.readouterr().out).optimization.lr == 0.25 == cfg.optimization.lr
+    assert OmegaConf.create(capsys.readouterr().out).optimization.lr == [0.25] == cfg.optimization.lr  # a list
 
 
 @pytest.fixture(scope="module")

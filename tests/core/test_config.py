@@ -14,7 +14,7 @@ def test_fairseq_flags_and_defaults():
     assert cfg.task.data == "data-bin"
     assert cfg.task.tokens_per_sample == 1024 and cfg.task.sample_break_mode == "none"
     assert cfg.dataset.max_tokens == 2048 and cfg.dataset.batch_size is None
-    assert cfg.optimization.update_freq == 1 and cfg.optimization.clip_norm == 0.0
+    assert cfg.optimization.update_freq == [1] and cfg.optimization.clip_norm == 0.0  # fairseq: a list
     assert cfg.checkpoint.save_dir == "checkpoints" and cfg.common.seed == 1
     assert cfg.model.decoder_layers == 6 and cfg.model.decoder_embed_dim == 512  # fairseq transformer_lm
 

@@ -75,7 +75,7 @@ class _Cfg:
     def __init__(self, window=None, update_freq=1):
         self.common = type("C", (), dict(fp16_init_scale=128, fp16_scale_window=window, fp16_scale_tolerance=0.0,
                                          threshold_loss_scale=None, min_loss_scale=1e-4,
-                                         fp16_no_stop_at_min_scale=False))()
+                                         fp16_no_stop_at_min_scale=False, fp16=True, amp=False))()
         self.optimization = type("O", (), dict(update_freq=update_freq))()
 
 

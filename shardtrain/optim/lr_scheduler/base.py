@@ -10,7 +10,8 @@ The trainer calls, in this order::
             scheduler.step_update(num_updates)
         scheduler.step(epoch, val_loss)                # end of epoch
 
-``lr`` is fairseq's ``--lr``: the peak learning rate of every built-in schedule.
+``lr`` is fairseq's ``--lr``: the peak learning rate of every built-in schedule;
+a sequence of several (one per epoch) only for schedules with ``takes_lr_list``.
 Every call sets the new lr on all optimizer param groups and returns it.
 ``state_dict()`` holds everything a resumed run needs to continue the same
 schedule, including the lr currently on the optimizer.
@@ -19,6 +20,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from shardtrain.config.epoch_lists import numbers
 from shardtrain.core.errors import ConfigError
 
 
@@ -27,11 +29,21 @@ class LRScheduler:
     # Subclasses extend the tuple. "best" is the lowest validation loss seen,
     # the state a reduce-on-plateau-like schedule needs.
     state_attrs: Tuple[str, ...] = ("best",)
+    # A schedule driven by the validation metric sets this; it is then built with
+    # maximize=--maximize-best-checkpoint-metric, the metric's direction.
+    follows_validation = False
+    # fairseq's `fixed` takes one --lr per epoch; every other schedule refuses a list.
+    takes_lr_list = False
 
     def __init__(self, cfg: Any, optimizer: torch.optim.Optimizer, lr: float, max_update: int):
         self.cfg = cfg
         self.optimizer = optimizer
-        self.peak_lr = float(lr)
+        self.lrs = tuple(float(v) for v in numbers(lr))
+        name = type(self).__name__
+        require(len(self.lrs) == 1 or self.takes_lr_list,
+                f"--lr {','.join(f'{v:g}' for v in self.lrs)} gives one lr per epoch, which only --lr-scheduler fixed "
+                f"uses ({name} needs a single --lr). Pass one --lr, or --lr-scheduler fixed.")
+        self.peak_lr = self.lrs[0]
         self.max_update = int(max_update or 0)
         self.best: Optional[float] = None
 

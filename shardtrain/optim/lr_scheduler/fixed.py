@@ -2,6 +2,7 @@
 import dataclasses
 from typing import Optional
 
+from shardtrain.config.epoch_lists import for_epoch
 from shardtrain.core.fields import field
 from shardtrain.optim.lr_scheduler.base import LRScheduler, check_warmup_updates, require
 from shardtrain.optim.registry import register_lr_scheduler
@@ -20,15 +21,16 @@ class FixedLRSchedule(LRScheduler):
 
     At the beginning of epoch ``e`` (counted from 1)::
 
-        lr_e = lr                                            if e < force_anneal (or it is unset)
-        lr_e = lr * lr_shrink ** (e + 1 - force_anneal)      otherwise
+        lr_e = lr[min(e, len(lr)) - 1]                       if e < force_anneal (or it is unset)
+        lr_e = lr[-1] * lr_shrink ** (e + 1 - force_anneal)  otherwise
 
-    so epoch ``force_anneal`` itself already runs at ``lr * lr_shrink``, as in
-    fairseq 0.12 (0.10 started one epoch later). During warmup, after update ``n``
+    (``--lr 0.1,0.05`` gives each epoch its own; one --lr is a list of one), so
+    epoch ``force_anneal`` itself already runs at ``lr * lr_shrink``, as in fairseq 0.12 (0.10 started one epoch later). During warmup, after update ``n``
     (``n < warmup_updates``) the lr is ``lr_e * (n + 1) / warmup_updates``.
     """
 
     state_attrs = LRScheduler.state_attrs + ("lr", "warmup_factor")
+    takes_lr_list = True
 
     def __init__(self, cfg, optimizer, lr, max_update):
         super().__init__(cfg, optimizer, lr, max_update)
@@ -44,8 +46,8 @@ class FixedLRSchedule(LRScheduler):
     def epoch_lr(self, epoch: int) -> float:
         anneal_from = self.cfg.force_anneal
         if anneal_from is None or epoch < anneal_from:
-            return self.peak_lr
-        return self.peak_lr * self.cfg.lr_shrink ** (epoch + 1 - anneal_from)
+            return for_epoch(self.lrs, epoch)
+        return self.lrs[-1] * self.cfg.lr_shrink ** (epoch + 1 - anneal_from)
 
     def step_begin_epoch(self, epoch: int) -> float:
         self.lr = self.epoch_lr(epoch)
