@@ -41,7 +41,9 @@ import torch.nn.functional as F
 
 from shardtrain.core.fields import field
 from shardtrain.core.errors import ConfigError
+from shardtrain.models.adaptive import AdaptiveInput, AdaptiveSoftmax, adaptive_checks, parse_cutoff
 from shardtrain.models.init import init_
+from shardtrain.models.layerdrop import LayerDrop
 from shardtrain.models.positions import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEmbedding,
@@ -84,6 +86,22 @@ class TransformerLanguageModelConfig:
     max_target_positions: Optional[int] = field(
         None, help="max number of tokens in the target sequence (default: --tokens-per-sample)"
     )
+    adaptive_softmax_cutoff: Optional[str] = field(
+        None, help="comma separated list of adaptive softmax cutoff points. "
+        "Must be used with adaptive_loss criterion"
+    )
+    adaptive_softmax_dropout: float = field(0.0, help="sets adaptive softmax dropout for the tail projections")
+    adaptive_softmax_factor: float = field(4.0, help="adaptive input factor")
+    adaptive_input: bool = field(False, help="if set, uses adaptive input")
+    adaptive_input_factor: float = field(4.0, help="adaptive input factor")
+    adaptive_input_cutoff: Optional[str] = field(None, help="comma separated list of adaptive input cutoff points.")
+    tie_adaptive_weights: bool = field(
+        False, help="if set, ties the weights of adaptive softmax and adaptive input"
+    )
+    tie_adaptive_proj: bool = field(
+        False, help="if set, ties the projection weights of adaptive softmax and adaptive input"
+    )
+    decoder_layerdrop: float = field(0.0, help="LayerDrop probability for decoder")
 
 
 def io_dims(cfg):
@@ -114,7 +132,9 @@ def check_config(cfg, vocab_size: int, padding_idx: int, max_positions: int) -> 
          f"the dictionary's padding index {padding_idx} is outside its {vocab_size} symbols; "
          "rebuild the dictionary."),
     ]
-    for name in ("dropout", "attention_dropout", "activation_dropout"):
+    checks.extend(adaptive_checks(cfg, input_dim, output_dim))
+    for name in ("dropout", "attention_dropout", "activation_dropout", "adaptive_softmax_dropout",
+                 "decoder_layerdrop"):
         value = getattr(cfg, name)
         flag = "--" + name.replace("_", "-")
         checks.append((0.0 <= value < 1.0, f"{flag} must be in [0, 1) (got {value})."))
@@ -147,7 +167,14 @@ class TransformerLanguageModel(nn.Module):
         self.padding_idx = padding_idx
         self.max_positions = max_positions
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(embed_dim)
-        self.embed_tokens = nn.Embedding(vocab_size, input_dim, padding_idx=padding_idx)
+        if cfg.adaptive_input:
+            # fairseq: bands start at --decoder-input-dim and project to --decoder-embed-dim.
+            cutoff = parse_cutoff(cfg.adaptive_input_cutoff, "--adaptive-input-cutoff", vocab_size)
+            self.embed_tokens = AdaptiveInput(vocab_size, padding_idx, input_dim, cfg.adaptive_input_factor,
+                                              embed_dim, cutoff)
+            input_dim = embed_dim
+        else:
+            self.embed_tokens = nn.Embedding(vocab_size, input_dim, padding_idx=padding_idx)
         self.project_in_dim = nn.Linear(input_dim, embed_dim, bias=False) if input_dim != embed_dim else None
         self.embed_positions = _build_positions(cfg, max_positions, padding_idx)
         self.layernorm_embedding = nn.LayerNorm(embed_dim) if cfg.layernorm_embedding else None
@@ -169,9 +196,15 @@ class TransformerLanguageModel(nn.Module):
         final_norm = cfg.decoder_normalize_before and not cfg.no_decoder_final_norm
         self.layer_norm = nn.LayerNorm(embed_dim) if final_norm else None
         self.project_out_dim = nn.Linear(embed_dim, output_dim, bias=False) if output_dim != embed_dim else None
-        self.output_projection = (
-            None if cfg.share_decoder_input_output_embed else nn.Linear(output_dim, vocab_size, bias=False)
-        )
+        self.adaptive_softmax = None
+        if cfg.adaptive_softmax_cutoff is not None:
+            cutoff = parse_cutoff(cfg.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff", vocab_size)
+            self.adaptive_softmax = AdaptiveSoftmax(
+                vocab_size, output_dim, cutoff, cfg.adaptive_softmax_dropout, cfg.adaptive_softmax_factor,
+                tie_weights=cfg.tie_adaptive_weights, tie_proj=cfg.tie_adaptive_proj)
+        no_projection = cfg.share_decoder_input_output_embed or self.adaptive_softmax is not None
+        self.output_projection = None if no_projection else nn.Linear(output_dim, vocab_size, bias=False)
+        self.layerdrop = LayerDrop(cfg.decoder_layerdrop)
         self.init_weights()
 
     @classmethod
@@ -188,7 +221,10 @@ class TransformerLanguageModel(nn.Module):
         Works on materialised meta-device models; consumes the RNG in a fixed
         order so the same seed gives the same weights however it was built.
         """
-        init_embedding(self.embed_tokens.weight, self.padding_idx)
+        if isinstance(self.embed_tokens, AdaptiveInput):
+            self.embed_tokens.init_weights()
+        else:
+            init_embedding(self.embed_tokens.weight, self.padding_idx)
         if self.project_in_dim is not None:
             init_(self.project_in_dim.weight, nn.init.xavier_uniform_)
         if self.embed_positions is not None:
@@ -201,6 +237,8 @@ class TransformerLanguageModel(nn.Module):
             block.init_weights()
         if self.project_out_dim is not None:
             init_(self.project_out_dim.weight, nn.init.xavier_uniform_)
+        if self.adaptive_softmax is not None:
+            self.adaptive_softmax.init_weights()
         if self.output_projection is not None:
             weight = self.output_projection.weight
             init_(weight, nn.init.normal_, mean=0.0, std=weight.size(1) ** -0.5)
@@ -211,8 +249,21 @@ class TransformerLanguageModel(nn.Module):
             return self.embed_tokens.weight
         return self.output_projection.weight
 
-    def forward(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
-        return F.linear(self.extract_features(src_tokens, cache), self.output_weight())
+    def forward(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None,
+                target: Optional[torch.Tensor] = None):
+        """Logits [B, T, V]; with an adaptive softmax, log-probabilities [B, T, V] instead
+        (a softmax of either gives the same distribution), or with ``target`` the
+        adaptive softmax's (logits, targets) lists that ``adaptive_loss`` sums over.
+        The adaptive softmax runs inside forward so FSDP2 and DDP see its parameters used."""
+        features = self.extract_features(src_tokens, cache)
+        if self.adaptive_softmax is None:
+            if target is not None:
+                raise ConfigError("target= is for models with an adaptive softmax (--adaptive-softmax-cutoff).")
+            return F.linear(features, self.output_weight())
+        adaptive_input = self.embed_tokens if isinstance(self.embed_tokens, AdaptiveInput) else None
+        if target is not None:
+            return self.adaptive_softmax(features, target, adaptive_input)
+        return self.adaptive_softmax.get_log_prob(features, adaptive_input)
 
     def extract_features(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
         """Hidden states [B, T, output_dim] before the output projection.
@@ -238,8 +289,10 @@ class TransformerLanguageModel(nn.Module):
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout(x)
+        keep = self.layerdrop.keep(len(self.blocks), self.training)
         for index, block in enumerate(self.blocks):
-            x = block(x) if cache is None else block(x, cache.layers[index])
+            if keep[index]:
+                x = block(x) if cache is None else block(x, cache.layers[index])
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         if self.project_out_dim is not None:

@@ -57,6 +57,10 @@ def test_config_defaults_are_fairseqs():
         share_decoder_input_output_embed=False, decoder_learned_pos=False,
         no_scale_embedding=False, layernorm_embedding=False,
         no_token_positional_embeddings=False, max_target_positions=None,
+        # fairseq's adaptive and layerdrop flags (models/transformer_lm.py, base_lm_architecture)
+        adaptive_softmax_cutoff=None, adaptive_softmax_dropout=0.0, adaptive_softmax_factor=4.0,
+        adaptive_input=False, adaptive_input_factor=4.0, adaptive_input_cutoff=None,
+        tie_adaptive_weights=False, tie_adaptive_proj=False, decoder_layerdrop=0.0,
     )
     assert dataclasses.asdict(cfg) == expected
     for f in dataclasses.fields(cfg):
