@@ -1,12 +1,13 @@
 """LayerDrop (Fan et al., 2019; fairseq's ``--decoder-layerdrop``): while training,
 skip each whole block with probability ``p``; at evaluation run them all.
 
-The draws come from a generator of their own, seeded alike on every rank and
-advanced once per training forward, so all data-parallel ranks skip the same
-blocks: FSDP2's per-block all-gathers and reduce-scatters stay matched (a block
-one rank skipped and another ran would hang the collective), and under DDP every
-rank leaves the same parameters without gradients. The global RNG is not used
-because ranks seed it differently (dropout masks must differ per rank).
+A dropped block runs on an empty slice of the sequence (see the model's
+forward): no compute, but its parameters take part, with zero gradients, so DDP
+needs no ``find_unused_parameters`` and FSDP2 gathers and reduces every block on
+every rank. The draws come from a generator of their own, seeded alike on every
+rank and advanced once per training forward, so all data-parallel ranks drop the
+same blocks: each update trains one sub-network, as in one process. The global
+RNG is not used because ranks seed it differently (dropout masks must differ).
 """
 from typing import List
 

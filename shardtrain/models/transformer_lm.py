@@ -291,8 +291,15 @@ class TransformerLanguageModel(nn.Module):
         x = self.dropout(x)
         keep = self.layerdrop.keep(len(self.blocks), self.training)
         for index, block in enumerate(self.blocks):
-            if keep[index]:
-                x = block(x) if cache is None else block(x, cache.layers[index])
+            if not keep[index]:
+                # A dropped block still runs, on no positions: its parameters get zero
+                # gradients (DDP needs no find_unused_parameters, the optimizer sees no None
+                # grads) and FSDP2's all-gathers stay matched; the block's compute is skipped.
+                x = x + block(x[:, :0]).sum()
+            elif cache is None:
+                x = block(x)
+            else:
+                x = block(x, cache.layers[index])
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         if self.project_out_dim is not None:
