@@ -12,9 +12,10 @@ import functools
 import numpy as np
 import pytest
 
-from shardtrain.config.build import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from adaptive_mains import train_and_report
+from optim_mains import run_each
+from test_backend_equivalence import config as equivalence_config
 from st_testutils import make_space_data_bin
 
 UPDATES = 12
@@ -37,25 +38,15 @@ def data_bin(tmp_path_factory):
 
 
 def config(data_bin, tmp_path, world_size, *extra):
-    return parse_train_args([
-        data_bin, "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "16",
-        "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
-        "--batch-size", "4", "--required-batch-size-multiple", "1", "--dropout", "0",
-        "--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.5", "--clip-norm", "0",
-        "--max-update", str(UPDATES), "--no-save", "--disable-validation",
-        "--cpu", "--threads", "1", "--log-format", "none", "--save-dir", str(tmp_path / "unused"),
-        "--distributed-world-size", str(world_size), "--heartbeat-timeout", "60", *extra])
-
-
-def _run_each(jobs, cfg, ctx):
-    return [entry(job_cfg, ctx) for entry, job_cfg in jobs]
+    """The backend-equivalence runs' settings (SGD with momentum, unclipped), for UPDATES updates."""
+    return equivalence_config(data_bin, tmp_path, world_size, "--max-update", str(UPDATES), *extra)
 
 
 @pytest.fixture(scope="module")
 def runs(data_bin, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ranks")
     jobs = [(train_and_report, config(data_bin, tmp, 2, *flags)) for flags in TWO_RANKS.values()]
-    two = dict(zip(TWO_RANKS, call_main(jobs[0][1], functools.partial(_run_each, jobs))))
+    two = dict(zip(TWO_RANKS, call_main(jobs[0][1], functools.partial(run_each, jobs))))
     single = call_main(config(data_bin, tmp, 1, "--update-freq", "2", *ADAPTIVE), train_and_report)
     return two, single
 

@@ -4,6 +4,7 @@ import torch.distributed as dist
 
 from shardtrain.models.transformer_lm import TransformerLanguageModel
 from shardtrain.trainer.loop import Run, train
+from equivalence_mains import record_steps
 
 
 def _lm(model):
@@ -30,15 +31,7 @@ def train_and_report(cfg, ctx):
     of layerdrop decisions (gathered, so a test sees whether ranks skipped alike)."""
     run = Run(cfg, ctx)
     lm = _lm(run.trainer.model)
-    decisions, losses = _record_skips(lm), []
-    step = run.trainer.train_step
-
-    def recording_step(samples):
-        out = step(samples)
-        losses.append(out["logs"][0]["loss"] / out["sample_size"])
-        return out
-
-    run.trainer.train_step = recording_step
+    decisions, losses = _record_skips(lm), record_steps(run.trainer)["losses"]
     try:
         held = {name: _local_numel(p) / p.numel() for name, p in lm.named_parameters()
                 if "adaptive" in name or name.startswith("embed_tokens")}
