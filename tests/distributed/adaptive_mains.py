@@ -30,6 +30,10 @@ def train_and_report(cfg, ctx):
     (numpy), the fraction of each adaptive parameter this rank holds, and every rank's list
     of layerdrop decisions (gathered, so a test sees whether ranks skipped alike)."""
     run = Run(cfg, ctx)
+    # Ranks' global generators differ in real runs (per-rank re-seeding on resume, dropout over
+    # batches of different shapes); here they would agree, so make them differ: layerdrop must
+    # not depend on them.
+    torch.manual_seed(1000 + ctx.rank)
     lm = _lm(run.trainer.model)
     decisions, losses = _record_skips(lm), record_steps(run.trainer)["losses"]
     try:
