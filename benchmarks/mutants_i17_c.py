@@ -47,4 +47,8 @@ MUTANTS = [
     Mutant("layerdrop_global_rng", "every rank drops the same blocks",
            M + "layerdrop.py", "draws = torch.rand(num_blocks, generator=self.generator)",
            "draws = torch.rand(num_blocks)", (RANKS,)),
+    Mutant("relu_dropout_ignored", "--relu-dropout is fairseq's fallback for --activation-dropout",
+           M + "transformer_lm.py", "activation_dropout=cfg.activation_dropout or cfg.relu_dropout,",
+           "activation_dropout=cfg.activation_dropout,",
+           (LAYERDROP + "::test_relu_dropout_is_fairseqs_fallback_for_activation_dropout",)),
 ]

@@ -49,3 +49,15 @@ def test_eval_runs_every_block_and_training_skips_with_zero_gradients():
         target.load_state_dict(source.state_dict())
     model.layerdrop.load_state_dict(state)
     torch.testing.assert_close(model(tokens), only(tokens))
+
+
+def test_relu_dropout_is_fairseqs_fallback_for_activation_dropout():
+    def activation_p(**values):
+        cfg = TransformerLanguageModelConfig(decoder_embed_dim=16, decoder_ffn_embed_dim=32, decoder_layers=1,
+                                             decoder_attention_heads=2, **values)
+        return TransformerLanguageModel(cfg, 20, 1, 32).blocks[0].activation_dropout.p
+
+    # fairseq's TransformerDecoderLayer: activation_dropout, or relu_dropout when that is 0
+    assert activation_p(relu_dropout=0.2) == 0.2
+    assert activation_p(relu_dropout=0.2, activation_dropout=0.3) == 0.3
+    assert activation_p() == 0.0

@@ -50,7 +50,7 @@ VARIANTS = [
 def test_config_defaults_are_fairseqs():
     cfg = TransformerLanguageModelConfig()
     expected = dict(
-        activation_fn="relu", dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+        activation_fn="relu", dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, relu_dropout=0.0,
         decoder_embed_dim=512, decoder_output_dim=None, decoder_input_dim=None,  # None: follow embed dim
         decoder_ffn_embed_dim=2048, decoder_layers=6, decoder_attention_heads=8,
         decoder_normalize_before=False, no_decoder_final_norm=False,
