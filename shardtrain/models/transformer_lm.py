@@ -168,7 +168,8 @@ class TransformerLanguageModel(nn.Module):
         features = self.extract_features(src_tokens, cache)
         if self.adaptive_softmax is None:
             if target is not None:
-                raise ConfigError("target= is for models with an adaptive softmax (--adaptive-softmax-cutoff).")
+                raise ConfigError("--criterion adaptive_loss needs a model with an adaptive softmax: set "
+                                  "--adaptive-softmax-cutoff (like 20000,60000) or use --criterion cross_entropy.")
             return F.linear(features, self.output_weight())
         adaptive_input = self.embed_tokens if isinstance(self.embed_tokens, AdaptiveInput) else None
         if target is not None:

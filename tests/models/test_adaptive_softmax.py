@@ -145,3 +145,9 @@ def test_wiki103_preset_trains_with_small_cutoffs():
         optimizer.step()
         losses.append(loss.item() / size / math.log(2))
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_adaptive_loss_without_an_adaptive_softmax_names_the_fix():
+    model = build(**{k: v for k, v in SMALL.items() if k != "adaptive_softmax_cutoff"})
+    with pytest.raises(ConfigError, match="--criterion adaptive_loss needs .* --adaptive-softmax-cutoff"):
+        AdaptiveLossCriterion(None, _Task)(model, sample_of(torch.randint(2, VOCAB, (2, 5))))
