@@ -27,6 +27,7 @@ SAME_MODEL_FIELDS = (
     "decoder_input_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads",
     "decoder_normalize_before", "no_decoder_final_norm", "share_decoder_input_output_embed",
     "decoder_learned_pos", "no_scale_embedding", "layernorm_embedding", "no_token_positional_embeddings",
+    "decoder_layerdrop",
 )
 # (fairseq option, set in a way we cannot represent when..., why)
 UNSUPPORTED = (
@@ -46,7 +47,7 @@ UNSUPPORTED = (
     ("past_target", bool, "past targets (--past-target)"),
 )
 # Options that act only while training in fairseq: dropped, with a note.
-TRAINING_ONLY = ("decoder_layerdrop", "quant_noise_pq", "quant_noise_scalar")
+TRAINING_ONLY = ("quant_noise_pq", "quant_noise_scalar")
 DEFAULT_MAX_TARGET_POSITIONS = 1024  # fairseq's, when neither it nor --tokens-per-sample is set
 
 

@@ -12,7 +12,8 @@ override them. Two deliberate differences from fairseq:
   one is the preset's own: when overriding ``--decoder-embed-dim``, override
   ``--decoder-ffn-embed-dim`` too.
 
-``transformer_lm_wiki103`` is absent: it needs adaptive input/softmax.
+``transformer_lm_wiki103``'s adaptive cutoffs 20000,60000 need a dictionary of
+more than 60000 symbols; with a smaller one override both cutoffs.
 """
 from typing import Dict
 
@@ -59,24 +60,35 @@ def _gpt3(layers: int, embed_dim: int, heads: int) -> Dict:
     )
 
 
+def _big(**values) -> Dict:
+    """fairseq's ``transformer_lm_big``, which the Baevski presets call after their own values."""
+    preset = _base_lm(1024, decoder_layers=12, decoder_ffn_embed_dim=4096, decoder_attention_heads=16)
+    preset.update(values)
+    return preset
+
+
 @register_model_architecture("transformer_lm", "transformer_lm_big")
 def transformer_lm_big() -> Dict:
-    return _base_lm(1024, decoder_layers=12, decoder_ffn_embed_dim=4096, decoder_attention_heads=16)
+    return _big()
+
+
+@register_model_architecture("transformer_lm", "transformer_lm_wiki103")
+@register_model_architecture("transformer_lm", "transformer_lm_baevski_wiki103")
+def transformer_lm_baevski_wiki103() -> Dict:
+    # fairseq: adaptive input and softmax, tied, on transformer_lm_big with 16 layers and 8 heads.
+    return _big(
+        decoder_layers=16, decoder_attention_heads=8, dropout=0.3, attention_dropout=0.1,
+        activation_dropout=0.1, adaptive_input=True, tie_adaptive_weights=True, tie_adaptive_proj=True,
+        adaptive_input_cutoff="20000,60000", adaptive_softmax_cutoff="20000,60000",
+        adaptive_softmax_dropout=0.2, no_decoder_final_norm=True,
+    )
 
 
 @register_model_architecture("transformer_lm", "transformer_lm_gbw")
 @register_model_architecture("transformer_lm", "transformer_lm_baevski_gbw")
 def transformer_lm_baevski_gbw() -> Dict:
     # fairseq: transformer_lm_big with a 512-dim embedding and no final norm.
-    return _base_lm(
-        512,
-        decoder_layers=12,
-        decoder_ffn_embed_dim=4096,
-        decoder_attention_heads=16,
-        dropout=0.1,
-        attention_dropout=0.1,
-        no_decoder_final_norm=True,
-    )
+    return _big(decoder_embed_dim=512, dropout=0.1, attention_dropout=0.1, no_decoder_final_norm=True)
 
 
 @register_model_architecture("transformer_lm", "transformer_lm_gpt")

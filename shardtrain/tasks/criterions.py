@@ -115,3 +115,32 @@ class LabelSmoothedCrossEntropyCriterion(Criterion):
         eps_i = eps / (lprobs.size(-1) - 1)
         loss = (1.0 - eps - eps_i) * nll + eps_i * smooth
         return loss, {"nll_loss": nll.detach()}
+
+
+@dataclasses.dataclass
+class AdaptiveLossConfig:
+    pass
+
+
+@register_criterion("adaptive_loss", dataclass=AdaptiveLossConfig)
+class AdaptiveLossCriterion(Criterion):
+    """fairseq's ``adaptive_loss``: the sum over the adaptive softmax's head and tail
+    clusters of their summed cross entropies (pad targets, which sit in the head,
+    ignored). Needs a model built with ``--adaptive-softmax-cutoff``.
+
+    One deliberate difference: fairseq passes ``ignore_index=pad`` to the tail
+    clusters too, where targets are offsets inside a band, so the word at offset
+    ``pad`` of every tail band (e.g. id 20001 under wiki103's cutoffs) never
+    counts in its loss; here only the head ignores pad, so the loss is exactly the
+    cross entropy of the model's log-probabilities."""
+
+    def __call__(self, model, sample):
+        target = sample["target"]
+        (head, *tails), (head_target, *tail_targets) = model(sample["net_input"]["src_tokens"], target=target)
+        loss = F.cross_entropy(head.float(), head_target, ignore_index=self.padding_idx, reduction="sum")
+        for part, part_target in zip(tails, tail_targets):
+            loss = loss + F.cross_entropy(part.float(), part_target, reduction="sum")
+        sample_size = target.size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {"loss": loss.detach(), "ntokens": sample["ntokens"],
+                          "nsentences": target.size(0), "sample_size": sample_size}
+        return loss, sample_size, logging_output

@@ -50,13 +50,17 @@ VARIANTS = [
 def test_config_defaults_are_fairseqs():
     cfg = TransformerLanguageModelConfig()
     expected = dict(
-        activation_fn="relu", dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+        activation_fn="relu", dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, relu_dropout=0.0,
         decoder_embed_dim=512, decoder_output_dim=None, decoder_input_dim=None,  # None: follow embed dim
         decoder_ffn_embed_dim=2048, decoder_layers=6, decoder_attention_heads=8,
         decoder_normalize_before=False, no_decoder_final_norm=False,
         share_decoder_input_output_embed=False, decoder_learned_pos=False,
         no_scale_embedding=False, layernorm_embedding=False,
         no_token_positional_embeddings=False, max_target_positions=None,
+        # fairseq's adaptive and layerdrop flags (models/transformer_lm.py, base_lm_architecture)
+        adaptive_softmax_cutoff=None, adaptive_softmax_dropout=0.0, adaptive_softmax_factor=4.0,
+        adaptive_input=False, adaptive_input_factor=4.0, adaptive_input_cutoff=None,
+        tie_adaptive_weights=False, tie_adaptive_proj=False, decoder_layerdrop=0.0,
     )
     assert dataclasses.asdict(cfg) == expected
     for f in dataclasses.fields(cfg):
