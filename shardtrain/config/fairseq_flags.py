@@ -196,14 +196,26 @@ TABLE += (
     not_yet("--add-bos-token", "drop it", FLAG, _LM),
     not_yet("--output-dictionary-size", "drop it", owner=_LM),
     *(not_yet("--wd", "use --weight-decay", owner=f"optimizer:{name}") for name in ("adafactor", "sgd", "adagrad")),
-    not_yet("--relu-dropout", "use --activation-dropout", owner=_MODEL),
-    *(not_yet(name, "train without it", owner=_MODEL) for name in (
-        "--adaptive-softmax-cutoff", "--adaptive-softmax-dropout", "--adaptive-softmax-factor",
-        "--character-filters", "--character-embedding-dim", "--char-embedder-highway-layers",
-        "--adaptive-input-factor", "--adaptive-input-cutoff", "--decoder-layerdrop", "--decoder-layers-to-keep",
-        "--quant-noise-pq", "--quant-noise-pq-block-size", "--quant-noise-scalar", "--base-layers",
-        "--base-sublayers", "--base-shuffle", "--decoder-xformers-att-config")),
-    *(not_yet(name, "train without it", FLAG, _MODEL) for name in (
-        "--character-embeddings", "--adaptive-input", "--tie-adaptive-weights", "--tie-adaptive-proj",
-        "--scale-fc", "--scale-attn", "--scale-heads", "--scale-resids")),
+    # --- transformer_lm: what shard-train's model does not have
+    refuse("--character-embeddings", "character CNN input embeddings are not implemented; use the token "
+           "embeddings or --adaptive-input", FLAG, _MODEL),
+    *(accept(name, "it has no effect without --character-embeddings, which shard-train refuses", owner=_MODEL)
+      for name in ("--character-filters", "--character-embedding-dim", "--char-embedder-highway-layers")),
+    *(accept_only(name, ("0", "0.0"), "quantization noise is off (fairseq's default)", "training with "
+                  "quantization noise is not implemented; train without it (0) and quantize afterwards", _MODEL)
+      for name in ("--quant-noise-pq", "--quant-noise-scalar")),
+    accept("--quant-noise-pq-block-size", "it has no effect without --quant-noise-pq", owner=_MODEL),
+    accept_only("--base-layers", ("0",), "there are no BASE expert layers (fairseq's default)", "BASE expert "
+                "layers (all-to-all routed experts) are not implemented; the nearest is a dense model "
+                "(--decoder-layers)", _MODEL),
+    accept("--base-sublayers", "it has no effect without --base-layers, which shard-train refuses", owner=_MODEL),
+    accept("--base-shuffle", "it has no effect without --base-layers, which shard-train refuses", owner=_MODEL),
+    *(refuse(name, "NormFormer's extra scalings are not implemented; the nearest is the pre-norm block with "
+          "--layernorm-embedding", FLAG, _MODEL) for name in ("--scale-fc", "--scale-attn", "--scale-heads",
+                                                              "--scale-resids")),
+    refuse("--decoder-xformers-att-config", "xFormers attention is not used: attention is torch's "
+           "scaled_dot_product_attention (flash or memory-efficient kernels where available); drop it",
+           owner=_MODEL),
+    refuse("--decoder-layers-to-keep", "pruning layers at load is not implemented; build the model with the "
+           "--decoder-layers you want and fine-tune from the full checkpoint", owner=_MODEL),
 )

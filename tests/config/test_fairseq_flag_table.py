@@ -38,7 +38,7 @@ INTENTIONAL = {
     ("model:transformer_lm", "--decoder-input-dim"): "None: --decoder-embed-dim, as fairseq's architecture sets",
 }
 # fairseq's transformer_lm architectures that shard-train does not register yet (issue 17 is adding them).
-ARCHS_NOT_YET = {"transformer_lm_wiki103", "transformer_lm_baevski_wiki103"}
+ARCHS_NOT_YET = set()
 
 
 def _selection(group: str):
