@@ -4,9 +4,10 @@ Per prompt ``S-i`` (the prompt), then for each of the ``--nbest`` hypotheses, be
 (score, then the hypothesis as dictionary symbols, prompt included), ``D-i`` (score, then the
 detokenized text) and ``P-i`` (the log-probability of each token of the hypothesis, prompt
 included, and of the closing end-of-sentence). Scores are in base 2, as fairseq prints them; a
-hypothesis' score is the mean of its P values (fairseq's, with --lenpen 1). Decoding is greedy
-(``--beam 1``) or, with ``--sampling``, ``max(--beam, --nbest)`` independent draws sorted by score:
-there is no beam search. ``shard-interactive`` reads the prompts from standard input.
+hypothesis' score is the sum of its P values over their number ** --lenpen (the mean for greedy
+decoding and sampling). Decoding is beam search (``--beam``, fairseq's default 5; see
+models/beam_search.py), greedy (``--beam 1``), or with ``--sampling`` ``--nbest`` independent draws
+sorted by score. ``shard-interactive`` reads the prompts from standard input.
 """
 import dataclasses
 import math
@@ -19,6 +20,7 @@ from shardtrain.config import flags
 from shardtrain.core.errors import ConfigError
 from shardtrain.core.fields import field
 from shardtrain.data.tokenizers import load_tokenizer
+from shardtrain.models.beam_search import beam_search
 from shardtrain.models.sampling import sample_scored
 from shardtrain.trainer.checkpoint.inference import inference_dtype, load_for_inference
 
@@ -35,9 +37,12 @@ class DecodeConfig:
     temperature: float = field(1.0, help="sampling temperature (> 0)")
     sampling_topk: int = field(-1, help="sample from the k most likely tokens (-1: all)")
     sampling_topp: float = field(-1.0, help="sample from the smallest set with probability >= p (-1: off)")
-    beam: int = field(1, help="with --sampling, the number of draws (fairseq's meaning there); without it "
-                              "only 1 (greedy): there is no beam search")
-    nbest: int = field(1, help="number of hypotheses to print per prompt, best first (needs --sampling above 1)")
+    beam: int = field(5, help="beam size (fairseq's default); --beam 1 decodes greedily; with --sampling "
+                              "the number of draws is --nbest")
+    nbest: int = field(1, help="number of hypotheses to print per prompt, best first (at most --beam, or "
+                               "any number of draws with --sampling)")
+    lenpen: float = field(1.0, help="length penalty of beam search: a score is the summed log-prob divided "
+                                    "by length ** lenpen (<1.0 favors shorter, >1.0 longer hypotheses)")
     seed: int = field(1, help="random seed for sampling")
     cpu: bool = field(False, help="generate on the CPU even when CUDA is available")
     fp16: bool = field(False, help="load the weights straight into fp16 on the device and compute in fp16 "
@@ -78,16 +83,22 @@ class Generator:
                               "(with the end-of-sentence it starts after), which leaves none to generate into. "
                               "Shorten the prompt.")
         prompt_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        found = []
-        for _ in range(max(args.beam, args.nbest) if args.sampling else 1):
-            new, scores = sample_scored(
-                self.model, prompt_ids, args.max_len, temperature=args.temperature if args.sampling else 1.0,
-                topk=max(args.sampling_topk, 0), topp=max(args.sampling_topp, 0.0), eos=d.eos(),
-                generator=self.rng, greedy=not args.sampling)
-            score = sum(scores) / len(scores) if scores else 0.0
-            found.append(Hypothesis(ids[1:] + new.tolist(), scores, score))
-        found.sort(key=lambda h: -h.score)  # stable: equal scores keep the order drawn
+        if args.beam > 1 and not args.sampling:
+            found = [Hypothesis(ids[1:] + f.new_tokens, f.scores, f.score) for f in beam_search(
+                self.model, prompt_ids, args.beam, args.max_len, d.eos(), args.lenpen)]
+        else:
+            found = [self._draw(ids, prompt_ids) for _ in range(args.nbest if args.sampling else 1)]
+            found.sort(key=lambda h: -h.score)  # stable: equal scores keep the order drawn
         return found[:args.nbest]
+
+    def _draw(self, ids: List[int], prompt_ids: torch.Tensor) -> Hypothesis:
+        """One greedy or sampled continuation (its score: the mean log-prob, fairseq's with --lenpen 1)."""
+        args = self.args
+        new, scores = sample_scored(
+            self.model, prompt_ids, args.max_len, temperature=args.temperature if args.sampling else 1.0,
+            topk=max(args.sampling_topk, 0), topp=max(args.sampling_topp, 0.0), eos=self.dictionary.eos(),
+            generator=self.rng, greedy=not args.sampling)
+        return Hypothesis(ids[1:] + new.tolist(), scores, sum(scores) / len(scores) if scores else 0.0)
 
     def print_prompt(self, index: int, prompt: str, hypotheses: List[Hypothesis],
                      seconds: Optional[float] = None) -> List[str]:
@@ -101,7 +112,7 @@ class Generator:
         for h in hypotheses:
             symbols = [d[i] for i in h.tokens if i != d.eos()]
             text = self.tokenizer.decode(symbols)
-            score, positional = fairseq_rounding(h.scores)
+            score, positional = fairseq_rounding(h.scores, self.args.lenpen if self.args.beam > 1 and not self.args.sampling else 1.0)
             print(f"H-{index}\t{score}\t{' '.join(symbols)}")
             print(f"D-{index}\t{score}\t{text}")
             print(f"P-{index}\t{' '.join(f'{s:.4f}' for s in positional)}")
@@ -112,11 +123,11 @@ class Generator:
         return [self.dictionary.index(p) for p in self.tokenizer.encode(prompt)]
 
 
-def fairseq_rounding(scores: List[float]):
+def fairseq_rounding(scores: List[float], lenpen: float = 1.0):
     """-> (score, positional scores) in base 2 as fairseq prints them: computed in fp32 (its
     SequenceGenerator sums the steps' fp32 log-probs), the score printed in full."""
     positional = torch.tensor(scores, dtype=torch.float32)
-    score = positional.cumsum(0)[-1] / len(scores) / LN2 if scores else torch.tensor(0.0)
+    score = positional.cumsum(0)[-1] / len(scores) ** lenpen / LN2 if scores else torch.tensor(0.0)
     return score.item(), (positional / LN2).tolist()
 
 
@@ -156,17 +167,15 @@ def check_args(args: DecodeConfig) -> torch.dtype:
 
 def _greedy_problems(args: DecodeConfig) -> List[str]:
     problems = []
-    if args.beam > 1:
-        problems.append(f"--beam {args.beam} is not supported: shard-generate has no beam search; it decodes "
-                        f"greedily (--beam 1) or samples (--sampling --beam {args.beam} --nbest {args.beam} "
-                        f"draws {args.beam} continuations); drop --beam or add --sampling")
-    if args.nbest > 1:
-        problems.append(f"--nbest {args.nbest} without --sampling would print {args.nbest} identical greedy "
-                        "continuations; add --sampling or drop --nbest")
+    if args.nbest > args.beam:
+        problems.append(f"--nbest {args.nbest} exceeds --beam {args.beam}: beam search finds --beam hypotheses; "
+                        f"raise --beam to {args.nbest}, or add --sampling for {args.nbest} draws")
     for flag, value, off in (("--sampling-topk", args.sampling_topk, -1), ("--sampling-topp", args.sampling_topp, -1),
                              ("--temperature", args.temperature, 1.0)):
         if value != off:
             problems.append(f"{flag} applies only to sampling; add --sampling or drop {flag}")
+    if args.lenpen <= 0 or args.lenpen != args.lenpen:
+        problems.append(f"--lenpen must be > 0 (got {args.lenpen})")
     return problems
 
 

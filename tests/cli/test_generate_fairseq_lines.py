@@ -58,7 +58,8 @@ def reference_scores(path, data, symbols):
 
 def test_greedy_lines_are_fairseqs(trained, capsys):
     data, path = trained
-    texts = generate.main([data, "--path", path, "--prompt", "w1 w2", "--max-len", "6", "--cpu"])
+    texts = generate.main([data, "--path", path, "--prompt", "w1 w2", "--max-len", "6", "--cpu",
+                           "--beam", "1"])
     found = parse(capsys.readouterr().out)
     assert list(found) == [0] and found[0]["S"] == "w1 w2"
     [(score, h_text, d_text, positional)] = found[0]["hyps"]
@@ -73,9 +74,9 @@ def test_greedy_lines_are_fairseqs(trained, capsys):
     assert lprobs[2:2 + len(new)].argmax(-1).tolist() == new
 
 
-def test_nbest_samples_best_first_and_beam_draws(trained, capsys):
+def test_nbest_samples_best_first(trained, capsys):
     data, path = trained
-    texts = generate.main([data, "--path", path, "--prompt", "w3", "--sampling", "--beam", "4", "--nbest", "4",
+    texts = generate.main([data, "--path", path, "--prompt", "w3", "--sampling", "--nbest", "4",
                            "--max-len", "5", "--cpu", "--seed", "3"])
     hyps = parse(capsys.readouterr().out)[0]["hyps"]
     assert len(hyps) == len(texts) == 4 and len({h[1] for h in hyps}) > 1
@@ -83,15 +84,22 @@ def test_nbest_samples_best_first_and_beam_draws(trained, capsys):
     assert scores == sorted(scores, reverse=True)
     for score, _, _, positional in hyps:
         assert score == pytest.approx(sum(positional) / len(positional), abs=1e-3)
-    # the best 2 of 4 draws: --beam sets the draws, --nbest how many are printed
-    generate.main([data, "--path", path, "--prompt", "w3", "--sampling", "--beam", "4", "--nbest", "2",
-                   "--max-len", "5", "--cpu", "--seed", "3"])
-    assert [h[0] for h in parse(capsys.readouterr().out)[0]["hyps"]] == scores[:2]
 
 
-def test_beam_search_is_refused_with_the_sampling_equivalent(tmp_path, capsys):
-    err = cli_refusal(generate.main, [str(tmp_path), "--path", str(tmp_path / "none.pt"), "--beam", "5"], capsys)[1]
-    assert "no beam search" in err and "--sampling --beam 5 --nbest 5" in err
+@pytest.mark.parametrize("lenpen", [1.0, 2.0])
+def test_beam_search_finds_distinct_hypotheses_best_first(trained, lenpen, capsys):
+    """fairseq's score: the summed log-prob over length ** lenpen; the P values are the model's."""
+    data, path = trained
+    generate.main([data, "--path", path, "--prompt", "w3 w1", "--beam", "4", "--nbest", "4", "--max-len", "4",
+                   "--cpu", "--lenpen", str(lenpen)])
+    hyps = parse(capsys.readouterr().out)[0]["hyps"]
+    assert len(hyps) == 4 and len({h[1] for h in hyps}) == 4
+    scores = [h[0] for h in hyps]
+    assert scores == sorted(scores, reverse=True)
+    for score, text, _, positional in hyps:
+        assert text.startswith("w3 w1") and len(positional) == len(text.split()) + 1
+        assert score == pytest.approx(sum(positional) / len(positional) ** lenpen, abs=1e-3)
+        assert positional == pytest.approx(reference_scores(path, data, text.split())[0], abs=6e-5)
 
 
 def interactive(args, stdin, timeout=120):
