@@ -112,7 +112,7 @@ class Generator:
         for h in hypotheses:
             symbols = [d[i] for i in h.tokens if i != d.eos()]
             text = self.tokenizer.decode(symbols)
-            score, positional = fairseq_rounding(h.scores, self.args.lenpen if self.args.beam > 1 and not self.args.sampling else 1.0)
+            score, positional = fairseq_rounding(h.scores, h.score)
             print(f"H-{index}\t{score}\t{' '.join(symbols)}")
             print(f"D-{index}\t{score}\t{text}")
             print(f"P-{index}\t{' '.join(f'{s:.4f}' for s in positional)}")
@@ -123,12 +123,11 @@ class Generator:
         return [self.dictionary.index(p) for p in self.tokenizer.encode(prompt)]
 
 
-def fairseq_rounding(scores: List[float], lenpen: float = 1.0):
-    """-> (score, positional scores) in base 2 as fairseq prints them: computed in fp32 (its
-    SequenceGenerator sums the steps' fp32 log-probs), the score printed in full."""
+def fairseq_rounding(scores: List[float], score: float):
+    """-> (score, positional scores) in base 2 as fairseq prints them: fp32 values (its
+    SequenceGenerator's dtype), the score printed in full, as Python prints a float."""
     positional = torch.tensor(scores, dtype=torch.float32)
-    score = positional.cumsum(0)[-1] / len(scores) ** lenpen / LN2 if scores else torch.tensor(0.0)
-    return score.item(), (positional / LN2).tolist()
+    return (torch.tensor(score, dtype=torch.float32) / LN2).item(), (positional / LN2).tolist()
 
 
 @cli_entry("shard-generate")
