@@ -22,6 +22,8 @@ setup(
             "shard-train = shardtrain.cli.entry:shard_train",
             "shard-validate = shardtrain.cli.entry:shard_validate",
             "shard-generate = shardtrain.cli.entry:shard_generate",
+            "shard-interactive = shardtrain.cli.entry:shard_interactive",
+            "shard-eval-lm = shardtrain.cli.entry:shard_eval_lm",
             "shard-demo = shardtrain.cli.entry:shard_demo",
             "shard-consolidate = shardtrain.cli.entry:shard_consolidate",
             "shard-hydra-train = shardtrain.cli.entry:shard_hydra_train",

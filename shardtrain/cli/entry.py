@@ -15,6 +15,8 @@ COMMANDS = {
     "shard-train": "shardtrain.cli.train",
     "shard-validate": "shardtrain.cli.validate",
     "shard-generate": "shardtrain.cli.generate",
+    "shard-interactive": "shardtrain.cli.interactive",
+    "shard-eval-lm": "shardtrain.cli.eval_lm",
     "shard-demo": "shardtrain.cli.demo",
     "shard-consolidate": "shardtrain.cli.consolidate",
     "shard-hydra-train": "shardtrain.cli.hydra_train",
@@ -34,6 +36,8 @@ shard_preprocess = functools.partial(run, "shard-preprocess")
 shard_train = functools.partial(run, "shard-train")
 shard_validate = functools.partial(run, "shard-validate")
 shard_generate = functools.partial(run, "shard-generate")
+shard_interactive = functools.partial(run, "shard-interactive")
+shard_eval_lm = functools.partial(run, "shard-eval-lm")
 shard_demo = functools.partial(run, "shard-demo")
 shard_consolidate = functools.partial(run, "shard-consolidate")
 shard_hydra_train = functools.partial(run, "shard-hydra-train")

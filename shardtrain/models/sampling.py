@@ -37,30 +37,52 @@ def sample(
     ``padding_idx`` and ``max_positions``). It runs in eval mode; its
     train/eval mode is restored afterwards.
     """
+    return sample_scored(model, prompt_ids, max_len, temperature, topk, topp, eos, generator, greedy,
+                         use_cache, force_eos=False)[0]
+
+
+@torch.no_grad()
+def sample_scored(model, prompt_ids: torch.Tensor, max_len: int, temperature: float = 1.0, topk: int = 0,
+                  topp: float = 0.0, eos: Optional[int] = None, generator: Optional[torch.Generator] = None,
+                  greedy: bool = False, use_cache: bool = True, force_eos: bool = True):
+    """:func:`sample`, and fairseq's positional scores: -> (new tokens, log-probs [base e] of
+    ``prompt_ids[1:]`` (``prompt_ids[0]`` is the end-of-sentence it starts after) and of every new token, under the temperature's distribution, unfiltered by
+    top-k/top-p, as fairseq's ``SequenceGenerator`` scores them). ``force_eos``: when the budget ends
+    without ``eos``, append it with its log-prob, as fairseq ends every hypothesis at its maximum length."""
     _check_sampling_args(prompt_ids, max_len, temperature, topk, topp, model.max_positions)
     budget = min(max_len, model.max_positions - prompt_ids.numel())
-    tokens = prompt_ids.view(1, -1)
     cache = model.new_kv_cache() if use_cache else None
-    new_tokens = []
+    new_tokens, scores = [], []
     was_training = model.training
     model.eval()
     try:
-        step_input = tokens
-        for _ in range(budget):
-            logits = model(step_input, cache=cache)[0, -1]
-            token = choose_next(logits, temperature, topk, topp, generator, greedy, model.padding_idx)
+        logits = model(prompt_ids.view(1, -1), cache=cache)[0]
+        scores += _log_probs(logits[:-1], temperature).gather(1, prompt_ids[1:].view(-1, 1)).view(-1).tolist()
+        logits = logits[-1]
+        for step in range(budget + 1):
+            if step == budget:  # out of budget: fairseq forces eos as the last token
+                if not force_eos or eos is None:
+                    break
+                token = torch.tensor(eos, device=prompt_ids.device)
+            else:
+                token = choose_next(logits, temperature, topk, topp, generator, greedy, model.padding_idx)
             new_tokens.append(token)
+            scores.append(float(_log_probs(logits, temperature)[token]))
             if eos is not None and token.item() == eos:
                 break
-            if use_cache:
-                step_input = token.view(1, 1)
-            else:
-                step_input = torch.cat([tokens, torch.stack(new_tokens).view(1, -1)], dim=1)
+            if step + 1 < budget or force_eos:
+                tokens = (token.view(1, 1) if use_cache else
+                          torch.cat([prompt_ids, torch.stack(new_tokens)]).view(1, -1))
+                logits = model(tokens, cache=cache)[0, -1]
     finally:
         model.train(was_training)
     if not new_tokens:
-        return prompt_ids.new_empty(0)
-    return torch.stack(new_tokens)
+        return prompt_ids.new_empty(0), scores
+    return torch.stack(new_tokens), scores
+
+
+def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return F.log_softmax(logits.float() / temperature, dim=-1)
 
 
 def choose_next(

@@ -20,7 +20,7 @@ def refused(argv, capsys) -> str:
 
 @pytest.mark.parametrize("flags, expected", [
     (["--nbest", "0"], "--nbest must be at least 1"),
-    (["--nbest", "3"], "--nbest 3 without --sampling would print 3 identical"),
+    (["--beam", "2", "--nbest", "3"], "--nbest 3 exceeds --beam 2"),
     (["--max-len", "-5"], "--max-len must be >= 0"),
     (["--seed", str(10 ** 23)], "--seed must be in [0, 2**63)"),
     (["--sampling", "--temperature", "inf"], "--temperature must be a finite number > 0"),
@@ -29,7 +29,7 @@ def refused(argv, capsys) -> str:
     (["--sampling", "--sampling-topp", "-0.5"], "--sampling-topp must be in (0, 1], or -1"),
     (["--sampling-topk", "5"], "--sampling-topk applies only to sampling"),
     (["--temperature", "0.5"], "--temperature applies only to sampling"),
-    (["--beam", "4"], "--beam 4 is not supported"),
+    (["--lenpen", "0"], "--lenpen must be > 0"),
 ])
 def test_bad_options_are_refused_before_loading(flags, expected, tmp_path, capsys):
     # the checkpoint does not exist: the options are checked first

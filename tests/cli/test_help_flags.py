@@ -11,7 +11,7 @@ from typing import List, Tuple
 
 import pytest
 
-from shardtrain.cli import consolidate, generate, preprocess, train, validate
+from shardtrain.cli import consolidate, eval_lm, generate, interactive, preprocess, train, validate
 from shardtrain.config import components, flags
 from shardtrain.config.build import build_train_parser
 from shardtrain.core.fields import field
@@ -140,7 +140,8 @@ def test_every_flag_shows_help_and_its_default(capsys, monkeypatch):
         parser, _ = build_train_parser(argv)
         assert_readable(parser.format_help(), f"shard-train {' '.join(argv)}")
     for main, prog in ((validate.main, "shard-validate"), (generate.main, "shard-generate"),
-                       (preprocess.main, "shard-preprocess"), (consolidate.main, "shard-consolidate")):
+                       (preprocess.main, "shard-preprocess"), (consolidate.main, "shard-consolidate"),
+                       (eval_lm.main, "shard-eval-lm"), (interactive.main, "shard-interactive")):
         text = cli_help(main, [], capsys, monkeypatch)
         assert_readable(text, prog)
         assert text.count("options:") == 1, f"{prog}: two groups called 'options'"
@@ -151,7 +152,8 @@ def test_every_config_field_has_one_line_help():
     for reg in components.registries().values():
         for registry in reg if isinstance(reg, tuple) else (reg,):
             classes += [registry.get(n).config_cls for n in registry.names() if registry.get(n).config_cls]
-    classes += [validate.ValidateConfig, generate.GenerateConfig, consolidate.ConsolidateConfig]
+    classes += [validate.ValidateConfig, generate.GenerateConfig, consolidate.ConsolidateConfig,
+                eval_lm.EvalLMConfig, interactive.InteractiveConfig]
     for cls in classes:
         for f in dataclasses.fields(cls):
             text = f.metadata.get("help")
