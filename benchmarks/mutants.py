@@ -9,6 +9,7 @@ from mutant_spec import T, Mutant
 from mutants_i17_a import MUTANTS as FLAG_TABLE_MUTANTS
 from mutants_i17_b import MUTANTS as OPTIM_PRECISION_MUTANTS
 from mutants_i17_c import MUTANTS as ADAPTIVE_LAYERDROP_MUTANTS
+from mutants_i17_e import MUTANTS as EVAL_GENERATE_MUTANTS
 from mutants_integrity import INTEGRITY_MUTANTS
 
 STEP = "tests/trainer/test_trainer_step.py"
@@ -319,4 +320,5 @@ MUTANTS = [
            "    atomic_write_bytes(os.path.join(final, COMPLETE), complete)\n"
            "    fsync_dir(final)\n",
            ("tests/distributed/test_save_crash_phases.py",)),
-] + INTEGRITY_MUTANTS + FLAG_TABLE_MUTANTS + OPTIM_PRECISION_MUTANTS + ADAPTIVE_LAYERDROP_MUTANTS
+] + (INTEGRITY_MUTANTS + FLAG_TABLE_MUTANTS + OPTIM_PRECISION_MUTANTS + ADAPTIVE_LAYERDROP_MUTANTS
+           + EVAL_GENERATE_MUTANTS)
