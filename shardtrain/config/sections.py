@@ -84,6 +84,11 @@ class DatasetConfig:
     validate_interval_updates: int = field(0, help="validate every N updates (0: off)")
     validate_after_updates: int = field(0, help="do not validate until reaching this many updates")
     disable_validation: bool = field(False, help="disable validation")
+    max_valid_steps: Optional[int] = field(None, help="validate on at most this many batches of each subset "
+                                           "(default: all)")
+    fixed_validation_seed: Optional[int] = field(
+        None, help="seed the random generators with this during validation (training's own random state is "
+                   "left as it was)")
 
 
 @dataclasses.dataclass
