@@ -20,4 +20,11 @@ MUTANTS = [
     Mutant("fixed_validation_seed_reseeds_training", "--fixed-validation-seed leaves training's random state alone",
            "shardtrain/trainer/loop.py", "    with torch.random.fork_rng(devices=[]):", "    if True:",
            ("tests/trainer/test_valid_step_flags.py::test_fixed_validation_seed_leaves_training_randomness_alone",)),
+    Mutant("keep_best_never_pruned", "--keep-best-checkpoints N keeps only the N best",
+           "shardtrain/trainer/checkpoint/manager.py", "                prune_best(self.checkpoint)\n", "                pass\n",
+           ("tests/checkpoint_flags/test_keep_best_checkpoints.py",)),
+    Mutant("keep_best_keeps_the_worst", "--keep-best-checkpoints keeps the best, not the worst",
+           "shardtrain/trainer/checkpoint/keep_best.py", "    if not checkpoint.maximize_best_checkpoint_metric:\n",
+           "    if checkpoint.maximize_best_checkpoint_metric:\n",
+           ("tests/checkpoint_flags/test_keep_best_checkpoints.py",)),
 ]

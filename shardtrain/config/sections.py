@@ -120,6 +120,8 @@ class CheckpointConfig:
     save_interval_updates: int = field(0, help="save a checkpoint (and validate) every N updates (0: off)")
     keep_interval_updates: int = field(-1, help="keep the last N update checkpoints (-1: all)")
     keep_last_epochs: int = field(-1, help="keep the last N epoch checkpoints (-1: all)")
+    keep_best_checkpoints: int = field(-1, help="keep the best N checkpoints by --best-checkpoint-metric, named "
+                                       "checkpoint.best_{metric}_{value}.pt as fairseq names them (-1: none)")
     no_save: bool = field(False, help="do not save any checkpoints")
     no_epoch_checkpoints: bool = field(False, help="only keep checkpoint_last and checkpoint_best")
     no_last_checkpoints: bool = field(False, help="do not write checkpoint_last")

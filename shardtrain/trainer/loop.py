@@ -209,7 +209,7 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
         state.best = valid_loss if is_best else state.best
     if do_save and not ck.no_save:
         start = time.time()
-        names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)
+        names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best, valid_loss)
         check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank
         paths = run.checkpoints.save(header(run), stateful_parts(run, epoch_itr), epoch, updates, names)
         if names:  # saved (a failed save raised), and named alike on every rank
