@@ -34,8 +34,8 @@ class LanguageModelingTask(Task):
     def __init__(self, cfg, dictionary: Dictionary = None):
         super().__init__(cfg)
         if cfg.tokens_per_sample < 1 + cfg.add_bos_token:
-            raise DataError(f"--tokens-per-sample must be at least {1 + cfg.add_bos_token}"
-                            f"{' with --add-bos-token' if cfg.add_bos_token else ''}, got {cfg.tokens_per_sample}; "
+            need = "at least 2 with --add-bos-token (bos takes one place)" if cfg.add_bos_token else "positive"
+            raise DataError(f"--tokens-per-sample must be {need}, got {cfg.tokens_per_sample}; "
                             "set it to the model's context length (e.g. 512 or 1024).")
         self.dictionary = dictionary if dictionary is not None else self.load_dictionary(cfg.data)
 
