@@ -27,4 +27,11 @@ MUTANTS = [
            "shardtrain/trainer/checkpoint/keep_best.py", "    if not checkpoint.maximize_best_checkpoint_metric:\n",
            "    if checkpoint.maximize_best_checkpoint_metric:\n",
            ("tests/checkpoint_flags/test_keep_best_checkpoints.py",)),
+    Mutant("no_save_optimizer_state_saves_it", "--no-save-optimizer-state: the checkpoint holds no optimizer state",
+           "shardtrain/trainer/checkpoint/manager.py", 'NO_OPTIMIZER_STATE: True}, without(parts, ["optimizer"])',
+           "NO_OPTIMIZER_STATE: True}, parts",
+           ("tests/checkpoint_flags/test_no_save_optimizer_state.py",)),
+    Mutant("no_optimizer_state_resume_fails", "resuming without saved optimizer state starts a fresh optimizer",
+           "shardtrain/trainer/checkpoint/resume.py", '        parts = without(parts, ["optimizer"])\n', "",
+           ("tests/checkpoint_flags/test_no_save_optimizer_state.py",)),
 ]

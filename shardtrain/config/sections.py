@@ -125,6 +125,8 @@ class CheckpointConfig:
     no_save: bool = field(False, help="do not save any checkpoints")
     no_epoch_checkpoints: bool = field(False, help="only keep checkpoint_last and checkpoint_best")
     no_last_checkpoints: bool = field(False, help="do not write checkpoint_last")
+    no_save_optimizer_state: bool = field(False, help="don't save optimizer-state as part of checkpoint (resuming "
+                                          "from it starts a fresh optimizer, with a notice)")
     best_checkpoint_metric: str = field("loss", help="validation metric that decides checkpoint_best")
     maximize_best_checkpoint_metric: bool = field(False, help="a higher --best-checkpoint-metric is better")
     patience: int = field(-1, help="stop after N validations without improvement (-1: never)")

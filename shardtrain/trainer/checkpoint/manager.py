@@ -11,6 +11,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import probe_writable_dir
 from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error
+from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, without
 from shardtrain.trainer.checkpoint.keep_best import best_name, prune_best
 from shardtrain.trainer.checkpoint.formats import format_for_saving, resolve_checkpoint_path
 from shardtrain.trainer.checkpoint.save_dir_lock import SaveDirLock
@@ -84,6 +85,8 @@ class CheckpointManager:
         """Write ``header`` and the stateful ``parts`` (contents.py) under ``names``. Called on every rank."""
         if self.checkpoint.no_save or not names:
             return []
+        if self.checkpoint.no_save_optimizer_state:  # fairseq's flag; resume.py starts a fresh optimizer
+            header, parts = {**header, NO_OPTIMIZER_STATE: True}, without(parts, ["optimizer"])
         try:
             paths = self.format.save(self.checkpoint, names, header, parts, epoch, updates, self.is_master,
                                      self._prepare)
