@@ -34,4 +34,7 @@ MUTANTS = [
     Mutant("no_optimizer_state_resume_fails", "resuming without saved optimizer state starts a fresh optimizer",
            "shardtrain/trainer/checkpoint/resume.py", '        parts = without(parts, ["optimizer"])\n', "",
            ("tests/checkpoint_flags/test_no_save_optimizer_state.py",)),
+    Mutant("generate_prompt_without_bos", "shard-generate starts the prompt with bos for a --add-bos-token model",
+           "shardtrain/cli/generate.py", "        ids = [dictionary.bos()] + ids\n", "",
+           ("tests/tasks/test_lm_add_bos_token.py::test_generate_and_validate_agree_with_training",)),
 ]

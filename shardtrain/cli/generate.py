@@ -41,6 +41,8 @@ def main(argv):
     dictionary = task.source_dictionary
     # A sample starts after an end-of-sentence, as every line does in training.
     ids = [dictionary.eos()] + [dictionary.index(p) for p in tokenizer.encode(args.prompt)]
+    if getattr(cfg.task, "add_bos_token", False):  # trained with --add-bos-token: its samples start with bos
+        ids = [dictionary.bos()] + ids
     if len(ids) >= model.max_positions and args.max_len > 0:
         raise ConfigError(f"The prompt takes {len(ids)} of the model's {model.max_positions} positions (with the "
                           "end-of-sentence it starts after), which leaves none to generate into. Shorten the prompt.")

@@ -43,3 +43,27 @@ def test_without_the_flag_no_bos_appears():
 def test_tokens_per_sample_must_leave_room_for_a_token():
     with pytest.raises(DataError, match="at least 2 with --add-bos-token"):
         LanguageModelingTask(LanguageModelingConfig(data=str(DATA), tokens_per_sample=1, add_bos_token=True))
+
+
+def test_generate_and_validate_agree_with_training(tmp_path, monkeypatch):
+    """A checkpoint trained with --add-bos-token: shard-validate reads bos-first samples (its task
+    comes from the checkpoint) and shard-generate's prompt starts with bos too."""
+    from shardtrain.cli import generate, train, validate
+    from st_testutils import make_space_data_bin, tiny_model_flags
+
+    data_bin, save = make_space_data_bin(str(tmp_path)), tmp_path / "ck"
+    train.main([data_bin, *tiny_model_flags(), "--add-bos-token", "--max-update", "1", "--save-dir", str(save),
+                "--disable-validation"])
+    seen = {}
+    real_sample = generate.sample
+    monkeypatch.setattr(generate, "sample", lambda model, prompt, *a, **k: (
+        seen.setdefault("prompt", prompt.tolist()), real_sample(model, prompt, *a, **k))[1])
+    real_load = validate.load_for_inference
+    monkeypatch.setattr(validate, "load_for_inference", lambda *a, **k: (
+        lambda loaded: (seen.setdefault("task", loaded[1]), loaded)[1])(real_load(*a, **k)))
+    generate.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--prompt", "w1 w2", "--max-len", "2", "--cpu"])
+    validate.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--cpu"])
+    task = seen["task"]
+    bos = task.dictionary.bos()
+    assert seen["prompt"][:2] == [bos, task.dictionary.eos()]
+    assert task.cfg.add_bos_token and task.datasets["valid"][0]["source"][0].item() == bos
