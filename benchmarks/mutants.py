@@ -9,6 +9,7 @@ from mutant_spec import T, Mutant
 from mutants_i17_a import MUTANTS as FLAG_TABLE_MUTANTS
 from mutants_i17_b import MUTANTS as OPTIM_PRECISION_MUTANTS
 from mutants_i17_c import MUTANTS as ADAPTIVE_LAYERDROP_MUTANTS
+from mutants_i17_d import MUTANTS as TASK_CHECKPOINT_MUTANTS
 from mutants_i17_e import MUTANTS as EVAL_GENERATE_MUTANTS
 from mutants_integrity import INTEGRITY_MUTANTS
 
@@ -321,4 +322,4 @@ MUTANTS = [
            "    fsync_dir(final)\n",
            ("tests/distributed/test_save_crash_phases.py",)),
 ] + (INTEGRITY_MUTANTS + FLAG_TABLE_MUTANTS + OPTIM_PRECISION_MUTANTS + ADAPTIVE_LAYERDROP_MUTANTS
-           + EVAL_GENERATE_MUTANTS)
+           + TASK_CHECKPOINT_MUTANTS + EVAL_GENERATE_MUTANTS)

@@ -14,7 +14,7 @@ PLATEAU_RESUME = "tests/trainer/test_plateau_resume.py::test_plateau_steps_on_va
 _STEP = ("    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule\n"
          "        run.trainer.lr_step(epoch, valid_loss)\n")
 _SAVE_START = ("    if do_save and not ck.no_save:\n        start = time.time()\n"
-               "        names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)\n"
+               "        names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best, valid_loss)\n"
                "        check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank\n"
                "        paths = run.checkpoints.save(header(run), stateful_parts(run, epoch_itr), epoch, updates, names)\n")
 _STEP_AFTER = "names)\n        if end_of_epoch:\n            run.trainer.lr_step(epoch, valid_loss)\n"

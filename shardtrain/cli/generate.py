@@ -68,24 +68,26 @@ class Generator:
     def __init__(self, args: DecodeConfig):
         self.args = args
         dtype = check_args(args)
-        _, task, self.model, self.device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype)
+        cfg, task, self.model, self.device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype)
         self.tokenizer = load_tokenizer(args.data)
-        self.dictionary = task.source_dictionary
+        self.dictionary = d = task.source_dictionary
+        # A sample starts after an end-of-sentence, as every line does in training (after bos too, for a model
+        # trained with --add-bos-token); these lead tokens are neither printed nor scored.
+        self.lead = ([d.bos()] if getattr(cfg.task, "add_bos_token", False) else []) + [d.eos()]
         self.rng = torch.Generator(device=self.device).manual_seed(args.seed)
 
     def hypotheses(self, prompt: str) -> List[Hypothesis]:
         """``--nbest`` continuations of ``prompt``, best first."""
         args, d = self.args, self.dictionary
-        # A sample starts after an end-of-sentence, as every line does in training.
-        ids = [d.eos()] + [d.index(p) for p in self.tokenizer.encode(prompt)]
+        ids = self.lead + [d.index(p) for p in self.tokenizer.encode(prompt)]
         if len(ids) >= self.model.max_positions and args.max_len > 0:
             raise ConfigError(f"The prompt takes {len(ids)} of the model's {self.model.max_positions} positions "
                               "(with the end-of-sentence it starts after), which leaves none to generate into. "
                               "Shorten the prompt.")
         prompt_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         if args.beam > 1 and not args.sampling:
-            found = [Hypothesis(ids[1:] + f.new_tokens, f.scores, f.score) for f in beam_search(
-                self.model, prompt_ids, args.beam, args.max_len, d.eos(), args.lenpen)]
+            found = [Hypothesis(ids[len(self.lead):] + f.new_tokens, f.scores[len(self.lead) - 1:], f.score)
+                     for f in beam_search(self.model, prompt_ids, args.beam, args.max_len, d.eos(), args.lenpen)]
         else:
             found = [self._draw(ids, prompt_ids) for _ in range(args.nbest if args.sampling else 1)]
             found.sort(key=lambda h: -h.score)  # stable: equal scores keep the order drawn
@@ -98,7 +100,8 @@ class Generator:
             self.model, prompt_ids, args.max_len, temperature=args.temperature if args.sampling else 1.0,
             topk=max(args.sampling_topk, 0), topp=max(args.sampling_topp, 0.0), eos=self.dictionary.eos(),
             generator=self.rng, greedy=not args.sampling)
-        return Hypothesis(ids[1:] + new.tolist(), scores, sum(scores) / len(scores) if scores else 0.0)
+        scores = scores[len(self.lead) - 1:]
+        return Hypothesis(ids[len(self.lead):] + new.tolist(), scores, sum(scores) / len(scores) if scores else 0.0)
 
     def print_prompt(self, index: int, prompt: str, hypotheses: List[Hypothesis],
                      seconds: Optional[float] = None) -> List[str]:

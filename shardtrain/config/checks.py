@@ -43,6 +43,8 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
      "--max-tokens-valid must be positive."),
     (lambda c: not _positive_or_none(c.dataset.batch_size_valid),
      "--batch-size-valid must be positive."),
+    (lambda c: not _positive_or_none(c.dataset.max_valid_steps),
+     "--max-valid-steps must be positive (the number of batches validated per subset); leave it unset for all."),
     (lambda c: c.dataset.required_batch_size_multiple < 1,
      "--required-batch-size-multiple must be at least 1."),
     (lambda c: min(numbers(c.optimization.update_freq)) < 1,

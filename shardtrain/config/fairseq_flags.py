@@ -182,20 +182,17 @@ def not_yet(names: str, instead: str, arity: str = "1", owner: str = "") -> Fair
 
 _LM, _MODEL = "task:language_modeling", "model:transformer_lm"
 TABLE += (
-    not_yet("--fp16-no-flatten-grads", "drop it (gradients are not flattened)", FLAG),
-    # fairseq skips samples longer than the model's positions; ignoring the flag would keep them (truncated
-    # under --sample-break-mode eos, whole under complete): with the default break mode none nothing is skipped.
-    not_yet("--skip-invalid-size-inputs-valid-test", "drop it (with --sample-break-mode none no sample is too "
-            "long)", FLAG),
-    not_yet("--max-sentences", "use --batch-size"),
-    not_yet("--max-sentences-valid", "use --batch-size-valid"),
-    not_yet("--fixed-validation-seed", "drop it"),
-    not_yet("--max-valid-steps --nval", "validate a smaller split"),
-    not_yet("--keep-best-checkpoints", "checkpoint_best.pt keeps the best one"),
-    not_yet("--no-save-optimizer-state", "shard-consolidate writes a model-only file", FLAG),
-    not_yet("--add-bos-token", "drop it", FLAG, _LM),
-    not_yet("--output-dictionary-size", "drop it", owner=_LM),
-    *(not_yet("--wd", "use --weight-decay", owner=f"optimizer:{name}") for name in ("adafactor", "sgd", "adagrad")),
+    accept("--fp16-no-flatten-grads", "gradients are never flattened into one buffer (FSDP2 and DDP keep them per "
+           "parameter), so there is nothing to turn off", FLAG),
+    # fairseq skips samples longer than the model's positions. Under --sample-break-mode none (the default) and
+    # eos our blocks are cut to --tokens-per-sample, so there is nothing to skip; under complete a single line
+    # longer than that stays one block (a known gap: fairseq would skip it).
+    accept("--skip-invalid-size-inputs-valid-test", "nothing is skipped: under --sample-break-mode none (the "
+           "default) and eos every block is cut to --tokens-per-sample; under complete a longer line stays one "
+           "block", FLAG),
+    accept_only("--output-dictionary-size", ("-1",), "the output layer covers the whole dictionary (fairseq's "
+                "default)", "the output layer always covers the whole dictionary; to shrink it, build the "
+                "data-bin with a smaller vocabulary (shard-preprocess --nwordssrc, or --spm-vocab-size)", _LM),
     # --- transformer_lm: what shard-train's model does not have
     refuse("--character-embeddings", "character CNN input embeddings are not implemented; use the token "
            "embeddings or --adaptive-input", FLAG, _MODEL),

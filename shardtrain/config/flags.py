@@ -110,7 +110,7 @@ def add_dataclass_flags(group, section: str, cls, overrides: Optional[Dict] = No
             else:
                 kwargs["metavar"] = f.name.upper()  # not the "section.field" dest
         try:
-            group.add_argument(flag_name(f.name), **kwargs)
+            group.add_argument(flag_name(f.name), *f.metadata.get("aliases", ()), **kwargs)
         except argparse.ArgumentError as e:
             raise ConfigError(
                 f"{cls.__qualname__}.{f.name} defines {flag_name(f.name)}, which another config section "

@@ -91,16 +91,23 @@ class CommonConfig:
 class DatasetConfig:
     max_tokens: Optional[int] = field(None, help="maximum number of tokens in a batch (default, when "
                                       "--batch-size is not set either: 4096 or one sample, whichever is larger)")
-    batch_size: Optional[int] = field(None, help="maximum number of sequences in a batch")
+    batch_size: Optional[int] = field(None, help="maximum number of sequences in a batch",
+                                      aliases=("--max-sentences",))
     required_batch_size_multiple: int = field(8, help="batch size will be a multiple of this value")
     train_subset: str = field("train", help="data subset to train on")
     valid_subset: str = field("valid", help="comma-separated data subsets to validate on")
     max_tokens_valid: Optional[int] = field(None, help="max tokens per validation batch (default: --max-tokens)")
-    batch_size_valid: Optional[int] = field(None, help="max sequences per validation batch (default: --batch-size)")
+    batch_size_valid: Optional[int] = field(None, help="max sequences per validation batch (default: --batch-size)",
+                                            aliases=("--max-sentences-valid",))
     validate_interval: int = field(1, help="validate every N epochs")
     validate_interval_updates: int = field(0, help="validate every N updates (0: off)")
     validate_after_updates: int = field(0, help="do not validate until reaching this many updates")
     disable_validation: bool = field(False, help="disable validation")
+    max_valid_steps: Optional[int] = field(None, help="validate on at most this many batches of each subset "
+                                           "(default: all)", aliases=("--nval",))
+    fixed_validation_seed: Optional[int] = field(
+        None, help="seed the random generators with this during validation (training's own random state is "
+                   "left as it was)")
 
 
 @dataclasses.dataclass
@@ -136,9 +143,13 @@ class CheckpointConfig:
     save_interval_updates: int = field(0, help="save a checkpoint (and validate) every N updates (0: off)")
     keep_interval_updates: int = field(-1, help="keep the last N update checkpoints (-1: all)")
     keep_last_epochs: int = field(-1, help="keep the last N epoch checkpoints (-1: all)")
+    keep_best_checkpoints: int = field(-1, help="keep the best N checkpoints by --best-checkpoint-metric, named "
+                                       "checkpoint.best_{metric}_{value}.pt as fairseq names them (-1: none)")
     no_save: bool = field(False, help="do not save any checkpoints")
     no_epoch_checkpoints: bool = field(False, help="only keep checkpoint_last and checkpoint_best")
     no_last_checkpoints: bool = field(False, help="do not write checkpoint_last")
+    no_save_optimizer_state: bool = field(False, help="don't save optimizer-state as part of checkpoint (resuming "
+                                          "from it starts a fresh optimizer, with a notice)")
     best_checkpoint_metric: str = field("loss", help="validation metric that decides checkpoint_best")
     maximize_best_checkpoint_metric: bool = field(False, help="a higher --best-checkpoint-metric is better")
     patience: int = field(-1, help="stop after N validations without improvement (-1: never)")

@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
 _DEFAULT_SPM_VOCAB_SIZE = 8000
-_STAGING_PREFIX = ".preprocess-"  # then writer_tag(): whose it is
+_STAGING_PREFIX = ".preprocess-"
+FAIRSEQ_DATASET_IMPLS = ("raw", "lazy", "cached", "mmap", "fasta", "huffman")  # then writer_tag(): whose it is
 
 
 @dataclasses.dataclass
@@ -61,6 +62,12 @@ class PreprocessConfig:
     padding_factor: int = field(8, help="pad the dictionary size to be a multiple of this")
     srcdict: Optional[str] = field(None, help="reuse this dict.txt instead of building one from --trainpref")
     no_progress_bar: bool = field(False, help="disable the progress bars")
+    # fairseq-preprocess's flags that a language-model user passes: a data-bin here is always
+    # source-only and mmap, so these are accepted with fairseq's meaning, and other values refused.
+    only_source: bool = field(False, help="only process the source language (as fairseq-preprocess; data-bins "
+                              "made here are always source-only, so this changes nothing)")
+    dataset_impl: str = field("mmap", choices=FAIRSEQ_DATASET_IMPLS, help="output dataset implementation "
+                              "(only mmap is written)")
 
 
 def preprocess(cfg: PreprocessConfig) -> None:
@@ -147,6 +154,9 @@ def _check_flags(cfg: PreprocessConfig) -> None:
         (cfg.workers < 1, "--workers must be at least 1"),
         (cfg.padding_factor < 1, "--padding-factor must be at least 1 (1: no padding)"),
         (cfg.spm_vocab_size is not None and cfg.spm_vocab_size < 1, "--spm-vocab-size must be positive"),
+        (cfg.dataset_impl != "mmap",
+         f"--dataset-impl {cfg.dataset_impl} is not written here: shard-train reads fairseq's mmap data-bins only; "
+         "drop the flag (mmap is the default, as in fairseq 0.12)"),
         (not (cfg.trainpref or cfg.validpref or cfg.testpref),
          "nothing to do: give at least one of --trainpref, --validpref, --testpref"),
         (not cfg.trainpref and not cfg.srcdict,

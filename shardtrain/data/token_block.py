@@ -8,7 +8,7 @@ block boundaries come from :func:`build_block_index`, which reproduces
 fairseq's loops (``token_block_utils_fast.pyx``) with vectorised numpy so that
 corpora of millions of lines index in well under a second.
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -128,18 +128,23 @@ class TokenBlockDataset(torch.utils.data.Dataset):
 
     ``dataset[i]`` is line i's token ids (each preprocessed line ends with
     EOS); ``sizes[i]`` its length. Only the lines a block spans are read.
+    ``bos``: fairseq's --add-bos-token: this id is put before both source and
+    target (as MonolingualDataset does), so a sample is one token longer.
     """
 
     def __init__(self, dataset, sizes, block_size: int, pad: int, eos: int,
-                 break_mode: str, include_targets: bool = True, document_sep_len: int = 1):
+                 break_mode: str, include_targets: bool = True, document_sep_len: int = 1,
+                 bos: Optional[int] = None):
         if len(sizes) != len(dataset):
             raise ValueError(f"got {len(sizes)} sizes for a dataset of {len(dataset)} lines")
         self.dataset = dataset
         self.pad = pad
         self.eos = eos
         self.include_targets = include_targets
+        self.bos = bos
         self._slices, self._block_to_item = build_block_index(sizes, block_size, break_mode, document_sep_len)
-        self.sizes = self._slices[:, 1] - self._slices[:, 0]
+        self._lengths = self._slices[:, 1] - self._slices[:, 0]
+        self.sizes = self._lengths + (0 if bos is None else 1)
 
     def __len__(self) -> int:
         return len(self._slices)
@@ -151,14 +156,19 @@ class TokenBlockDataset(torch.utils.data.Dataset):
         first, offset, last = (int(x) for x in self._block_to_item[index])
         lines = [np.asarray(self.dataset[i]) for i in range(first, last + 1)]
         buffer = np.concatenate(lines).astype(np.int64, copy=False)
-        end = offset + int(self.sizes[index])
-        target = torch.from_numpy(buffer[offset:end].copy())
+        end = offset + int(self._lengths[index])
+        target = buffer[offset:end].copy()
         if not self.include_targets:
-            return {"id": index, "source": target, "target": None}
+            return {"id": index, "source": self._with_bos(target), "target": None}
         if offset == 0:
             # As fairseq: a block that starts a line is preceded by EOS (the
             # previous line's last token, or a stand-in at the corpus start).
             source = np.concatenate([np.array([self.eos], dtype=np.int64), buffer[: end - 1]])
         else:
             source = buffer[offset - 1: end - 1].copy()  # own storage, apart from target's
-        return {"id": index, "source": torch.from_numpy(source), "target": target}
+        return {"id": index, "source": self._with_bos(source), "target": self._with_bos(target)}
+
+    def _with_bos(self, tokens: np.ndarray) -> torch.Tensor:
+        if self.bos is not None:
+            tokens = np.concatenate([np.array([self.bos], dtype=np.int64), tokens])
+        return torch.from_numpy(tokens)

@@ -222,7 +222,7 @@ class AdafactorConfig:
     clip_threshold: float = field(1.0, help="threshold for clipping update root mean square")
     decay_rate: float = field(-0.8, help="decay rate of the second moment estimator")
     beta1: Optional[float] = field(None, help="beta for first moment estimator. Optional")
-    weight_decay: float = field(0.0, help="weight decay, scaled by the step size")
+    weight_decay: float = field(0.0, help="weight decay, scaled by the step size", aliases=("--wd",))
     scale_parameter: bool = field(False, help="scale learning rate by root mean square of parameter")
     relative_step: bool = field(
         False, help="set learning rate to inverse square root of timestep (capped at 1e-2), otherwise use "

@@ -139,7 +139,7 @@ def adamw(cfg, device: torch.device) -> OptimizerSpec:
 @dataclasses.dataclass
 class SGDConfig:
     momentum: float = field(0.0, help="momentum factor")
-    weight_decay: float = field(0.0, help="weight decay")
+    weight_decay: float = field(0.0, help="weight decay", aliases=("--wd",))
 
 
 @register_optimizer("sgd", dataclass=SGDConfig)
@@ -150,7 +150,7 @@ def sgd(cfg, device: torch.device) -> OptimizerSpec:
 
 @dataclasses.dataclass
 class AdagradConfig:
-    weight_decay: float = field(0.0, help="weight decay")
+    weight_decay: float = field(0.0, help="weight decay", aliases=("--wd",))
 
 
 @register_optimizer("adagrad", dataclass=AdagradConfig)

@@ -24,14 +24,18 @@ class LanguageModelingConfig:
         "none: fill each sample with tokens-per-sample tokens; complete: whole sentences up to that size; "
         "complete_doc: like complete but not across documents; eos: one sentence per sample"))
     tokens_per_sample: int = field(1024, help="max number of tokens per sample for LM dataset")
+    add_bos_token: bool = field(False, help="prepend beginning of sentence token (<s>) to each sample's input and "
+                                "target (blocks are then cut one token shorter, so a sample still fits "
+                                "--tokens-per-sample)")
 
 
 @register_task("language_modeling", dataclass=LanguageModelingConfig)
 class LanguageModelingTask(Task):
     def __init__(self, cfg, dictionary: Dictionary = None):
         super().__init__(cfg)
-        if cfg.tokens_per_sample < 1:
-            raise DataError(f"--tokens-per-sample must be positive, got {cfg.tokens_per_sample}; "
+        if cfg.tokens_per_sample < 1 + cfg.add_bos_token:
+            need = "at least 2 with --add-bos-token (bos takes one place)" if cfg.add_bos_token else "positive"
+            raise DataError(f"--tokens-per-sample must be {need}, got {cfg.tokens_per_sample}; "
                             "set it to the model's context length (e.g. 512 or 1024).")
         self.dictionary = dictionary if dictionary is not None else self.load_dictionary(cfg.data)
 
@@ -74,9 +78,10 @@ class LanguageModelingTask(Task):
                             f"with a non-empty --{split}pref file, or pick another split "
                             "(--train-subset / --valid-subset).")
         self._check_vocabulary(tokens, prefix, split)
+        bos = self.dictionary.bos() if self.cfg.add_bos_token else None
         self.datasets[split] = TokenBlockDataset(
-            tokens, tokens.sizes, self.cfg.tokens_per_sample, pad=self.dictionary.pad(),
-            eos=self.dictionary.eos(), break_mode=self.cfg.sample_break_mode)
+            tokens, tokens.sizes, self.cfg.tokens_per_sample - (bos is not None), pad=self.dictionary.pad(),
+            eos=self.dictionary.eos(), break_mode=self.cfg.sample_break_mode, bos=bos)
 
     def _check_vocabulary(self, tokens, prefix, split) -> None:
         # Every token, at start: one id beyond the vocabulary late in a split would otherwise stop

@@ -212,7 +212,7 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
         run.trainer.lr_step(epoch, valid_loss)
     if do_save and not ck.no_save:
         start = time.time()
-        names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best)
+        names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best, valid_loss)
         check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank
         paths = run.checkpoints.save(header(run), stateful_parts(run, epoch_itr), epoch, updates, names)
         if names:  # saved (a failed save raised), and named alike on every rank
@@ -229,13 +229,22 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
 
 def validate(run: Run, epoch: int) -> List[Optional[float]]:
     """Validate on every --valid-subset; returns the best-checkpoint metric of each."""
+    seed = run.cfg.dataset.fixed_validation_seed
+    if seed is None:
+        return _validate_subsets(run, epoch)
+    with torch.random.fork_rng(devices=[]):  # training's random state is not this validation's
+        torch.manual_seed(seed)
+        return _validate_subsets(run, epoch)
+
+
+def _validate_subsets(run: Run, epoch: int) -> List[Optional[float]]:
     results = []
     for subset in run.cfg.dataset.valid_subset.split(","):
         itr = run.batch_iterator(subset, epoch=1, shuffle=False, valid=True).next_epoch_itr(shuffle=False)
         progress = run.progress(itr, epoch, prefix=f"valid on '{subset}' subset")
         metrics = MetricsLogger()
         run.metrics.begin_valid()
-        for sample in progress:
+        for sample in itertools.islice(progress, run.cfg.dataset.max_valid_steps):
             run.trainer.criterion.reduce_metrics(run.trainer.valid_step(sample), metrics)
         stats = run.metrics.stats(metrics, run.trainer.num_updates, "valid")
         metric = stats.get(run.cfg.checkpoint.best_checkpoint_metric)

@@ -234,6 +234,7 @@ RULE_VIOLATIONS = {
     "--batch-size must": ["--batch-size", "0"],
     "--max-tokens-valid must": ["--max-tokens-valid", "0"],
     "--batch-size-valid must": ["--batch-size-valid", "-1"],
+    "--max-valid-steps must": ["--max-valid-steps", "0"],
     "--required-batch-size-multiple": ["--required-batch-size-multiple", "0"],
     "--update-freq": ["--update-freq", "0"],
     "--lr must": ["--lr", "nan"],

@@ -16,6 +16,7 @@ from shardtrain.trainer.rng import gather_rng_states, reseed_for_resume, rng_for
 FORMAT_VERSION = 1
 TENSOR_PARTS = ("model", "optimizer")  # a sharded directory stores these with DCP, the rest in extra.pt
 SKIP = object()
+NO_OPTIMIZER_STATE = "no_optimizer_state"  # header key of a checkpoint saved with --no-save-optimizer-state
 # Older checkpoints lack some parts; what loading one of them means instead.
 WHEN_MISSING = {"precision": {}, "meters": SKIP, "training_seconds": 0.0, "rng_per_rank": None}
 

@@ -11,6 +11,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import probe_writable_dir
 from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error
+from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, without
+from shardtrain.trainer.checkpoint.keep_best import best_name, prune_best
 from shardtrain.trainer.checkpoint.formats import format_for_saving, resolve_checkpoint_path
 from shardtrain.trainer.checkpoint.save_dir_lock import SaveDirLock
 
@@ -61,7 +63,8 @@ class CheckpointManager:
         return None
 
     # -- save ------------------------------------------------------------------
-    def names_for(self, epoch: int, updates: int, end_of_epoch: bool, is_best: bool) -> List[str]:
+    def names_for(self, epoch: int, updates: int, end_of_epoch: bool, is_best: bool,
+                  valid_value: Optional[float] = None) -> List[str]:
         c = self.checkpoint
         names = []
         if end_of_epoch and not c.no_epoch_checkpoints and epoch % c.save_interval == 0:
@@ -71,6 +74,9 @@ class CheckpointManager:
             names.append(f"checkpoint_{epoch}_{updates}.pt")
         if is_best:
             names.append("checkpoint_best.pt")
+        kept_best = best_name(c, epoch, updates, valid_value)
+        if kept_best:
+            names.append(kept_best)
         if not c.no_last_checkpoints:
             names.append("checkpoint_last.pt")
         return names
@@ -79,9 +85,14 @@ class CheckpointManager:
         """Write ``header`` and the stateful ``parts`` (contents.py) under ``names``. Called on every rank."""
         if self.checkpoint.no_save or not names:
             return []
+        if self.checkpoint.no_save_optimizer_state:  # fairseq's flag; resume.py starts a fresh optimizer
+            header, parts = {**header, NO_OPTIMIZER_STATE: True}, without(parts, ["optimizer"])
         try:
-            return self.format.save(self.checkpoint, names, header, parts, epoch, updates, self.is_master,
-                                    self._prepare)
+            paths = self.format.save(self.checkpoint, names, header, parts, epoch, updates, self.is_master,
+                                     self._prepare)
+            if self.is_master:
+                prune_best(self.checkpoint)
+            return paths
         except (OSError, CheckpointException) as e:
             raise failed_save_error(f"of update {updates}", self.checkpoint.save_dir, e) from None
 

@@ -3,7 +3,7 @@ import logging
 from typing import Dict, List
 
 from shardtrain.core.errors import CheckpointError
-from shardtrain.trainer.checkpoint.contents import TENSOR_PARTS, load_parts, stateful_parts, trainer_parts, without
+from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, TENSOR_PARTS, load_parts, stateful_parts, trainer_parts, without
 from shardtrain.trainer.checkpoint.fit import check_same_optimizer
 from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
 
@@ -46,7 +46,12 @@ def _load(run, parts: Dict, path: str) -> Dict:
     fmt = format_of(path)
     state = fmt.read_state(path)
     fmt.check_model(run.trainer, state, path, run.cfg)
-    check_same_optimizer(state, path, run.cfg)
+    if state.get(NO_OPTIMIZER_STATE) and "optimizer" in parts:
+        logger.warning(f"{path} was saved with --no-save-optimizer-state: the optimizer starts fresh (the "
+                       "weights, lr scheduler, meters and data position resume)")
+        parts = without(parts, ["optimizer"])
+    else:
+        check_same_optimizer(state, path, run.cfg)
     fmt.load_tensors(path, state, parts["model"], parts.get("optimizer"))
     load_parts(without(parts, TENSOR_PARTS), state)
     run.trainer.resumed()

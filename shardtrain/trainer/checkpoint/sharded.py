@@ -60,6 +60,10 @@ def check_complete(path: str) -> None:
             "Resume from an earlier checkpoint (e.g. checkpoint_last, which always points to a complete one).")
 
 
+def _optimizer_of(parts: Dict):
+    return parts["optimizer"].optimizer if "optimizer" in parts else None
+
+
 class ShardedDirectory(CheckpointFormat):
     """One DCP directory per checkpoint, written by every rank; the other names are links to it."""
 
@@ -72,7 +76,7 @@ class ShardedDirectory(CheckpointFormat):
         if is_master:
             prepare()
         extra = {**header, **state_of(without(parts, TENSOR_PARTS))}  # rng_per_rank: a collective
-        path = self.saver.save(options.save_dir, storage, parts["model"].model, parts["optimizer"].optimizer,
+        path = self.saver.save(options.save_dir, storage, parts["model"].model, _optimizer_of(parts),
                                extra, aliases, interval=f"{storage}.pt" in names, after=lambda: self.prune(options))
         return [path]
 
@@ -161,7 +165,9 @@ class ShardedSaver:
             shutil.rmtree(partial, ignore_errors=True)  # left by a crashed save of the same update
             os.makedirs(partial)
         ranks.barrier()
-        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        state = {"model": get_model_state_dict(model)}
+        if optimizer is not None:  # None: --no-save-optimizer-state
+            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
         info = {"format": FORMAT, "world_size": ranks.world_size(), "name": name, "interval": interval}
         writer, hashing = shard_writer(partial, self.checksums)
 
@@ -189,7 +195,7 @@ class ShardedSaver:
         if self.stager is None:
             future = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group())
         else:
-            staged = self.stager.stage(state, step_only_storages(model, state["optimizer"]))
+            staged = self.stager.stage(state, step_only_storages(model, state.get("optimizer", {})))
             if self.stager.in_place_bytes:
                 self.gate.hold()
             try:
