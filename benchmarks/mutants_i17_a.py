@@ -55,4 +55,7 @@ MUTANTS = [
            "tests/fairseq_flags/flag_table_markdown.py", '    return names | {"data"}  # the positional data '
            'directory\n', '    return {"data"}\n',
            (MD + "test_the_markdown_gives_every_flag_a_state",)),
+    Mutant("readme_fairseq_column_flag_fails", "every flag README's fairseq column names is taken by shard-train",
+           TABLE, '    accept("--use-sharded-state", "checkpoints of fully_sharded runs are always sharded directories", FLAG),\n',
+           "", ("tests/cli/test_readme_fairseq_column.py",)),
 ]
