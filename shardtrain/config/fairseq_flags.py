@@ -11,9 +11,6 @@ every fairseq flag to exactly one state.
 import dataclasses
 from typing import Optional, Tuple
 
-NOT_YET = "not supported yet (issue 17 is adding it)"
-
-
 @dataclasses.dataclass(frozen=True)
 class FairseqFlag:
     names: Tuple[str, ...]  # fairseq's flag, then its aliases
@@ -175,13 +172,8 @@ TABLE = (
            "supported", FLAG, owner="task:language_modeling"),
 )
 
-# --- not supported yet: flags other issue-17 work is adding; each entry leaves when its flag works.
-def not_yet(names: str, instead: str, arity: str = "1", owner: str = "") -> FairseqFlag:
-    return refuse(names, f"{NOT_YET}; for now {instead}", arity, owner)
-
-
 _LM, _MODEL = "task:language_modeling", "model:transformer_lm"
-TABLE += (
+TABLE += (  # the flags whose states were settled as the rest of issue 17 was built
     accept("--fp16-no-flatten-grads", "gradients are never flattened into one buffer (FSDP2 and DDP keep them per "
            "parameter), so there is nothing to turn off", FLAG),
     # fairseq skips samples longer than the model's positions. Under --sample-break-mode none (the default) and

@@ -37,8 +37,6 @@ INTENTIONAL = {
     ("model:transformer_lm", "--decoder-output-dim"): "None: --decoder-embed-dim, as fairseq's architecture sets",
     ("model:transformer_lm", "--decoder-input-dim"): "None: --decoder-embed-dim, as fairseq's architecture sets",
 }
-# fairseq's transformer_lm architectures that shard-train does not register yet (issue 17 is adding them).
-ARCHS_NOT_YET = set()
 
 
 def _selection(group: str):
@@ -207,10 +205,9 @@ def test_notices_print_once_on_rank_0_before_the_run(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
 
 
-def test_every_fairseq_transformer_lm_architecture_is_registered_or_listed_as_not_yet():
-    for arch in GROUPS["model:transformer_lm"]["architectures"]:
-        assert (arch in ARCH_REGISTRY) != (arch in ARCHS_NOT_YET), (
-            f"{arch}: registered and in ARCHS_NOT_YET (drop it)" if arch in ARCH_REGISTRY else f"{arch}: missing")
+def test_every_fairseq_transformer_lm_architecture_is_registered():
+    missing = [arch for arch in GROUPS["model:transformer_lm"]["architectures"] if arch not in ARCH_REGISTRY]
+    assert not missing, missing
 
 
 def _generator():
