@@ -1,7 +1,8 @@
 """``shard-hydra-train [--config-dir DIR] [--config-name NAME] [key=value ...]``: shard-train from Hydra configs.
 
 The same dataclasses, typed config, checks and training entry as shard-train;
-only how the values are written differs (examples/configs/README.md).
+only how the values are written differs (examples/configs/README.md). The example configs are
+built in (shardtrain/config/recipes/): ``--config-name lm_fully_sharded`` finds them from any directory.
 
 Hydra's compose API (``initialize_config_dir`` + ``compose``), not
 ``@hydra.main``: compose builds the config and does nothing else, so Hydra makes
@@ -34,7 +35,7 @@ from shardtrain.trainer.launch import start
 PROG = "shard-hydra-train"
 DESCRIPTION = f"""Train a model from a Hydra config: shard-train's options as YAML and key=value overrides.
 
-  {PROG} --config-dir examples/configs --config-name lm_pytorch_ddp task.data=DATA_BIN \\
+  {PROG} --config-name lm_pytorch_ddp task.data=DATA_BIN \\
       optimization.max_update=100 model=transformer_lm_gpt3_small optimizer.adam_betas=[0.9,0.95]
 
 Keys are shard-train's flags with '_' for '-' under their section (common, dataset,
@@ -53,10 +54,12 @@ Print the resolved config with --cfg job."""
 def parse_command_line(argv: List[str]) -> argparse.Namespace:
     parser = new_parser(PROG, DESCRIPTION)
     parser.add_argument("--config-dir", "-cd", default=None,
-                        help="directory of the YAML configs (default: the working directory)")
+                        help="directory of the YAML configs (default: the working directory, then the configs built "
+                             "into shardtrain)")
     parser.add_argument("--config-name", "-cn", default=None,
-                        help="primary config, a file CONFIG_NAME.yaml in --config-dir (default: shardtrain's base "
-                             "config, so everything comes from overrides)")
+                        help="primary config, a file CONFIG_NAME.yaml in --config-dir, or one of the configs built into "
+                             f"shardtrain: {', '.join(hydra_store.builtin_config_names())} (default: shardtrain's "
+                             "base config, so everything comes from overrides)")
     parser.add_argument("--user-dir", default=None,
                         help="plugin package to import before the config groups are built (the same as the "
                              "override common.user_dir=PATH)")
@@ -69,7 +72,7 @@ def parse_command_line(argv: List[str]) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> DictConfig:
     """The typed run config, exactly as ``parse_train_args`` builds it from flags."""
-    config_dir = os.path.abspath(args.config_dir or os.curdir)
+    config_dir = hydra_store.config_dir_for(args.config_dir, args.config_name)
     if args.config_name:
         path = hydra_store.config_path(config_dir, args.config_name)
         name, source = os.path.basename(path)[:-len(".yaml")], f"the config {path}"

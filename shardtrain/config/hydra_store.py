@@ -33,6 +33,8 @@ from shardtrain.config.sections import COMPONENT_SLOTS, SECTIONS, ComponentsConf
 from shardtrain.core.errors import ConfigError
 
 BASE_CONFIG = "shardtrain"
+# The example configs ship inside the package, so `--config-name lm_fully_sharded` works from a wheel install.
+RECIPES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes")
 GROUPS = tuple(COMPONENT_SLOTS)  # task, model, criterion, optimizer, lr_scheduler
 FRAMEWORK_SECTIONS = tuple(s for s in SECTIONS if s != "components")  # chosen by the groups instead
 _KINDS = {"model": "model architecture", "lr_scheduler": "lr scheduler"}
@@ -246,17 +248,40 @@ def _one_paragraph(error: Exception) -> str:
     return " ".join(text.split()).rstrip(".")
 
 
+def builtin_config_names() -> List[str]:
+    return sorted(f[:-len(".yaml")] for f in os.listdir(RECIPES_DIR) if f.endswith(".yaml"))
+
+
+def _bare_name(config_name: str) -> str:
+    return config_name[:-len(".yaml")] if config_name.endswith(".yaml") else config_name
+
+
+def config_dir_for(config_dir: Optional[str], config_name: Optional[str]) -> str:
+    """The directory configs are read from: ``--config-dir``, else the working directory, else (for a
+    ``--config-name`` the working directory lacks) shardtrain's built-in configs."""
+    if config_dir is not None:
+        return os.path.abspath(config_dir)
+    cwd = os.path.abspath(os.curdir)
+    if config_name is not None:
+        name = _bare_name(config_name)
+        if not os.path.isfile(os.path.join(cwd, name + ".yaml")) and name in builtin_config_names():
+            return RECIPES_DIR
+    return cwd
+
+
 def config_path(config_dir: str, config_name: str) -> str:
     """The primary config file, checked before Hydra sees it (for a message with the fix)."""
-    name = config_name[:-5] if config_name.endswith(".yaml") else config_name
+    name = _bare_name(config_name)
     check_config_dir(config_dir)
     path = os.path.join(config_dir, name + ".yaml")
     if not os.path.isfile(path):
         names = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".yaml"))
-        near = difflib.get_close_matches(name, names, n=1)
+        builtin = builtin_config_names()
+        near = difflib.get_close_matches(name, names + builtin, n=1)
         hint = f" Did you mean '{near[0]}'?" if near else ""
         raise ConfigError(f"--config-name {name}: there is no {path}.{hint} Configs in {config_dir}: "
-                          f"{', '.join(names) or '(none)'}. Pass one of them, or another --config-dir.")
+                          f"{', '.join(names) or '(none)'}; built into shardtrain (used when --config-dir is not "
+                          f"given): {', '.join(builtin)}. Pass one of them, or another --config-dir.")
     return path
 
 

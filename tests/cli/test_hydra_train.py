@@ -10,10 +10,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from shardtrain.cli import hydra_train, train
+from shardtrain.config import hydra_store
 from shardtrain.config.build import from_dict, parse_train_args, to_dict
+from shardtrain.core.errors import ConfigError
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "configs")
+EXAMPLES = hydra_store.RECIPES_DIR  # the example configs, shipped in the package
 TOY_PLUGIN = os.path.join(os.path.dirname(__file__), "..", "plugins", "toy_plugin")
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| INFO \| \S+ \| ")  # shardtrain's format
 
@@ -275,9 +277,9 @@ EXAMPLE_RUNS = {  # pytorch_ddp spawns two gloo ranks, as shard-train would; the
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_RUNS))
 def test_example_configs_train(name, data_bin, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # no --config-dir: the built-in config of that name
     log = str(tmp_path / "log")
-    argv = ["--config-dir", EXAMPLES, "--config-name", name, f"task.data={data_bin}", "optimization.max_update=2",
+    argv = ["--config-name", name, f"task.data={data_bin}", "optimization.max_update=2",
             "lr_scheduler.warmup_updates=1", "dataset.batch_size=4", "task.tokens_per_sample=32",
             "checkpoint.save_dir=ck", "common.log_format=json", "common.log_interval=1", f"common.log_file={log}",
             "common.threads=1", *EXAMPLE_RUNS[name]]
@@ -288,6 +290,18 @@ def test_example_configs_train(name, data_bin, tmp_path, monkeypatch):
     written = check_config_yaml("ck", hydra_config(*argv))
     assert written["distributed"]["ddp_backend"] == name[len("lm_"):]
     assert sorted(os.listdir(tmp_path)) == ["ck", "log"]  # no outputs/, .hydra or log file of Hydra's
+
+
+def test_builtin_config_names_and_their_precedence(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert hydra_store.builtin_config_names() == ["lm_fully_sharded", "lm_legacy_ddp", "lm_pytorch_ddp"]
+    assert hydra_config("--config-name", "lm_legacy_ddp", "task.data=d").distributed.ddp_backend == "legacy_ddp"
+    # A file of the same name in the working directory is the user's and wins over the built-in one.
+    (tmp_path / "lm_legacy_ddp.yaml").write_text("defaults:\n  - shardtrain\n  - _self_\noptimization:\n  lr: 0.5\n")
+    assert hydra_config("--config-name", "lm_legacy_ddp", "task.data=d").optimization.lr == [0.5]
+    # So does an explicit --config-dir: built-in names are not looked up there.
+    with pytest.raises(ConfigError, match="built into shardtrain .*lm_fully_sharded, lm_legacy_ddp"):
+        hydra_config("--config-dir", str(tmp_path), "--config-name", "lm_fully_sharded")
 
 
 def test_shard_train_writes_config_yaml_too(data_bin, tmp_path):
