@@ -20,3 +20,41 @@ MUTANTS = [
            'if not os.path.isfile(os.path.join(cwd, name + ".yaml")) and name in builtin_config_names():',
            'if name in builtin_config_names():', (HYDRA + "test_builtin_config_names_and_their_precedence",)),
 ]
+
+PLOT = "tests/plot/test_plot.py::"
+MUTANTS += [
+    Mutant("plot_epoch_summaries_as_curve", "shard-plot draws train_inner records, not epoch summaries",
+           "shardtrain/plot/records.py", '_NOT_CURVES = {"train"}', "_NOT_CURVES = set()",
+           (PLOT + "test_every_log_format_reads_back",)),
+    Mutant("plot_resume_keeps_first", "a resumed run's repeated updates are drawn with their later values",
+           "shardtrain/plot/records.py", "grouped.setdefault((tag, metric), {})[x] = y",
+           "grouped.setdefault((tag, metric), {}).setdefault(x, y)",
+           (PLOT + "test_a_resumed_run_repeating_updates_keeps_the_later_values",)),
+    Mutant("plot_json_prefix_kept", "json summaries' tag prefix (valid_loss) is read as the metric (loss)",
+           "shardtrain/plot/records.py", 'prefix = f"{tag}_"', 'prefix = "\\0"',
+           (PLOT + "test_every_log_format_reads_back",)),
+    Mutant("plot_log_axis_unscaled", "ppl is drawn on a log axis consistently",
+           "shardtrain/plot/svg.py", "top + h - (_scale(y, log) - ymin) / (ymax - ymin) * h",
+           "top + h - (y - ymin) / (ymax - ymin) * h", (PLOT + "test_curves_are_drawn_where_their_values_are",)),
+    Mutant("plot_ticks_not_nearest", "axis ticks are round values about four to a panel",
+           "shardtrain/plot/svg.py", "step *= min((1, 2, 5, 10), key=lambda m: abs(math.log(step * m / raw)))",
+           "step *= next(m for m in (1, 2, 5, 10) if step * m >= raw)", (PLOT + "test_ticks_are_round_and_inside",)),
+]
+
+DEMO = "tests/cli/test_demo.py::"
+SAMPLING = "tests/models/test_lm_sampling.py::test_sample_lines_sees_the_lines_before_it_within_the_models_positions"
+MUTANTS += [
+    Mutant("sample_lines_without_eos", "each sampled line sees the ones before it, separated as in training",
+           "shardtrain/models/sampling.py", "context = torch.cat([context, line, context.new_tensor([eos])])",
+           "context = torch.cat([context, line])", (SAMPLING,)),
+    Mutant("sample_lines_context_uncut", "many lines fit a model of few positions",
+           "shardtrain/models/sampling.py", "new = sample(model, context[-keep:], max_line_len",
+           "new = sample(model, context, max_line_len", (SAMPLING,)),
+    Mutant("log_record_over_bar", "log records never land on a progress bar's line",
+           "shardtrain/trainer/metrics/logging_setup.py", "tqdm.write(self.format(record), file=self.stream)",
+           "self.stream.write(self.format(record) + self.terminator)",
+           ("tests/logging/test_log_lines_and_bars.py",)),
+    Mutant("demo_not_plotted", "the demo ends with a plot of its curves",
+           "shardtrain/cli/demo.py", 'plot.main([os.path.join(args.workdir, LOG_FILE), "--output", curves])',
+           "pass", (DEMO + "test_demo_runs_on_a_small_stdlib_corpus", DEMO + "test_both_phases_have_a_positive_limit")),
+]

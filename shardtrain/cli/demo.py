@@ -6,22 +6,37 @@ download), trains a small transformer LM on 2 processes (1 with one GPU) with
 from its checkpoint, validates, and prints a generated sample.
 """
 import argparse
+import contextlib
 import math
 import os
 import signal
 import sysconfig
+import time
 from typing import Optional, Tuple
 
 import torch
 
-from shardtrain.cli import generate, preprocess, train, validate
+from shardtrain.cli import plot, preprocess, train, validate
 from shardtrain.cli.errors import cli_entry
 from shardtrain.core.errors import ConfigError
 from shardtrain.core.fileio import probe_writable_dir
+from shardtrain.data.tokenizers import load_tokenizer
+from shardtrain.models.sampling import sample_lines
+from shardtrain.trainer.checkpoint.inference import load_for_inference
 
-# Below this the stdlib corpus is too small to fit the demo's 2000-piece sentencepiece vocabulary.
+# Below this the stdlib corpus is too small to fit the demo's sentencepiece vocabulary.
 MIN_CORPUS_MB = 0.1
 VALID_EVERY = 20  # one file in VALID_EVERY goes to the valid split
+VOCAB_SIZE = 2000
+DEFAULT_CORPUS_MB = 2.0
+DEFAULT_MAX_UPDATE = 500
+LOG_FILE = "train.log"
+# The sample: a class header, then lines the model writes. A temperature below 1 and top-p keep a small model
+# to the likely tokens, which in Python source are keywords, `self.`, colons and indentation.
+SAMPLE_PROMPT = "class Reader:"
+SAMPLE_LINES = 8
+SAMPLE_TEMPERATURE = 0.6
+SAMPLE_TOPP = 0.9
 
 
 def stdlib_sources(max_bytes: int):
@@ -67,9 +82,9 @@ def parse_args(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="shard-demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="shardtrain-demo", help="where the corpus, data-bin and checkpoints go")
-    parser.add_argument("--corpus-mb", type=float, default=4.0,
+    parser.add_argument("--corpus-mb", type=float, default=DEFAULT_CORPUS_MB,
                         help=f"size of the stdlib corpus in MB (at least {MIN_CORPUS_MB:g})")
-    parser.add_argument("--max-update", type=int, default=1200,
+    parser.add_argument("--max-update", type=int, default=DEFAULT_MAX_UPDATE,
                         help="updates in total, at least 2 (the demo stops and resumes halfway)")
     parser.add_argument("--log-format", default="tqdm", choices=("tqdm", "simple", "json", "none"))
     parser.add_argument("--ranks", type=int, default=None,
@@ -82,11 +97,11 @@ def check_options(args) -> None:
     flags, not shard-train's, so the messages must name them."""
     if not math.isfinite(args.corpus_mb):
         raise ConfigError(f"--corpus-mb {args.corpus_mb:g} is not a size. Pass a number of MB, at least "
-                          f"{MIN_CORPUS_MB:g} (the default is 4).")
+                          f"{MIN_CORPUS_MB:g} (the default is {DEFAULT_CORPUS_MB:g}).")
     if args.corpus_mb < MIN_CORPUS_MB:
         raise ConfigError(f"--corpus-mb {args.corpus_mb:g} is too small: the demo needs at least {MIN_CORPUS_MB:g} "
                           "MB of source to build its vocabulary and a validation split. Pass --corpus-mb "
-                          f"{MIN_CORPUS_MB:g} or more (the default is 4).")
+                          f"{MIN_CORPUS_MB:g} or more (the default is {DEFAULT_CORPUS_MB:g}).")
     if args.max_update < 2:
         # The first phase trains max_update // 2 updates, and shard-train reads --max-update 0 as "no limit".
         raise ConfigError(f"--max-update must be at least 2, got {args.max_update}: the demo trains half of the "
@@ -179,31 +194,64 @@ def main(argv):
         args.ranks, note = default_ranks(visible_gpus())
         if note:
             print(f"== shard-demo: {note}")
+    started = time.perf_counter()
     os.makedirs(args.workdir, exist_ok=True)
-    corpus = write_corpus(args.workdir, int(args.corpus_mb * 1e6))
     data = os.path.join(args.workdir, "data-bin")
     save_dir = os.path.join(args.workdir, "checkpoints")
-    print(f"== shard-demo: preprocessing {args.corpus_mb:g} MB of the standard library's source into {data}")
-    preprocess.main(["--trainpref", corpus["train"], "--validpref", corpus["valid"], "--destdir", data,
-                     "--spm-vocab-size", "2000", "--workers", "2"])
+    with phase(f"preprocessing {args.corpus_mb:g} MB of the standard library's source into {data}"):
+        corpus = write_corpus(args.workdir, int(args.corpus_mb * 1e6))
+        preprocess.main(["--trainpref", corpus["train"], "--validpref", corpus["valid"], "--destdir", data,
+                         "--spm-vocab-size", str(VOCAB_SIZE), "--workers", "2"])
     common = train_flags(data, save_dir, args)
     half = args.max_update // 2
     with StopSignals() as signals:
-        print(f"== shard-demo: training for {half} updates, then stopping")
-        train.main(common + ["--max-update", str(half)])
+        with phase(f"training for {half} updates on {args.ranks} rank(s), then stopping"):
+            train.main(common + ["--max-update", str(half)])
         if not signals.stopped():
-            print(f"== shard-demo: resuming from {save_dir}/checkpoint_last.pt up to {args.max_update} updates")
-            train.main(common + ["--max-update", str(args.max_update)])
+            with phase(f"resuming from {save_dir}/checkpoint_last up to {args.max_update} updates"):
+                train.main(common + ["--max-update", str(args.max_update)])
     if signals.stopped():
         # As shard-train does: the signal asked to stop, and checkpoint_last holds the training so far.
         print(f"== shard-demo: stopped by SIGTERM/SIGUSR1 after saving {save_dir}/checkpoint_last; run the same "
               "command again to resume")
         return
-    print("== shard-demo: validating checkpoint_best.pt")
-    validate.main([data, "--path", os.path.join(save_dir, "checkpoint_best.pt")])
-    print("== shard-demo: sampling a continuation of 'def '")
-    generate.main([data, "--path", os.path.join(save_dir, "checkpoint_last.pt"), "--prompt", "def ",
-                   "--sampling", "--sampling-topk", "10", "--max-len", "60"])
+    with phase("validating checkpoint_best"):
+        validate.main([data, "--path", os.path.join(save_dir, "checkpoint_best.pt")])
+    with phase(f"sampling {SAMPLE_LINES} lines after {SAMPLE_PROMPT!r} (temperature {SAMPLE_TEMPERATURE}, "
+               f"top-p {SAMPLE_TOPP})"):
+        print_sample(data, os.path.join(save_dir, "checkpoint_last.pt"))
+    curves = os.path.join(args.workdir, "curves.svg")
+    with phase(f"drawing the training curves into {curves}"):
+        plot.main([os.path.join(args.workdir, LOG_FILE), "--output", curves])
+    print(f"== shard-demo: done in {_minutes(time.perf_counter() - started)}. Open {curves} in a browser, or run "
+          f"`tensorboard --logdir {os.path.join(args.workdir, 'tb')}`.")
+
+
+@contextlib.contextmanager
+def phase(what: str):
+    """One line saying what the demo does next, one saying how long it took."""
+    print(f"== shard-demo: {what}", flush=True)
+    start = time.perf_counter()
+    yield
+    print(f"== shard-demo: ({_minutes(time.perf_counter() - start)})", flush=True)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def print_sample(data: str, checkpoint: str, seed: int = 1) -> None:
+    """SAMPLE_LINES lines after SAMPLE_PROMPT, each sampled with the lines before it as context (a
+    line is a sentence of the corpus, so shard-generate would stop at the first line's end)."""
+    _, task, model, _ = load_for_inference(checkpoint, data, cpu=True)
+    tokenizer, d = load_tokenizer(data), task.source_dictionary
+    prompt = [d.index(p) for p in tokenizer.encode(SAMPLE_PROMPT)]
+    lines = sample_lines(model, torch.tensor([d.eos()] + prompt), SAMPLE_LINES, d.eos(),
+                         temperature=SAMPLE_TEMPERATURE, topp=SAMPLE_TOPP,
+                         generator=torch.Generator().manual_seed(seed))
+    lines[0] = prompt + lines[0]
+    for line in lines:
+        print(tokenizer.decode([d[i] for i in line]))
 
 
 def train_flags(data: str, save_dir: str, args) -> list:
@@ -211,10 +259,13 @@ def train_flags(data: str, save_dir: str, args) -> list:
     return [data, "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "128",
             "--decoder-ffn-embed-dim", "512", "--decoder-attention-heads", "4", "--decoder-normalize-before",
             "--share-decoder-input-output-embed", "--dropout", "0.1", "--tokens-per-sample", "128",
-            "--batch-size", "16", "--optimizer", "adam", "--lr", "0.002", "--lr-scheduler", "inverse_sqrt",
-            "--warmup-updates", "100", "--clip-norm", "1.0", "--save-dir", save_dir,
-            "--log-format", args.log_format, "--log-interval", "50", "--validate-interval-updates", "200",
+            "--batch-size", "16", "--optimizer", "adam", "--lr", "0.004", "--lr-scheduler", "inverse_sqrt",
+            "--warmup-updates", "50", "--clip-norm", "1.0", "--save-dir", save_dir,
+            "--log-format", args.log_format, "--log-interval", str(max(1, min(25, args.max_update // 20))),  # points for the plot "--validate-interval-updates", "100",
             "--save-interval-updates", "100", "--keep-interval-updates", "2", "--max-tokens-valid", "8192",
+            "--max-valid-steps", "4",  # 4 x 8192 tokens: enough for a curve, seconds instead of tens
+            "--log-file", os.path.join(args.workdir, LOG_FILE),  # what the plot is drawn from
+            "--tensorboard-logdir", os.path.join(args.workdir, "tb"),
             # data-parallel ranks with sharded parameters, gradients and optimizer state
             "--distributed-world-size", str(args.ranks), "--ddp-backend", "fully_sharded"]
 

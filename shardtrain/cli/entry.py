@@ -22,6 +22,7 @@ COMMANDS = {
     "shard-hydra-train": "shardtrain.cli.hydra_train",
     "shard-import-fairseq": "shardtrain.cli.import_fairseq",
     "shard-verify": "shardtrain.cli.verify",
+    "shard-plot": "shardtrain.cli.plot",
 }
 
 
@@ -43,3 +44,4 @@ shard_consolidate = functools.partial(run, "shard-consolidate")
 shard_hydra_train = functools.partial(run, "shard-hydra-train")
 shard_import_fairseq = functools.partial(run, "shard-import-fairseq")
 shard_verify = functools.partial(run, "shard-verify")
+shard_plot = functools.partial(run, "shard-plot")

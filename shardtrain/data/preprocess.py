@@ -22,6 +22,7 @@ import tempfile
 from typing import Dict, List, Optional
 
 from shardtrain.core.fields import field
+from shardtrain.core.timing import timed
 from shardtrain.data.binarize import (binarize_file, count_symbols, iter_lines, stop_signals_deferred,
                                      usable_workers)
 from shardtrain.data.dictionary import Dictionary
@@ -210,8 +211,10 @@ def _build_tokenizer(cfg: PreprocessConfig, staging: str):
         SentencePieceTokenizer(cfg.spm_model)  # validates it before copying
         shutil.copyfile(cfg.spm_model, model_path)
     else:
-        train_sentencepiece(iter_lines(cfg.trainpref), model_path, cfg.spm_vocab_size or _DEFAULT_SPM_VOCAB_SIZE,
-                            cfg.spm_model_type)
+        vocab_size = cfg.spm_vocab_size or _DEFAULT_SPM_VOCAB_SIZE
+        with timed(logger, f"training a {cfg.spm_model_type} sentencepiece model of {vocab_size} pieces on "
+                           f"{cfg.trainpref}"):
+            train_sentencepiece(iter_lines(cfg.trainpref), model_path, vocab_size, cfg.spm_model_type)
     return SentencePieceTokenizer(model_path)
 
 

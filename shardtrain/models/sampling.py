@@ -142,3 +142,26 @@ def _check_sampling_args(prompt_ids, max_len, temperature, topk, topp, max_posit
     problems = [message for ok, message in checks if not ok]
     if problems:
         raise ConfigError("Invalid sampling settings: " + "; ".join(problems) + ".")
+
+
+@torch.no_grad()
+def sample_lines(model, context_ids: torch.Tensor, lines: int, eos: int, max_line_len: int = 40,
+                 **decoding) -> list:
+    """Continue ``context_ids`` (ending with ``eos``, or mid-line) for ``lines`` lines: -> one list of
+    token ids per line, without its ``eos``.
+
+    Each line is one :func:`sample` call whose prompt is the text so far, lines separated by ``eos`` as
+    the training data has them, cut to the last positions the model has (keeping ``max_line_len`` free
+    for the new line): so a model of 128 positions can write many lines that each see the ones before.
+    ``decoding``: :func:`sample`'s temperature, topk, topp, generator, greedy."""
+    keep = model.max_positions - max_line_len
+    if keep < 1:
+        raise ShardtrainError(f"A line of up to {max_line_len} tokens leaves no room for context in the model's "
+                              f"{model.max_positions} positions; sample shorter lines.")
+    context, out = context_ids, []
+    for _ in range(lines):
+        new = sample(model, context[-keep:], max_line_len, eos=eos, **decoding)
+        line = new[:-1] if new.numel() and new[-1].item() == eos else new
+        out.append(line.tolist())
+        context = torch.cat([context, line, context.new_tensor([eos])])
+    return out

@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from shardtrain.config.epoch_lists import for_epoch
+from shardtrain.config.summary import config_summary
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.trainer import build
@@ -109,7 +110,7 @@ class Run:
 def main(cfg, ctx) -> Optional[float]:
     """Train until a stopping rule fires; return the last validation loss. Runs on every rank."""
     setup_logging(cfg.common.log_file, ctx.rank)
-    logger.info("config:\n" + OmegaConf.to_yaml(cfg))
+    logger.info("config:\n" + config_summary(cfg, os.path.join(cfg.checkpoint.save_dir, CONFIG_FILE)))
     start = time.time()
     run = Run(cfg, ctx)
     try:

@@ -16,7 +16,14 @@ def test_demo_runs_on_a_small_stdlib_corpus(tmp_path, capfd):
     out = capfd.readouterr().out  # capfd: the training ranks are child processes
     assert "resuming from" in out and "loaded checkpoint" in out  # the second half resumed
     assert "fully_sharded: materialised" in out and "mesh (2,)" in out  # on 2 ranks
-    assert re.search(r"\nD-0\t-?\d+\.\d+\tdef ", out), out[-2000:]  # a sample continuing the prompt (fairseq's D line)
+    after = out.split(f"after {demo.SAMPLE_PROMPT!r}")[1].split("\n")[1:]
+    sample = [line for line in after if not re.match(r"\d{4}-\d\d-\d\d ", line)][:demo.SAMPLE_LINES]  # no log lines
+    assert sample[0].startswith(demo.SAMPLE_PROMPT) and "== shard-demo" not in "".join(sample), out[-2000:]
+    with open(os.path.join(work, "curves.svg")) as f:  # the curves of both phases, drawn from the log file
+        curves = f.read()
+    for tag in ("train_inner", "valid"):
+        assert f'data-tag="{tag}" data-metric="loss"' in curves
+    assert re.search(r"== shard-demo: done in \d+ s", out)
     assert os.path.exists(os.path.join(work, "data-bin", "spm.model"))
     last = os.path.join(work, "checkpoints", "checkpoint_last")  # sharded: a directory, written by both ranks
     assert os.path.isdir(last) and os.path.exists(os.path.join(last, "COMPLETE"))
@@ -114,7 +121,8 @@ class FakeTools:
         monkeypatch.setattr(demo.preprocess, "main", lambda argv: self.calls.append("preprocess"))
         monkeypatch.setattr(demo.train, "main", self.train)
         monkeypatch.setattr(demo.validate, "main", lambda argv: self.calls.append("validate"))
-        monkeypatch.setattr(demo.generate, "main", lambda argv: self.calls.append("generate"))
+        monkeypatch.setattr(demo, "print_sample", lambda data, path: self.calls.append("sample"))
+        monkeypatch.setattr(demo.plot, "main", lambda argv: self.calls.append("plot"))
 
     def train(self, argv):
         phase = sum(c.startswith("train") for c in self.calls) + 1
@@ -131,7 +139,7 @@ class FakeTools:
 def test_both_phases_have_a_positive_limit(tmp_path, monkeypatch):
     tools = FakeTools(monkeypatch)
     demo.main(["--workdir", str(tmp_path / "demo"), "--corpus-mb", "0.1", "--max-update", "3"])
-    assert tools.calls == ["preprocess", "train 1", "train 3", "validate", "generate"]
+    assert tools.calls == ["preprocess", "train 1", "train 3", "validate", "sample", "plot"]
 
 
 @pytest.mark.parametrize("phase", [1, 2])

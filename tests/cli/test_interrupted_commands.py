@@ -17,7 +17,7 @@ from shardtrain.cli import entry
 from shardtrain.cli.entry import COMMANDS
 from st_testutils import make_space_data_bin, tiny_model_flags
 
-# As the installed console script runs it (setup.py): the handlers go in before the heavy imports.
+# As the installed console script runs it (pyproject.toml): the handlers go in before the heavy imports.
 CONSOLE_SCRIPT = "import sys; from shardtrain.cli.entry import shard_consolidate; sys.exit(shard_consolidate())"
 # ~150 MB of checkpoint, as the red-team's 100-550 MB: writing it takes long enough to be caught at it.
 BIG_MODEL = ["--decoder-layers", "4", "--decoder-embed-dim", "512", "--decoder-ffn-embed-dim", "2048",
@@ -116,9 +116,9 @@ def test_sigkill_leftovers_are_removed_by_the_next_run(sharded, tmp_path):
 
 
 def test_every_console_script_starts_through_entry():
-    with open(os.path.join(os.path.dirname(__file__), "..", "..", "setup.py")) as f:
-        setup = f.read()
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml")) as f:
+        project = f.read()
     for prog in COMMANDS:
-        assert f'"{prog} = shardtrain.cli.entry:{prog.replace("-", "_")}"' in setup, prog
+        assert f'{prog} = "shardtrain.cli.entry:{prog.replace("-", "_")}"' in project, prog
         assert callable(getattr(entry, prog.replace("-", "_")))
-    assert setup.count("shardtrain.cli.") == len(COMMANDS)
+    assert project.count("shardtrain.cli.") == len(COMMANDS)

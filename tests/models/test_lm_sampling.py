@@ -154,3 +154,22 @@ def test_bad_sampling_settings_are_config_errors():
         sample(model, prompt(), max_len=3, topp=1.5)
     with pytest.raises(ShardtrainError, match="non-empty"):
         sample(model, torch.tensor([], dtype=torch.long), max_len=3)
+
+
+def test_sample_lines_sees_the_lines_before_it_within_the_models_positions(monkeypatch):
+    """Each line's prompt is the text so far with an end-of-sentence after every line (as training data
+    has them), cut to the positions the model has left after room for the line."""
+    from shardtrain.models import sampling
+
+    eos, prompts, real_sample = 2, [], sampling.sample
+    monkeypatch.setattr(sampling, "sample", lambda model, ids, *a, **kw: prompts.append(ids) or
+                        real_sample(model, ids, *a, **kw))
+    context = torch.cat([torch.tensor([eos]), prompt(4)])
+    lines = sampling.sample_lines(tiny_model().eval(), context, 12, eos, max_line_len=6,
+                                  generator=torch.Generator().manual_seed(0))
+    assert len(lines) == 12 and all(len(line) <= 6 and eos not in line for line in lines)
+    text = context.tolist()
+    for line, seen in zip(lines, prompts):
+        assert seen.tolist() == text[-(MAX_POS - 6):]
+        text += line + [eos]
+    assert len(text) > MAX_POS  # so the cut was needed

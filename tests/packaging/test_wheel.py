@@ -67,7 +67,7 @@ def test_wheel_holds_the_package_its_data_and_metadata(wheel):
     requires = meta.get_all("Requires-Dist")
     assert sorted(re.match(r"[\w-]+", r).group() for r in requires if "extra ==" not in r) == sorted(DEPENDENCIES)
     assert "torch<2.14,>=2.13" in requires  # the tested range, as README states it
-    assert {"safetensors", "test", "plot"} <= set(meta.get_all("Provides-Extra"))
+    assert {"safetensors", "test"} <= set(meta.get_all("Provides-Extra"))
 
 
 def test_installed_wheel_runs_help_a_builtin_config_and_a_training(venv, tmp_path):

@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Optional
 
+from tqdm import tqdm
+
 from shardtrain.core.errors import ConfigError
 
 FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
@@ -18,11 +20,22 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
 class _StdoutHandler(logging.StreamHandler):
-    """Ours; remembers the root level it replaced so teardown can restore it."""
+    """Ours; remembers the root level it replaced so teardown can restore it.
+
+    Writes through ``tqdm.write``, which clears the live progress bars, writes the line and redraws them
+    below it: a record never lands on a bar's line (tqdm's ``logging_redirect_tqdm`` does the same, but
+    only while its context is open, and bars open and close at many places)."""
 
     def __init__(self, previous_root_level: int):
         super().__init__(sys.stdout)
         self.previous_root_level = previous_root_level
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except Exception:  # noqa: BLE001 - logging's contract: a failing handler reports, never raises
+            self.handleError(record)
 
 
 class _FileHandler(logging.FileHandler):
