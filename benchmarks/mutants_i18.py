@@ -58,3 +58,19 @@ MUTANTS += [
            "shardtrain/cli/demo.py", 'plot.main([os.path.join(args.workdir, LOG_FILE), "--output", curves])',
            "pass", (DEMO + "test_demo_runs_on_a_small_stdlib_corpus", DEMO + "test_both_phases_have_a_positive_limit")),
 ]
+
+E2E = "tests/cli/test_cli_end_to_end.py::"
+MUTANTS += [
+    Mutant("valid_throughput_not_logged", "validation records carry fairseq's valid_wps, valid_wpb, valid_bsz",
+           "shardtrain/trainer/loop.py", "            log_throughput(metrics, logs, since)  # valid_wps",
+           "            pass  # valid_wps", (E2E + "test_checkpoint_names_keep_policy_and_validate_generate",)),
+    Mutant("bsz_counts_tokens", "bsz is sentences per batch",
+           "shardtrain/trainer/metrics/run_metrics.py", 'm.log_scalar("bsz", nsentences, round=1)',
+           'm.log_scalar("bsz", ntokens, round=1)', (E2E + "test_checkpoint_names_keep_policy_and_validate_generate",)),
+    Mutant("validate_no_bar", "shard-validate shows a bar on a terminal",
+           "shardtrain/cli/validate.py", 'log_format: str = field("tqdm",', 'log_format: str = field("simple",',
+           (E2E + "test_validate_and_generate_show_bars_on_a_terminal",)),
+    Mutant("generate_no_bar", "shard-generate shows a bar on a terminal, on stderr",
+           "shardtrain/cli/generate.py", "disable=not sys.stderr.isatty()", "disable=True",
+           (E2E + "test_validate_and_generate_show_bars_on_a_terminal",)),
+]

@@ -11,9 +11,11 @@ sorted by score. ``shard-interactive`` reads the prompts from standard input.
 """
 import dataclasses
 import math
+import sys
 from typing import List, NamedTuple, Optional
 
 import torch
+from tqdm import tqdm
 
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
@@ -85,21 +87,25 @@ class Generator:
                               "(with the end-of-sentence it starts after), which leaves none to generate into. "
                               "Shorten the prompt.")
         prompt_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        if args.beam > 1 and not args.sampling:
-            found = [Hypothesis(ids[len(self.lead):] + f.new_tokens, f.scores[len(self.lead) - 1:], f.score)
-                     for f in beam_search(self.model, prompt_ids, args.beam, args.max_len, d.eos(), args.lenpen)]
-        else:
-            found = [self._draw(ids, prompt_ids) for _ in range(args.nbest if args.sampling else 1)]
-            found.sort(key=lambda h: -h.score)  # stable: equal scores keep the order drawn
+        beam = args.beam > 1 and not args.sampling
+        draws = 1 if beam else (args.nbest if args.sampling else 1)
+        with terminal_bar(total=draws * (args.max_len + 1), desc="generating", unit="token") as bar:
+            if beam:
+                found = [Hypothesis(ids[len(self.lead):] + f.new_tokens, f.scores[len(self.lead) - 1:], f.score)
+                         for f in beam_search(self.model, prompt_ids, args.beam, args.max_len, d.eos(), args.lenpen,
+                                              on_step=bar.update)]
+            else:
+                found = [self._draw(ids, prompt_ids, bar.update) for _ in range(draws)]
+                found.sort(key=lambda h: -h.score)  # stable: equal scores keep the order drawn
         return found[:args.nbest]
 
-    def _draw(self, ids: List[int], prompt_ids: torch.Tensor) -> Hypothesis:
+    def _draw(self, ids: List[int], prompt_ids: torch.Tensor, on_step=None) -> Hypothesis:
         """One greedy or sampled continuation (its score: the mean log-prob, fairseq's with --lenpen 1)."""
         args = self.args
         new, scores = sample_scored(
             self.model, prompt_ids, args.max_len, temperature=args.temperature if args.sampling else 1.0,
             topk=max(args.sampling_topk, 0), topp=max(args.sampling_topp, 0.0), eos=self.dictionary.eos(),
-            generator=self.rng, greedy=not args.sampling)
+            generator=self.rng, greedy=not args.sampling, on_step=on_step)
         scores = scores[len(self.lead) - 1:]
         return Hypothesis(ids[len(self.lead):] + new.tolist(), scores, sum(scores) / len(scores) if scores else 0.0)
 
@@ -124,6 +130,12 @@ class Generator:
 
     def _ids(self, prompt: str) -> List[int]:
         return [self.dictionary.index(p) for p in self.tokenizer.encode(prompt)]
+
+
+def terminal_bar(**kwargs):
+    """A tqdm bar on stderr when it is a terminal (it closes without a trace), a no-op bar otherwise: the
+    S/H/D/P lines on stdout stay as fairseq prints them."""
+    return tqdm(leave=False, file=sys.stderr, disable=not sys.stderr.isatty(), **kwargs)
 
 
 def fairseq_rounding(scores: List[float], score: float):

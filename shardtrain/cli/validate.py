@@ -28,7 +28,8 @@ class ValidateConfig:
                                    "(the loss/log-probs in fp32); no fp32 copy of the model is ever held")
     bf16: bool = field(False, help="load the weights straight into bf16 on the device and compute in bf16 "
                                    "(the loss/log-probs in fp32); no fp32 copy of the model is ever held")
-    log_format: str = field("simple", help="log format", choices=LOG_FORMATS)
+    log_format: str = field("tqdm", help="log format (tqdm: a progress bar on a terminal, simple lines "
+                                         "elsewhere)", choices=LOG_FORMATS)
 
 
 @cli_entry("shard-validate")

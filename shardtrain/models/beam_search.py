@@ -11,7 +11,7 @@ for an empty prompt. The whole prefix is recomputed at each step (no cache): fin
 continuations of a CLI.
 """
 import math
-from typing import List, NamedTuple
+from typing import Callable, List, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +27,10 @@ class Finished(NamedTuple):
 
 @torch.no_grad()
 def beam_search(model, prompt_ids: torch.Tensor, beam: int, max_len: int, eos: int,
-                lenpen: float = 1.0) -> List[Finished]:
+                lenpen: float = 1.0, on_step: Optional[Callable[[], None]] = None) -> List[Finished]:
     """The ``beam`` best continuations of ``prompt_ids`` [T] (``prompt_ids[0]`` the end-of-sentence
-    it starts after), at most ``max_len`` new tokens before the end-of-sentence; best first."""
+    it starts after), at most ``max_len`` new tokens before the end-of-sentence; best first.
+    ``on_step`` is called once per step (a progress bar's update)."""
     if beam < 1 or max_len < 0:
         raise ConfigError(f"beam search needs --beam >= 1 and --max-len >= 0 (got {beam} and {max_len}).")
     budget = min(max_len, model.max_positions - prompt_ids.numel())
@@ -41,6 +42,8 @@ def beam_search(model, prompt_ids: torch.Tensor, beam: int, max_len: int, eos: i
         tokens, summed, steps = prompt_ids.view(1, -1), lprobs.new_zeros(1), [[]]
         last, finished = lprobs[-1:], []
         for step in range(budget + 1):
+            if on_step is not None:
+                on_step()
             if step == budget:  # the length limit: every live hypothesis ends here
                 for b in range(len(steps)):
                     _finish(finished, tokens[b], steps[b] + [float(last[b, eos])], prompt_scores, lenpen, eos)

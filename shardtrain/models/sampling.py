@@ -8,7 +8,7 @@ padding symbol is never produced. With a KV cache the prompt is run once and
 each new token costs one position; generation stops at ``eos``, after
 ``max_len`` new tokens, or when the model runs out of positions.
 """
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +44,9 @@ def sample(
 @torch.no_grad()
 def sample_scored(model, prompt_ids: torch.Tensor, max_len: int, temperature: float = 1.0, topk: int = 0,
                   topp: float = 0.0, eos: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                  greedy: bool = False, use_cache: bool = True, force_eos: bool = True):
-    """:func:`sample`, and fairseq's positional scores: -> (new tokens, log-probs [base e] of
+                  greedy: bool = False, use_cache: bool = True, force_eos: bool = True,
+                  on_step: Optional[Callable[[], None]] = None):
+    """:func:`sample`, and fairseq's positional scores (``on_step`` is called once per token): -> (new tokens, log-probs [base e] of
     ``prompt_ids[1:]`` (``prompt_ids[0]`` is the end-of-sentence it starts after) and of every new token, under the temperature's distribution, unfiltered by
     top-k/top-p, as fairseq's ``SequenceGenerator`` scores them). ``force_eos``: when the budget ends
     without ``eos``, append it with its log-prob, as fairseq ends every hypothesis at its maximum length."""
@@ -60,6 +61,8 @@ def sample_scored(model, prompt_ids: torch.Tensor, max_len: int, temperature: fl
         scores += _log_probs(logits[:-1], temperature).gather(1, prompt_ids[1:].view(-1, 1)).view(-1).tolist()
         logits = logits[-1]
         for step in range(budget + 1):
+            if on_step is not None:
+                on_step()
             if step == budget:  # out of budget: fairseq forces eos as the last token
                 if not force_eos or eos is None:
                     break

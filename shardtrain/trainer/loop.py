@@ -30,7 +30,7 @@ from shardtrain.trainer.launch.preemption import PreemptionWatcher
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.checkpoint.resume import restore
 from shardtrain.trainer.memory_fit import check_run_fits
-from shardtrain.trainer.metrics.run_metrics import RunMetrics
+from shardtrain.trainer.metrics.run_metrics import RunMetrics, log_throughput
 from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
 
@@ -245,8 +245,11 @@ def _validate_subsets(run: Run, epoch: int) -> List[Optional[float]]:
         progress = run.progress(itr, epoch, prefix=f"valid on '{subset}' subset")
         metrics = MetricsLogger()
         run.metrics.begin_valid()
+        since = time.perf_counter()
         for sample in itertools.islice(progress, run.cfg.dataset.max_valid_steps):
-            run.trainer.criterion.reduce_metrics(run.trainer.valid_step(sample), metrics)
+            logs = run.trainer.valid_step(sample)
+            run.trainer.criterion.reduce_metrics(logs, metrics)
+            log_throughput(metrics, logs, since)  # valid_wps, valid_wpb, valid_bsz
         stats = run.metrics.stats(metrics, run.trainer.num_updates, "valid")
         metric = stats.get(run.cfg.checkpoint.best_checkpoint_metric)
         best = run.trainer.state.best

@@ -1,4 +1,5 @@
 """End to end through the CLI entry points: preprocess, train, resume, validate, generate."""
+import math
 import os
 import re
 import subprocess
@@ -7,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from shardtrain.data.indexed_dataset import MMapIndexedDataset
 from shardtrain.cli import generate, train, validate
 from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
@@ -15,7 +17,7 @@ from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):
     return make_space_data_bin(str(tmp_path_factory.mktemp("e2e")), n_words=12, train_tokens=20000,
-                               valid_tokens=2000, line_len=50, seed=1)
+                               valid_tokens=2600, line_len=50, seed=1)
 
 
 def run_train(data_bin, save_dir, *extra):
@@ -72,11 +74,31 @@ def test_checkpoint_names_keep_policy_and_validate_generate(data_bin, tmp_path, 
 
     results = validate.main([data_bin, "--path", f"{save}/checkpoint_last.pt"])
     assert abs(results["valid"]["loss"] - valid[-1]["valid_loss"]) < 1e-3
+    # fairseq's valid_wpb and valid_bsz: means per batch of the split's tokens and 32-token samples, so
+    # both give the same whole number of batches (more than one here), in training's record and shard-validate's.
+    tokens = int(MMapIndexedDataset(os.path.join(data_bin, "valid")).sizes.sum())
+    samples = math.ceil(tokens / 32)
+    for got in ({k[len("valid_"):]: v for k, v in valid[-1].items()}, results["valid"]):
+        batches = round(samples / got["bsz"])
+        assert batches > 1 and samples / got["bsz"] == pytest.approx(batches, abs=0.01)
+        assert tokens / got["wpb"] == pytest.approx(batches, abs=0.01) and got["wps"] > 0
 
     out = generate.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--prompt", "w1 w2",
                          "--max-len", "5"])
     assert out[0].startswith("w1 w2") and len(out[0].split()) <= 7
     assert re.search(r"^H-0\t-?[\d.]+\tw1 w2", capsys.readouterr().out, re.M)
+
+
+def test_validate_and_generate_show_bars_on_a_terminal(data_bin, tmp_path, capsys, monkeypatch):
+    save = str(tmp_path / "ck")
+    run_train(data_bin, save, "--max-update", "2", "--batch-size", "64")
+    capsys.readouterr()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # as on a terminal
+    validate.main([data_bin, "--path", f"{save}/checkpoint_last.pt"])
+    generate.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--prompt", "w1 w2", "--max-len", "5"])
+    out, err = capsys.readouterr()
+    assert "valid on 'valid' subset:" in err and "generating:" in err  # tqdm's bars, on stderr
+    assert re.search(r"^H-0\t", out, re.M) and "generating" not in out  # stdout stays fairseq's lines
 
 
 def test_console_entry_points_exit_cleanly_on_bad_input(tmp_path):

@@ -21,6 +21,7 @@ from shardtrain.trainer.checkpoint.contents import ModelPart
 from shardtrain.trainer.checkpoint.fit import check_fingerprint
 from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
 from shardtrain.trainer.metrics.meters import proc_bytes
+from shardtrain.trainer.metrics.run_metrics import log_throughput
 
 logger = logging.getLogger(__name__)
 
@@ -143,10 +144,13 @@ def host_private_bytes() -> Optional[int]:
 def evaluate(criterion, model, batches, device, metrics) -> None:
     """Run the criterion over ``batches`` and accumulate its metrics (the model
     computes in its own dtype; the criterion takes the log-softmax in fp32)."""
+    since = time.perf_counter()
     for sample in batches:
         if not sample:
             continue
         sample = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in sample.items()}
         sample["net_input"] = {k: v.to(device) for k, v in sample["net_input"].items()}
         _, _, log = criterion(model, sample)
-        criterion.reduce_metrics([{k: float(v) for k, v in log.items()}], metrics)
+        logs = [{k: float(v) for k, v in log.items()}]
+        criterion.reduce_metrics(logs, metrics)
+        log_throughput(metrics, logs, since)

@@ -40,12 +40,7 @@ class RunMetrics:
         since = self.update_started  # speeds of the first window include its first update
         for m in (self.inner, self.epoch):
             criterion.reduce_metrics(out["logs"], m)
-            total = out["logs"][0] if out["logs"] else {}
-            ntokens, nsentences = total.get("ntokens", 0), total.get("nsentences", 0)
-            m.log_speed("wps", ntokens, round=1, since=since)
-            m.log_speed("ups", 1.0, round=2, since=since)
-            m.log_scalar("wpb", ntokens, round=1)
-            m.log_scalar("bsz", nsentences, round=1)
+            log_throughput(m, out["logs"], since, ups=True)
             m.log_scalar("lr", out["lr"], round=None)
             m.log_scalar("gnorm", out["gnorm"], round=3)
             m.log_scalar("clip", 100.0 * out["clip"], round=1)
@@ -87,3 +82,15 @@ class RunMetrics:
     def load_state_dict(self, state: Dict) -> None:
         self.inner.load_state_dict(state["inner"])
         self.epoch.load_state_dict(state["epoch"])
+
+
+def log_throughput(m, logs, since: float, ups: bool = False) -> None:
+    """fairseq's wps (words per second), ups (updates per second, training only), wpb (words per batch)
+    and bsz (sentences per batch) of one batch's ``logs`` (summed over ranks), in fairseq's order."""
+    total = logs[0] if logs else {}
+    ntokens, nsentences = total.get("ntokens", 0), total.get("nsentences", 0)
+    m.log_speed("wps", ntokens, round=1, since=since)
+    if ups:
+        m.log_speed("ups", 1.0, round=2, since=since)
+    m.log_scalar("wpb", ntokens, round=1)
+    m.log_scalar("bsz", nsentences, round=1)
