@@ -74,3 +74,20 @@ MUTANTS += [
            "shardtrain/cli/generate.py", "disable=not sys.stderr.isatty()", "disable=True",
            (E2E + "test_validate_and_generate_show_bars_on_a_terminal",)),
 ]
+
+EARLY = "tests/cli/test_fail_early.py::test_refused_before_any_rank_starts_in_each_front_ends_words"
+KEYS = "tests/config/test_hydra_keys.py::"
+MUTANTS += [
+    Mutant("no_preflight", "what components check when built is checked before any rank starts",
+           "shardtrain/cli/train.py", "    preflight.check_before_launch(cfg)  # before any rank starts\n", "",
+           (EARLY,)),
+    Mutant("hydra_errors_name_flags", "shard-hydra-train's errors name keys, not flags",
+           "shardtrain/cli/hydra_train.py", "@cli_entry(PROG, rewrite=in_keys)", "@cli_entry(PROG)",
+           (EARLY, "tests/cli/test_hydra_train.py::test_mistakes_are_one_paragraph_errors")),
+    Mutant("hydra_bool_flag_bare", "a flag that takes no value becomes KEY=true",
+           "shardtrain/config/hydra_keys.py", 'out.append(f"{key}=true")', "out.append(key)",
+           (KEYS + "test_flags_become_keys",)),
+    Mutant("hydra_alias_unknown", "fairseq's alias flags are named as their keys too",
+           "shardtrain/config/hydra_keys.py", """for flag in (f"--{f.name.replace('_', '-')}", *f.metadata.get("aliases", ())):""",
+           """for flag in (f"--{f.name.replace('_', '-')}",):""", (KEYS + "test_flags_become_keys",)),
+]

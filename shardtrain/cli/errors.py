@@ -5,6 +5,7 @@ import functools
 import signal
 import sys
 import threading
+from typing import Callable, Optional
 
 from shardtrain.core.errors import ShardtrainError
 
@@ -22,18 +23,19 @@ class Terminated(BaseException):
     A BaseException, like KeyboardInterrupt, so that no ``except Exception`` swallows it."""
 
 
-def cli_entry(prog: str):
+def cli_entry(prog: str, rewrite: Optional[Callable[[str], str]] = None):
     """Decorate a ``main(argv)``: a ShardtrainError prints ``PROG: error: ...``
     (no traceback) and exits 2; Ctrl-C and SIGTERM print one line and exit 130 / 143;
     anything else is a bug and keeps its traceback.
 
     Called with an explicit ``argv`` (from Python), the wrapper returns main's
     result; called as a console script (``argv=None``) it returns None, since
-    a console script passes its return value to ``sys.exit``."""
-    return functools.partial(_wrap, prog=prog)
+    a console script passes its return value to ``sys.exit``. ``rewrite`` rewords the error's text
+    (shard-hydra-train names config keys where the message names flags)."""
+    return functools.partial(_wrap, prog=prog, rewrite=rewrite)
 
 
-def _wrap(fn, prog: str):
+def _wrap(fn, prog: str, rewrite: Optional[Callable[[str], str]] = None):
     @functools.wraps(fn)
     def wrapper(argv=None):
         try:
@@ -41,7 +43,7 @@ def _wrap(fn, prog: str):
                 result = fn(sys.argv[1:] if argv is None else list(argv))
             return None if argv is None else result
         except ShardtrainError as e:
-            print(f"{prog}: error: {e}", file=sys.stderr)
+            print(f"{prog}: error: {rewrite(str(e)) if rewrite else e}", file=sys.stderr)
             sys.exit(EXIT_USER_ERROR)
 
     return wrapper

@@ -22,14 +22,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from shardtrain.core import plugins
 from shardtrain.cli.errors import cli_entry
-from shardtrain.config import hydra_store
+from shardtrain.config import hydra_keys, hydra_store
 from shardtrain.config.build import from_dict, import_user_dir
 from shardtrain.config.checks import check_config
 from shardtrain.config.yaml_bound import check_config_tree
 from shardtrain.config.flags import new_parser
 from shardtrain.config.sections import COMPONENT_SLOTS
 from shardtrain.core.errors import ConfigError
-from shardtrain.trainer import loop
+from shardtrain.trainer import loop, preflight
 from shardtrain.trainer.launch import start
 
 PROG = "shard-hydra-train"
@@ -49,6 +49,9 @@ lr_scheduler); the components are config groups with one option per registered n
     - _self_
 
 Print the resolved config with --cfg job."""
+
+
+OWN_OPTIONS = ("--config-dir", "--config-name", "--user-dir", "--cfg")
 
 
 def parse_command_line(argv: List[str]) -> argparse.Namespace:
@@ -126,13 +129,20 @@ def quote(value: str) -> str:
     return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, value) + "'"
 
 
-@cli_entry(PROG)
+def in_keys(message: str) -> str:
+    """An error in the words of this command's users: config keys where the message names flags (but not
+    the options this command has itself)."""
+    return hydra_keys.as_keys(message, keep=OWN_OPTIONS)
+
+
+@cli_entry(PROG, rewrite=in_keys)
 def main(argv):
     args = parse_command_line(argv)
     cfg = build_config(args)
     if args.cfg == "job":
         print(OmegaConf.to_yaml(cfg), end="")
         return cfg
+    preflight.check_before_launch(cfg)  # before any rank starts
     return start.call_main(cfg, loop.main)
 
 

@@ -6,7 +6,7 @@ from shardtrain.cli.errors import cli_entry
 from shardtrain.config.build import parse_train_command
 from shardtrain.config.fairseq_compat import print_notices
 from shardtrain.optim.fairseq_defaults import default_components_notice
-from shardtrain.trainer import loop
+from shardtrain.trainer import loop, preflight
 from shardtrain.trainer.launch import rendezvous, start
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 
@@ -22,6 +22,7 @@ def main(argv):
         launched = rendezvous.from_environment(os.environ, cfg.distributed.distributed_init_method)
         setup_logging(cfg.common.log_file, launched.rank if launched else 0)
         logger.info(notice)
+    preflight.check_before_launch(cfg)  # before any rank starts
     return start.call_main(cfg, loop.main)
 
 

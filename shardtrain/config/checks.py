@@ -154,7 +154,7 @@ def choice_problems(cfg) -> List[str]:
             choices = list(choices() if callable(choices) else choices)
             if value not in choices:
                 problems.append(
-                    f"{value!r} is not a choice of --{f.name.replace('_', '-')} ({section}.{f.name})."
+                    f"{value!r} is not a choice of --{f.name.replace('_', '-')}."
                     f"{did_you_mean(value, choices)} Choices: {', '.join(choices)}.")
     return problems
 

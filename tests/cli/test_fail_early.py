@@ -106,3 +106,46 @@ def test_rerunning_a_finished_run_changes_nothing(data_bin, tmp_path, capsys):
     assert "num_updates" not in out + err
     assert {p.name: (p.stat().st_mtime, p.stat().st_size) for p in save.iterdir()
             if not p.name.startswith(".")} == before
+
+
+# What the components check when built is checked before any rank starts (trainer/preflight.py), and
+# shard-hydra-train names the keys its user wrote.
+BEFORE_LAUNCH = {
+    "warmup longer than the schedule": (
+        ["--lr-scheduler", "polynomial_decay", "--warmup-updates", "40", "--max-update", "30"],
+        ["lr_scheduler=polynomial_decay", "lr_scheduler.warmup_updates=40", "optimization.max_update=30"],
+        "--warmup-updates 40 is longer than the decay schedule (--total-num-update/--max-update 30)",
+        "lr_scheduler.warmup_updates=40 is longer than the decay schedule "
+        "(lr_scheduler.total_num_update/optimization.max_update=30)"),
+    "heads that do not divide the width": (
+        ["--decoder-attention-heads", "3"], ["model.decoder_attention_heads=3"],
+        "--decoder-embed-dim", "model.decoder_embed_dim"),
+    "a best-checkpoint metric validation never logs": (
+        ["--best-checkpoint-metric", "bleu"], ["checkpoint.best_checkpoint_metric=bleu"],
+        "--best-checkpoint-metric bleu is never logged",
+        "checkpoint.best_checkpoint_metric bleu is never logged by validation with this task and criterion"),
+    "an unwritable tensorboard dir": (
+        ["--tensorboard-logdir", "/sys/shardtrain-tb"], ["common.tensorboard_logdir=/sys/shardtrain-tb"],
+        "Cannot write to --tensorboard-logdir", "Cannot write to common.tensorboard_logdir"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE_LAUNCH))
+def test_refused_before_any_rank_starts_in_each_front_ends_words(name, data_bin, tmp_path, capsys, monkeypatch):
+    from shardtrain.cli import hydra_train
+    from shardtrain.trainer.launch import start
+
+    def no_rank(*args, **kwargs):
+        raise AssertionError("a rank was started")
+    monkeypatch.setattr(start, "_spawn", no_rank)
+    monkeypatch.setattr(start, "_run_rank", no_rank)
+    flags, overrides, said_as_flags, said_as_keys = BEFORE_LAUNCH[name]
+    save = tmp_path / "save"
+    _, err = cli_refusal(train.main, [data_bin, *tiny_model_flags(), "--distributed-world-size", "2",
+                                      "--save-dir", str(save), *flags], capsys)
+    assert said_as_flags in err, err
+    _, err = cli_refusal(hydra_train.main, [f"task.data={data_bin}", "model.decoder_embed_dim=32",
+                                            "distributed.distributed_world_size=2", f"checkpoint.save_dir={save}",
+                                            *overrides], capsys)
+    assert said_as_keys in err and "--" not in err.replace("shard-hydra-train", ""), err
+    assert not save.exists()

@@ -42,6 +42,13 @@ class TensorboardWriter:
     """
 
     def __init__(self, logdir: str):
+        self.logdir = logdir
+        self._summary_writer_cls = self.check_logdir(logdir)
+        self._writers: Dict[str, Any] = {}
+
+    @staticmethod
+    def check_logdir(logdir: str):
+        """-> tensorboard's SummaryWriter class, once ``logdir`` is known to be writable."""
         try:
             # Imported here: tensorboard is slow to import and only needed when asked for.
             from torch.utils.tensorboard import SummaryWriter
@@ -56,9 +63,7 @@ class TensorboardWriter:
         except OSError as e:
             raise ConfigError(f"Cannot write to --tensorboard-logdir {logdir!r}: {e.strerror or e}. Choose a "
                               "writable directory, or drop --tensorboard-logdir.") from None
-        self.logdir = logdir
-        self._summary_writer_cls = SummaryWriter
-        self._writers: Dict[str, Any] = {}
+        return SummaryWriter
 
     def add_scalars(self, stats: Mapping[str, Any], tag: str, step: int) -> None:
         """Write every numeric stat (not ``num_updates``, which is the step)."""

@@ -1,0 +1,28 @@
+"""Everything a run can check before it starts its ranks and builds its model.
+
+The components check their own settings when they are built (a schedule its warmup against its length,
+an architecture its heads against its width, a criterion its metric): so the launcher builds the cheap
+ones once, up front, in the process that will spawn the ranks: the task (its dictionary), the criterion,
+the model on the meta device (no memory), the optimizer and the lr schedule over one dummy parameter.
+A mistake is then reported in seconds, before any rank starts, in the same words as in a rank.
+"""
+import torch
+
+from shardtrain.config.components import resolve
+from shardtrain.config.epoch_lists import first
+from shardtrain.trainer import build
+from shardtrain.trainer.metrics.progress import TensorboardWriter
+
+
+def check_before_launch(cfg) -> None:
+    task = build.build_task(cfg)
+    criterion = build.build_criterion(cfg, task)
+    if not cfg.dataset.disable_validation:
+        build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, task, criterion)
+    with torch.device("meta"):
+        build.build_model(cfg, task)
+    spec = resolve(cfg.components)["optimizer"].obj(cfg.optimizer, torch.device("cpu"))
+    optimizer = spec.build([torch.nn.Parameter(torch.zeros(1))], first(cfg.optimization.lr))
+    build.build_lr_scheduler(cfg, optimizer)
+    if cfg.common.tensorboard_logdir:
+        TensorboardWriter.check_logdir(cfg.common.tensorboard_logdir)
