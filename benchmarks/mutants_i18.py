@@ -91,3 +91,13 @@ MUTANTS += [
            "shardtrain/config/hydra_keys.py", """for flag in (f"--{f.name.replace('_', '-')}", *f.metadata.get("aliases", ())):""",
            """for flag in (f"--{f.name.replace('_', '-')}",):""", (KEYS + "test_flags_become_keys",)),
 ]
+
+MUTANTS += [
+    Mutant("slow_step_untimed", "a step that can take seconds says how long it took",
+           "shardtrain/core/timing.py", '    logger.info("%s: done in %.1f s", what, time.perf_counter() - start)\n',
+           "", (DEMO + "test_demo_runs_on_a_small_stdlib_corpus",)),
+    Mutant("config_printed_whole", "the log shows the config compactly; the whole of it is in the save dir",
+           "shardtrain/trainer/loop.py",
+           'logger.info("config:\\n" + config_summary(cfg, os.path.join(cfg.checkpoint.save_dir, CONFIG_FILE)))',
+           'logger.info("config:\\n" + OmegaConf.to_yaml(cfg))', (DEMO + "test_demo_runs_on_a_small_stdlib_corpus",)),
+]

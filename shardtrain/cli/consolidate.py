@@ -18,6 +18,7 @@ from shardtrain.trainer.checkpoint.consolidate import (check_output, describe, f
                                                        require_safetensors, safetensors_bytes, write_file)
 from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
 from shardtrain.trainer.checkpoint.single_file import SingleFile
+from shardtrain.core.timing import timed
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 
 logger = logging.getLogger("shardtrain.consolidate")
@@ -41,13 +42,15 @@ def main(argv):
     if not os.path.exists(source):
         raise CheckpointError(f"{args.input} does not exist. Pass a checkpoint file or directory.")
     if not isinstance(format_of(source), SingleFile):  # the direction follows the input's format
-        written = _to_file(source, args)
+        with timed(logger, f"consolidating {source} into one file"):
+            written = _to_file(source, args)
         logger.info(f"wrote {args.output} ({'model only' if args.model_only else describe(written)})")
     else:
         if args.model_only or args.export_safetensors:
             raise CheckpointError("--model-only and --export-safetensors apply when the input is a sharded "
                                   "directory; a single file is converted to a sharded directory whole.")
-        written = file_to_sharded(source, args.output, args.overwrite)
+        with timed(logger, f"sharding {source} into a directory"):
+            written = file_to_sharded(source, args.output, args.overwrite)
         logger.info(f"wrote sharded checkpoint {args.output} ({describe(written)})")
 
 

@@ -29,7 +29,7 @@ def config_summary(cfg: DictConfig, full_config_path: str) -> str:
     return "\n".join([f"components: {names}",
                       textwrap.fill(settings, WIDTH, initial_indent="settings (not the defaults): ",
                                     subsequent_indent="    ", break_long_words=False, break_on_hyphens=False),
-                      f"full config: {full_config_path}"])
+                      f"full config: {full_config_path} (written with the first checkpoint)"])
 
 
 def _flat(values: Dict, prefix: str = "") -> Dict[str, object]:

@@ -15,6 +15,12 @@ def test_demo_runs_on_a_small_stdlib_corpus(tmp_path, capfd):
     demo.main(["--workdir", work, "--corpus-mb", "0.3", "--max-update", "8", "--log-format", "simple"])
     out = capfd.readouterr().out  # capfd: the training ranks are child processes
     assert "resuming from" in out and "loaded checkpoint" in out  # the second half resumed
+    # every step that can take seconds says what it does and how long it took
+    for said in (r"training a bpe sentencepiece model of \d+ pieces on .*: done in [\d.]+ s",
+                 r"started 2 ranks \(gloo\) in [\d.]+ s", r"loaded checkpoint .* updates\) in [\d.]+ s",
+                 r"== shard-demo: \(\d+ s\)"):
+        assert re.search(said, out), said
+    assert out.count("settings (not the defaults):") == 2 and "\ncommon:\n" not in out  # compact config
     assert "fully_sharded: materialised" in out and "mesh (2,)" in out  # on 2 ranks
     after = out.split(f"after {demo.SAMPLE_PROMPT!r}")[1].split("\n")[1:]
     sample = [line for line in after if not re.match(r"\d{4}-\d\d-\d\d ", line)][:demo.SAMPLE_LINES]  # no log lines

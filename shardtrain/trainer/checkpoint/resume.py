@@ -1,5 +1,6 @@
 """Where a run starts: fresh, from --restore-file, or from --finetune-from-model."""
 import logging
+import time
 from typing import Dict, List
 
 from shardtrain.core.errors import CheckpointError
@@ -21,6 +22,7 @@ def restore(run):
     if path is None:
         return fresh_iterator(run)
     parts = without(stateful_parts(run), skipped_parts(checkpoint))
+    started = time.perf_counter()
     try:
         state = _load(run, parts, path)
     except (RuntimeError, ValueError, KeyError) as e:
@@ -29,7 +31,7 @@ def restore(run):
                               "--reset-lr-scheduler to keep only the weights.") from None
     epoch_itr = parts["train_iterator"].epoch_itr if "train_iterator" in parts else fresh_iterator(run)
     logger.info(f"loaded checkpoint {path} (epoch {state['train_iterator']['epoch']} @ {run.trainer.num_updates} "
-                "updates)")
+                f"updates) in {time.perf_counter() - started:.1f} s")
     return epoch_itr
 
 

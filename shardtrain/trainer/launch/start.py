@@ -165,13 +165,14 @@ class _SpawnPlan:
     init_method: str
     use_cuda: bool
     run_dir: str  # results and failure reports; also the rendezvous file by default
+    started: float  # time.time() when the launcher spawned the ranks
 
 
 def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
     backend = rendezvous.resolve_backend(cfg.distributed.distributed_backend, use_cuda)
     with tempfile.TemporaryDirectory(prefix="shardtrain-ranks-") as run_dir:
         init_method = cfg.distributed.distributed_init_method or "file://" + os.path.join(run_dir, "rendezvous")
-        plan = _SpawnPlan(world_size, backend, init_method, use_cuda, run_dir)
+        plan = _SpawnPlan(world_size, backend, init_method, use_cuda, run_dir, time.time())
         context = mp.start_processes(_spawned_rank, args=(cfg, main, plan), nprocs=world_size,
                                      join=False, start_method="spawn")
         with forwarding_signals(context.processes):
@@ -183,6 +184,7 @@ def _spawned_rank(rank: int, cfg, main, plan: _SpawnPlan) -> None:
     """Body of each spawned process (torch.multiprocessing passes the rank first)."""
     try:
         setup_logging(cfg.common.log_file, rank)
+        logger.info(f"started {plan.world_size} ranks ({plan.backend}) in {time.time() - plan.started:.1f} s")
         ctx = make_context(rank, rank, plan.world_size, plan.use_cuda, plan.backend)
         result = _run_rank(cfg, main, ctx, plan.init_method, launcher=None, spawned_ranks=plan.world_size)
         # Every rank marks that main returned: a rank that exits 0 without it was
