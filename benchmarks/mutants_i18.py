@@ -101,3 +101,8 @@ MUTANTS += [
            'logger.info("config:\\n" + config_summary(cfg, os.path.join(cfg.checkpoint.save_dir, CONFIG_FILE)))',
            'logger.info("config:\\n" + OmegaConf.to_yaml(cfg))', (DEMO + "test_demo_runs_on_a_small_stdlib_corpus",)),
 ]
+MUTANTS += [
+    Mutant("splits_checked_in_ranks", "every split a run names is checked before any rank starts",
+           "shardtrain/trainer/preflight.py", 'check_split = getattr(task, "check_split", None)', "check_split = None",
+           (EARLY,)),
+]

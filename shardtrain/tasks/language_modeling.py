@@ -64,6 +64,17 @@ class LanguageModelingTask(Task):
         return self.cfg.tokens_per_sample
 
     def load_dataset(self, split: str) -> None:
+        tokens = self.check_split(split)
+        prefix = os.path.join(self.cfg.data, split)
+        self._check_vocabulary(tokens, prefix, split)
+        bos = self.dictionary.bos() if self.cfg.add_bos_token else None
+        self.datasets[split] = TokenBlockDataset(
+            tokens, tokens.sizes, self.cfg.tokens_per_sample - (bos is not None), pad=self.dictionary.pad(),
+            eos=self.dictionary.eos(), break_mode=self.cfg.sample_break_mode, bos=bos)
+
+    def check_split(self, split: str) -> MMapIndexedDataset:
+        """The split's tokens (memory-mapped), once it is known to exist and hold lines: cheap (the index
+        only), so the launcher checks every split a run names before any rank starts."""
         prefix = os.path.join(self.cfg.data, split)
         if not os.path.exists(prefix + ".idx"):
             made_by = (f"shard-preprocess --{split}pref FILE" if split in ("train", "valid", "test") else
@@ -77,11 +88,7 @@ class LanguageModelingTask(Task):
             raise DataError(f"Split {split!r} is empty: {prefix}.bin holds no lines. Re-run shard-preprocess "
                             f"with a non-empty --{split}pref file, or pick another split "
                             "(--train-subset / --valid-subset).")
-        self._check_vocabulary(tokens, prefix, split)
-        bos = self.dictionary.bos() if self.cfg.add_bos_token else None
-        self.datasets[split] = TokenBlockDataset(
-            tokens, tokens.sizes, self.cfg.tokens_per_sample - (bos is not None), pad=self.dictionary.pad(),
-            eos=self.dictionary.eos(), break_mode=self.cfg.sample_break_mode, bos=bos)
+        return tokens
 
     def _check_vocabulary(self, tokens, prefix, split) -> None:
         # Every token, at start: one id beyond the vocabulary late in a split would otherwise stop

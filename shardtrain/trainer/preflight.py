@@ -2,7 +2,8 @@
 
 The components check their own settings when they are built (a schedule its warmup against its length,
 an architecture its heads against its width, a criterion its metric): so the launcher builds the cheap
-ones once, up front, in the process that will spawn the ranks: the task (its dictionary), the criterion,
+ones once, up front, in the process that will spawn the ranks: the task (its dictionary, and that every
+split the run names exists and holds lines), the criterion,
 the model on the meta device (no memory), the optimizer and the lr schedule over one dummy parameter.
 A mistake is then reported in seconds, before any rank starts, in the same words as in a rank.
 """
@@ -16,6 +17,11 @@ from shardtrain.trainer.metrics.progress import TensorboardWriter
 
 def check_before_launch(cfg) -> None:
     task = build.build_task(cfg)
+    check_split = getattr(task, "check_split", None)  # a plugin task need not have it
+    if check_split is not None:
+        d = cfg.dataset
+        for split in [d.train_subset] + ([] if d.disable_validation else d.valid_subset.split(",")):
+            check_split(split)
     criterion = build.build_criterion(cfg, task)
     if not cfg.dataset.disable_validation:
         build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, task, criterion)
