@@ -77,6 +77,15 @@ def model_sizes(cfg, task, activations: bool = False) -> Tuple[int, int, int, in
     return tuple(a + (layers - 1) * (b - a) for a, b in zip(one, two))
 
 
+def one_layer_config(cfg):
+    """``cfg.model`` with its repeated layers (if the model names them) cut to one: what a quick meta build of
+    the model needs, as building 100,000 layers even on the meta device takes minutes and gigabytes."""
+    layers_field = getattr(resolve(cfg.components)["model"].obj, "repeated_layers_field", None)
+    if not layers_field or cfg.model[layers_field] <= 1:
+        return cfg.model
+    return _with(cfg.model, layers_field, 1)
+
+
 def _with(model_cfg, key: str, value: int):
     changed = OmegaConf.to_container(model_cfg)
     changed[key] = value

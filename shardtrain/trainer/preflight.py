@@ -4,7 +4,7 @@ The components check their own settings when they are built (a schedule its warm
 an architecture its heads against its width, a criterion its metric): so the launcher builds the cheap
 ones once, up front, in the process that will spawn the ranks: the task (its dictionary, and that every
 split the run names exists and holds lines), the criterion,
-the model on the meta device (no memory), the optimizer and the lr schedule over one dummy parameter.
+the model on the meta device (no memory; one of its repeated layers), the optimizer and the lr schedule over one dummy parameter.
 A mistake is then reported in seconds, before any rank starts, in the same words as in a rank.
 """
 import torch
@@ -12,6 +12,7 @@ import torch
 from shardtrain.config.components import resolve
 from shardtrain.config.epoch_lists import first
 from shardtrain.trainer import build
+from shardtrain.trainer.memory_fit import one_layer_config
 from shardtrain.trainer.metrics.progress import TensorboardWriter
 
 
@@ -25,8 +26,8 @@ def check_before_launch(cfg) -> None:
     criterion = build.build_criterion(cfg, task)
     if not cfg.dataset.disable_validation:
         build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, task, criterion)
-    with torch.device("meta"):
-        build.build_model(cfg, task)
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # no memory, and the RNG as it was
+        task.build_model(resolve(cfg.components)["model"].obj, one_layer_config(cfg))
     spec = resolve(cfg.components)["optimizer"].obj(cfg.optimizer, torch.device("cpu"))
     optimizer = spec.build([torch.nn.Parameter(torch.zeros(1))], first(cfg.optimization.lr))
     build.build_lr_scheduler(cfg, optimizer)
