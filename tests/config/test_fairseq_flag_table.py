@@ -193,6 +193,7 @@ def test_a_flag_of_a_component_not_selected_names_that_component(capsys):
 def test_notices_print_once_on_rank_0_before_the_run(capsys, monkeypatch):
     runs = []
     monkeypatch.setattr(train.start, "call_main", lambda cfg, main: runs.append(cfg))
+    monkeypatch.setattr(train.preflight, "check_before_launch", lambda cfg: None)  # no data-bin here
     train.main(["data-bin", "--num-workers", "4", "--num-workers", "4", "--use-sharded-state"])
     lines = capsys.readouterr().err.splitlines()
     assert len(runs) == 1 and lines == [
