@@ -261,7 +261,9 @@ def train_flags(data: str, save_dir: str, args) -> list:
             "--share-decoder-input-output-embed", "--dropout", "0.1", "--tokens-per-sample", "128",
             "--batch-size", "16", "--optimizer", "adam", "--lr", "0.004", "--lr-scheduler", "inverse_sqrt",
             "--warmup-updates", "50", "--clip-norm", "1.0", "--save-dir", save_dir,
-            "--log-format", args.log_format, "--log-interval", str(max(1, min(25, args.max_update // 20))),  # points for the plot "--validate-interval-updates", "100",
+            "--log-format", args.log_format,
+            "--log-interval", str(max(1, min(25, args.max_update // 20))),  # points for the plot
+            "--validate-interval-updates", "100",
             "--save-interval-updates", "100", "--keep-interval-updates", "2", "--max-tokens-valid", "8192",
             "--max-valid-steps", "4",  # 4 x 8192 tokens: enough for a curve, seconds instead of tens
             "--log-file", os.path.join(args.workdir, LOG_FILE),  # what the plot is drawn from

@@ -12,6 +12,7 @@ import typing
 from typing import Dict, Iterable, Tuple
 
 from shardtrain.config import components
+from shardtrain.config.hydra_store import option_names
 from shardtrain.config.sections import COMPONENT_SLOTS, SECTIONS
 
 _FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*(?![\w-])")
@@ -35,7 +36,7 @@ def as_keys(message: str, keep: Iterable[str] = ()) -> str:
         value = (_WORD if kind == "group" else _NUMBER).match(message, pos) if kind != "bool" else None
         if kind == "bool":
             out.append(f"{key}=true")
-        elif value is not None and (kind != "group" or value.group(1) in _names(key)):
+        elif value is not None and (kind != "group" or value.group(1) in option_names(key)):
             out.append(f"{key}={value.group(1)}")
             pos = value.end()
         else:
@@ -72,8 +73,3 @@ def _config_classes(group: str):
     regs = components.registries()[group]
     registry = regs[0] if group == "model" else regs
     return [registry.get(name).config_cls for name in registry.names() if registry.get(name).config_cls]
-
-
-def _names(group: str):
-    regs = components.registries()[group]
-    return (regs[1] if group == "model" else regs).names()
