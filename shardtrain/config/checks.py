@@ -64,6 +64,8 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: c.optimization.max_update < 0 or c.optimization.max_epoch < 0,
      "--max-update and --max-epoch must be >= 0 (0 means no limit)."),
     (lambda c: c.common.log_interval < 1, "--log-interval must be at least 1."),
+    (lambda c: c.common.peak_tflops is not None and not c.common.peak_tflops > 0,
+     "--peak-tflops must be a positive number of TFLOP/s (the device's peak in the compute dtype), or left out."),
     (lambda c: c.checkpoint.save_interval < 1, "--save-interval must be at least 1 (epochs)."),
     (lambda c: c.dataset.validate_interval < 1,
      "--validate-interval must be at least 1 (epochs); to skip validation pass --disable-validation."),

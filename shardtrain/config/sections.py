@@ -59,6 +59,9 @@ class CommonConfig:
     user_dir: Optional[str] = field(None, help="path to a Python package with custom tasks/models/... to import")
     no_progress_bar: bool = field(False, help="disable the progress bar (log with the simple format)")
     threads: int = field(0, help="CPU threads per rank (0: usable cores / ranks on this node)")
+    peak_tflops: Optional[float] = field(
+        None, help="a device's peak TFLOP/s in the compute dtype, for the mfu of train records (default: the data "
+        "sheet's for known GPUs, else a matmul measured at start)")
     bf16: bool = field(False, help="compute in bfloat16 (fp32 master weights)")
     fp16: bool = field(False, help="compute in float16 (fp32 master weights) with dynamic loss scaling")
     memory_efficient_fp16: bool = field(
@@ -204,6 +207,8 @@ class DistributedConfig:
                                          "storing them (less memory, about one more forward of compute)")
     checkpoint_activations_every: int = field(1, help="with --checkpoint-activations: checkpoint only every K-th "
                                               "block (the K-th, 2K-th, ...); the others store their activations")
+    compile: bool = field(False, help="torch.compile each block (after activation checkpointing, before sharding); "
+                          "the first updates are slower while it compiles")
     # fairseq's --offload-activations turns checkpointing on; so does ours.
     offload_activations: bool = field(False, help="checkpoint activations (implies --checkpoint-activations) and "
                                       "keep the block inputs saved for backward in CPU memory")

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.models.adaptive import AdaptiveInput, AdaptiveSoftmax, parse_cutoff
+from shardtrain.models.flops import decoder_flops_per_token
 from shardtrain.models.init import init_
 from shardtrain.models.layerdrop import LayerDrop
 from shardtrain.models.positions import (
@@ -76,6 +77,7 @@ class TransformerLanguageModel(nn.Module):
         embed_dim, (input_dim, output_dim) = cfg.decoder_embed_dim, io_dims(cfg)
         self.padding_idx = padding_idx
         self.max_positions = max_positions
+        self.embed_dim = embed_dim
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(embed_dim)
         if cfg.adaptive_input:
             # fairseq: bands start at --decoder-input-dim and project to --decoder-embed-dim.
@@ -152,6 +154,15 @@ class TransformerLanguageModel(nn.Module):
         if self.output_projection is not None:
             weight = self.output_projection.weight
             init_(weight, nn.init.normal_, mean=0.0, std=weight.size(1) ** -0.5)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token on ``seq_len``-token sequences (decoder_flops_per_token): every
+        Linear's weight, plus the tied embedding when it is the output projection. Adaptive bands
+        count as if every token passed through each (an upper bound: a token uses one band)."""
+        weights = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        if self.output_projection is None and self.adaptive_softmax is None:
+            weights += self.embed_tokens.weight.numel()  # --share-decoder-input-output-embed
+        return decoder_flops_per_token(weights, len(self.blocks), self.embed_dim, seq_len)
 
     def output_weight(self) -> torch.Tensor:
         """The [V, output_dim] matrix that maps features to logits."""

@@ -30,7 +30,9 @@ from shardtrain.trainer.launch.preemption import PreemptionWatcher
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.checkpoint.resume import restore
 from shardtrain.trainer.memory_fit import check_run_fits
+from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token, peak_tflops
 from shardtrain.trainer.metrics.run_metrics import RunMetrics, log_throughput
+from shardtrain.trainer.parallel.backend import unwrap
 from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
 
@@ -71,13 +73,21 @@ class Run:
                               param_dtype=precision.param_dtype, offload_activations=d.offload_activations,
                               checkpoint_activations_every=d.checkpoint_activations_every if checkpointing else None)
         self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, precision)
-        self.metrics = RunMetrics(ctx.device, self.trainer)
+        self.metrics = RunMetrics(ctx.device, self.trainer, utilisation=self._utilisation(cfg, model, dtypes))
         logger.info(f"rank {ctx.rank} holds {self.metrics.state_memory()} (parameters, gradients, optimizer state) "
                     f"with --ddp-backend {cfg.distributed.ddp_backend}")
         tb_dir = cfg.common.tensorboard_logdir
         self.tensorboard = TensorboardWriter(tb_dir) if tb_dir and self.backend.is_master else None
         self.clock = TrainingClock()  # also the time of the runs it resumes (restored by resume)
         self.preemption = PreemptionWatcher()
+
+    def _utilisation(self, cfg, model, dtypes) -> Utilisation:
+        """Only the master's records are printed: only it measures a peak (a fraction of a second)."""
+        per_token = model_flops_per_token(unwrap(model), self.task.max_positions() or 1)
+        peak = None
+        if self.backend.is_master:
+            peak = peak_tflops(self.backend.device, dtypes.compute or torch.float32, cfg.common.peak_tflops)
+        return Utilisation(per_token, self.backend.world_size, peak)
 
     def batch_iterator(self, split: str, epoch: int, shuffle: bool, valid: bool = False):
         d = self.cfg.dataset

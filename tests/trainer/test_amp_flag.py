@@ -60,6 +60,9 @@ def test_amp_trains_as_fp16_with_the_same_scale(data_bin, tmp_path, backend):
     keys = ("num_updates", "loss", "gnorm", "loss_scale")
     assert [[r[k] for k in keys] for r in records] == [[r[k] for k in keys] for r in fp16_records]
     assert records[0]["loss_scale"] < 65536  # it did overflow and lower the scale
+    world = 2 if BACKENDS[backend] else 1
+    for r in records:  # tokens/s per device: the ranks' summed wps over the world size
+        assert r["wps_per_device"] == pytest.approx(r["wps"] / world, abs=0.1) and r["mfu"] > 0
     assert amp["precision"] == fp16["precision"]
     for name, tensor in fp16.get("model", {}).items():  # fully_sharded keeps the weights in shard files
         assert amp["model"][name].dtype == torch.float32  # fp32 weights

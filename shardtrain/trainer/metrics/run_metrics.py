@@ -4,6 +4,7 @@ from typing import Dict, Optional
 
 import torch
 
+from shardtrain.trainer.metrics.flops import Utilisation
 from shardtrain.trainer.metrics.device_memory import ROUND, MemoryCalls, PeakWindows, accelerator_memory
 from shardtrain.trainer.metrics.state_memory import state_gb
 from shardtrain.trainer.metrics.meters import MetricsLogger, resident_memory_gb
@@ -16,10 +17,13 @@ WINDOWS = ("train_inner", "train", "valid", "run")
 class RunMetrics:
     """The run's meters: ``inner`` resets every --log-interval, ``epoch`` every epoch."""
 
-    def __init__(self, device: torch.device, trainer=None, memory_calls: Optional[MemoryCalls] = None):
-        """``memory_calls``: the device allocator's calls (tests pass stand-ins)."""
+    def __init__(self, device: torch.device, trainer=None, memory_calls: Optional[MemoryCalls] = None,
+                 utilisation: Optional[Utilisation] = None):
+        """``memory_calls``: the device allocator's calls (tests pass stand-ins); ``utilisation``:
+        adds tokens/s per device, TFLOP/s and mfu to train records."""
         self.device = device
         self.trainer = trainer
+        self.utilisation = utilisation
         calls = memory_calls if memory_calls is not None else accelerator_memory(device)
         self.peaks = PeakWindows(calls, WINDOWS) if calls is not None else None
         self.start = time.perf_counter()
@@ -57,6 +61,8 @@ class RunMetrics:
         """``window``: "train_inner", "train" or "valid" (whose memory peak to report and restart)."""
         stats = dict(logger.smoothed_values())
         stats["num_updates"] = num_updates
+        if self.utilisation is not None and window != "valid" and "wps" in stats:
+            stats.update(self.utilisation.fields(stats["wps"]))
         stats.update(self.memory(window))
         stats["wall"] = round(time.perf_counter() - self.start, 0)
         return stats

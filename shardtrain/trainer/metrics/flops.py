@@ -1,0 +1,112 @@
+"""Model FLOPs utilisation (MFU): the model's FLOPs per token times the tokens each device
+processes per second, over the device's peak for the compute dtype.
+
+A model reports its FLOPs per trained token (forward and backward) with
+``flops_per_token(seq_len)``; one that does not is counted as 6 x its parameter
+count (Kaplan et al.'s rule, which leaves attention out). The peak comes from
+``--peak-tflops``, else from the vendor's dense figure for a known GPU, else from
+a matmul timed on this device in the compute dtype (the CPU, an unknown GPU): what
+this rank's threads actually reach, so a CPU's MFU is against a number it can hit.
+"""
+import logging
+import time
+from typing import Dict, Optional
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+# Dense (not sparse) tensor-core peaks in TFLOP/s from the vendors' data sheets, by a piece of
+# torch.cuda.get_device_name(); the more specific names first. "tf32": fp32 matmuls that torch
+# lets run as TF32 (torch.backends.cuda.matmul.allow_tf32).
+GPU_PEAK_TFLOPS = (
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
+    ("H100 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}),
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("L40S", {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6}),
+    ("L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    ("A10", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),
+)
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """Training FLOPs (forward + backward) per token of ``model`` on sequences of ``seq_len``."""
+    own = getattr(model, "flops_per_token", None)
+    if callable(own):
+        return float(own(seq_len))
+    return 6.0 * sum(p.numel() for p in model.parameters())
+
+
+def gpu_peak_tflops(name: str, dtype: torch.dtype, tf32: bool) -> Optional[float]:
+    """The data sheet's peak of the GPU called ``name`` for ``dtype`` (None: not in the table)."""
+    key = _DTYPE_NAMES.get(dtype, "fp32")
+    if key == "fp32" and tf32:
+        key = "tf32"
+    for piece, peaks in GPU_PEAK_TFLOPS:
+        if piece in name:
+            return peaks.get(key)
+    return None
+
+
+def measured_peak_tflops(device: torch.device, dtype: torch.dtype, seconds: float = 0.2) -> float:
+    """The best TFLOP/s of square matmuls in ``dtype`` on ``device`` over about ``seconds``."""
+    n = 512 if device.type == "cpu" else 8192
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    torch.mm(a, b)  # warm-up: kernels chosen, caches filled
+    while time.perf_counter() < deadline or best == float("inf"):
+        _synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n ** 3 / best / 1e12
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_tflops(device: torch.device, dtype: torch.dtype, given: Optional[float] = None) -> float:
+    """``given`` (--peak-tflops), else the data sheet's for a known GPU, else measured here."""
+    if given is not None:
+        return given
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        listed = gpu_peak_tflops(name, dtype, torch.backends.cuda.matmul.allow_tf32)
+        if listed is not None:
+            return listed
+        logger.info(f"{name} is not in the table of GPU peaks: MFU is against a measured matmul peak "
+                    "(set --peak-tflops to use the data sheet's)")
+    measured = measured_peak_tflops(device, dtype)
+    logger.info(f"MFU is against this rank's measured {_DTYPE_NAMES.get(dtype, dtype)} matmul peak of "
+                f"{measured:.3f} TFLOP/s on {device.type} (--peak-tflops sets another)")
+    return measured
+
+
+class Utilisation:
+    """Turns a record's wps (tokens per second summed over the ranks) into per-device figures."""
+
+    def __init__(self, flops_per_token: float, world_size: int, peak: Optional[float]):
+        """``peak``: TFLOP/s per device (None: no mfu field)."""
+        self.flops_per_token, self.world_size, self.peak = flops_per_token, world_size, peak
+
+    def fields(self, wps: float) -> Dict[str, float]:
+        per_device = wps / self.world_size
+        tflops = per_device * self.flops_per_token / 1e12
+        out = {"wps_per_device": round(per_device, 1), "tflops": _significant(tflops)}
+        if self.peak:
+            out["mfu"] = _significant(100.0 * tflops / self.peak)  # percent
+        return out
+
+
+def _significant(x: float, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant digits: a CPU's 0.01234 TFLOP/s and an H100's 612.3 alike."""
+    return float(f"{x:.{digits}g}")
