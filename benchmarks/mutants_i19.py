@@ -21,3 +21,18 @@ MUTANTS = [
            "shardtrain/trainer/metrics/flops.py", "    if given is not None:\n        return given\n", "",
            (MFU + "test_train_records_carry_per_device_speed_tflops_and_mfu",)),
 ]
+
+COMPILE = "tests/trainer/test_compile.py::"
+MUTANTS += [
+    Mutant("compile_not_applied", "--compile compiles the blocks",
+           "shardtrain/trainer/parallel/prepare.py", "    if compile_blocks:\n        apply_compile(model)",
+           "    if False:\n        apply_compile(model)", (COMPILE + "test_compiled_training_equals_eager",)),
+    Mutant("compile_own_dropout_rng", "a compiled run draws eager's dropout masks",
+           "shardtrain/trainer/parallel/compile.py", "torch._inductor.config.fallback_random = True",
+           "torch._inductor.config.fallback_random = False", (COMPILE + "test_compiled_training_equals_eager",)),
+    Mutant("compile_wrapper_module", "compiling keeps parameter names and checkpoints as eager's",
+           "shardtrain/trainer/parallel/compile.py",
+           "    for block in blocks:\n        block.forward = torch.compile(block.forward)",
+           "    for i, block in enumerate(blocks):\n        blocks[i] = torch.compile(block)",
+           (COMPILE + "test_compiled_training_equals_eager",)),
+]

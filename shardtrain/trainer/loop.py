@@ -71,6 +71,7 @@ class Run:
         checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it
         model = prepare_model(lambda: build.build_model(cfg, self.task), self.backend, seed=cfg.common.seed,
                               param_dtype=precision.param_dtype, offload_activations=d.offload_activations,
+                              compile_blocks=d.compile,
                               checkpoint_activations_every=d.checkpoint_activations_every if checkpointing else None)
         self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, precision)
         self.metrics = RunMetrics(ctx.device, self.trainer, utilisation=self._utilisation(cfg, model, dtypes))

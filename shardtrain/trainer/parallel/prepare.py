@@ -14,15 +14,17 @@ from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.build import init_weights, log_model_size
 from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
 from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
+from shardtrain.trainer.parallel.compile import apply_compile
 
 
 def prepare_model(build: Callable[[], nn.Module], backend: Backend, *, seed: int,
                   param_dtype: Optional[torch.dtype] = None, checkpoint_activations_every: Optional[int] = None,
-                  offload_activations: bool = False) -> nn.Module:
+                  offload_activations: bool = False, compile_blocks: bool = False) -> nn.Module:
     """Build the model with ``build()`` and return it ready for the Trainer: initialised from
     ``seed``, activation-checkpointed every ``checkpoint_activations_every``-th block (None: off;
     ``offload_activations`` keeps the saved inputs in CPU memory), stored in ``param_dtype``
-    (None: as built, fp32) and wrapped or sharded by ``backend``."""
+    (None: as built, fp32), its blocks torch.compiled when ``compile_blocks``, and wrapped or
+    sharded by ``backend``."""
     # 1. Build. A backend that shards builds on the meta device, so no rank ever holds the
     #    whole model; the others initialise now, from a freshly seeded RNG.
     with torch.device("meta") if backend.init_on_meta else contextlib.nullcontext():
@@ -38,7 +40,10 @@ def prepare_model(build: Callable[[], nn.Module], backend: Backend, *, seed: int
     #    around a checkpointed block, so recomputation in backward sees gathered parameters.
     if checkpoint_activations_every is not None:
         apply_activation_checkpointing(model, checkpoint_activations_every, offload_activations, backend.device)
-    # 3. (torch.compile per block would go here: after checkpointing, before sharding.)
+    # 3. torch.compile per block: after checkpointing (the compiled graph holds the recomputation),
+    #    before sharding (FSDP's and DDP's hooks around each block stay outside the graph).
+    if compile_blocks:
+        apply_compile(model)
     # 4. The storage dtype the precision decided (--memory-efficient-fp16: fp16 parameters and
     #    gradients), before wrapping, so DDP's buckets and broadcasts are in that dtype.
     if param_dtype is not None:
