@@ -47,3 +47,37 @@ def use_file_system(writer, file_system) -> None:
     if not hasattr(writer, "fs"):
         raise _moved("FileSystemWriter.fs", "to checksum the shard files as they are written")
     writer.fs = file_system
+
+
+def memory_tracker(model, optimizer, fsdp: bool):
+    """torch's tracker of live tensor memory by kind (parameters, gradients, activations, optimizer
+    state, temporaries; for FSDP2 also sharded vs gathered, all-gather and reduce-scatter buffers),
+    with ``model`` and ``optimizer`` registered. Use as a context manager around the steps; read
+    ``get_tracker_snapshot("peak")``.
+
+    Why private: ``torch.distributed._tools`` is torch's own memory planner for FSDP2 (used by
+    its auto-parallel work) and has no public home yet. shard-plan runs it on fake tensors."""
+    try:
+        if fsdp:
+            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+            return FSDPMemTracker(model, optimizer)
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError:
+        raise _moved("torch.distributed._tools' memory trackers", "to plan memory (shard-plan)") from None
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    return tracker
+
+
+def init_fake_process_group(world_size: int, rank: int = 0) -> None:
+    """This process as ``rank`` of ``world_size`` on torch's fake process group: collectives return
+    at once with outputs of the right shapes, so FSDP2 can be set up for any world size here.
+
+    Why private: the fake backend and its store live in torch.testing._internal (torch's own tests and
+    its memory tools use them); there is no public equivalent."""
+    import torch.distributed as dist
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError:
+        raise _moved("torch.testing._internal.distributed.fake_pg", "to plan memory (shard-plan)") from None
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())

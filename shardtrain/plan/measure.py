@@ -1,0 +1,92 @@
+"""Measure what a run really holds: each rank's peak memory above what it held just before the
+model was built (the task, its data and the process group already there), over a few updates.
+
+On a GPU the peak is the allocator's (``torch.cuda.max_memory_allocated``); on the CPU it is the
+process's peak resident set (VmHWM), reset just before the model is built (writing 5 to
+/proc/self/clear_refs, Linux >= 4.0), as every tensor lives in host memory there.
+"""
+import os
+import time
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from shardtrain.trainer import loop
+from shardtrain.trainer.parallel import fsdp_wrap
+
+
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} is not in /proc/self/status: measuring host memory needs Linux")
+
+
+def _reset_host_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+class PeakWatch:
+    """Peak bytes above a baseline taken by ``start()``, on ``device``."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.baseline = device, None
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline = torch.cuda.memory_allocated(self.device)
+        else:
+            _reset_host_peak()
+            self.baseline = _status_bytes("VmRSS")
+
+    def peak(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self.baseline
+        return _status_bytes("VmHWM") - self.baseline
+
+
+def measure_peak(cfg, ctx) -> Optional[Dict]:
+    """A rank's main (shardtrain.trainer.launch.start.call_main): train as shard-train does and
+    return, on rank 0, every rank's peak bytes above its baseline and the seconds per update
+    after the first two."""
+    watch = PeakWatch(ctx.device)
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:  # the measurer's allocator setting, not fully_sharded's own
+        fsdp_wrap.MMAP_THRESHOLD = int(os.environ["MALLOC_MMAP_THRESHOLD_"])
+    real_prepare = loop.prepare_model
+
+    def prepare_watched(*args, **kwargs):
+        watch.start()
+        return real_prepare(*args, **kwargs)
+
+    loop.prepare_model = prepare_watched
+    times = []
+    try:
+        run = loop.Run(cfg, ctx)
+    finally:
+        loop.prepare_model = real_prepare
+    step = run.trainer.train_step
+
+    def timed_step(samples):
+        start = time.perf_counter()
+        out = step(samples)
+        times.append(time.perf_counter() - start)
+        return out
+
+    run.trainer.train_step = timed_step
+    try:
+        loop.train(run)
+        peaks = [watch.peak()]
+        if ctx.world_size > 1:  # before close: the backend may own the process group
+            peaks = [None] * ctx.world_size
+            dist.all_gather_object(peaks, watch.peak())
+    finally:
+        run.close()
+    if not ctx.is_master:
+        return None
+    later = times[2:] or times
+    return {"peaks": peaks, "step_seconds": sorted(later)[len(later) // 2]}

@@ -1,0 +1,155 @@
+"""Plan a run: calibrate this machine, trace each configuration's step, estimate, rank."""
+import dataclasses
+import os
+import time
+from typing import Dict, List, Optional
+
+import torch
+from omegaconf import OmegaConf
+
+from shardtrain.config.components import resolve
+from shardtrain.core.errors import ConfigError
+from shardtrain.plan.estimate import Estimate, Machine, estimate
+from shardtrain.plan.options import Option, alternatives, as_given, trace_key
+from shardtrain.plan.trace import batch_shape, traced_peak
+from shardtrain.trainer import build
+from shardtrain.trainer.memory_fit import host_available_bytes, model_sizes
+from shardtrain.trainer.metrics.flops import measured_peak_tflops, model_flops_per_token
+
+GIB = 2 ** 30
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Collective bandwidth per rank when not given: gloo between processes of one machine; NCCL over
+# NVLink within a node; across nodes, a 200 Gb/s InfiniBand link per GPU.
+NETWORK_GBPS = {"cpu": 2.0, "cuda_node": 100.0, "cuda_nodes": 25.0}
+PCIE_GBPS = 25.0  # PCIe 4.0 x16
+
+
+@dataclasses.dataclass
+class Planned:
+    option: Option
+    cfg: object
+    estimate: Estimate
+    fits: bool
+
+
+@dataclasses.dataclass
+class Plan:
+    machine: Machine
+    count: int
+    flops_per_token: float
+    shape: tuple  # (sequences, tokens each) of a micro-batch
+    given: Planned
+    options: List[Planned]
+    headroom: float
+
+    def recommended(self) -> Optional[Planned]:
+        fitting = [p for p in self.options if p.fits]
+        return min(fitting, key=lambda p: p.estimate.seconds) if fitting else None
+
+
+def machine_for(cfg, gpu_memory: Optional[float], host_memory: Optional[float], gpus_per_node: Optional[int],
+                nodes: Optional[int], network_gbps: Optional[float], pcie_gbps: Optional[float]) -> Machine:
+    """The machine the run will have: this one's GPU (or ``gpu_memory`` GiB), its available host memory
+    (or ``host_memory`` GiB per node), and speeds measured here (matmuls in each dtype, memory copies)."""
+    visible = torch.cuda.is_available() and not cfg.common.cpu
+    device = "cuda" if visible or gpu_memory is not None else "cpu"
+    per_node = gpus_per_node or (torch.cuda.device_count() if visible else None)
+    world = cfg.distributed.distributed_world_size or ((nodes or 1) * per_node if per_node else 1)
+    per_node = per_node or world
+    if device == "cuda" and gpu_memory is None:
+        gpu_memory = torch.cuda.get_device_properties(0).total_memory / GIB
+    threads = cfg.common.threads or max(1, (os.cpu_count() or 1) // per_node)
+    return Machine(
+        device=device, world_size=world, ranks_per_node=min(per_node, world),
+        gpu_bytes=int(gpu_memory * GIB) if gpu_memory is not None else None,
+        host_bytes=int(host_memory * GIB) if host_memory is not None else host_available_bytes(),
+        matmul_tflops=_matmul_speeds(cfg, device, visible, threads), copy_gbps=_copy_gbps(threads),
+        network_gbps=network_gbps or NETWORK_GBPS["cpu" if device == "cpu" else
+                                                  ("cuda_node" if world <= per_node else "cuda_nodes")],
+        pcie_gbps=pcie_gbps or PCIE_GBPS)
+
+
+def _matmul_speeds(cfg, device: str, visible: bool, threads: int) -> Dict[torch.dtype, float]:
+    """TFLOP/s a rank reaches in each dtype: measured on this machine's device, or (planning for
+    GPUs from a machine without one) --peak-tflops for bf16/fp16 and half of it for fp32 (TF32)."""
+    if device == "cuda" and not visible:
+        peak = cfg.common.peak_tflops
+        if peak is None:
+            raise ConfigError("shard-plan plans for GPUs (--gpu-memory) but sees none here to measure: pass "
+                              "--peak-tflops with the GPU's bf16 TFLOP/s (e.g. 989 for an H100 SXM, 312 for an "
+                              "A100), or run shard-plan on a GPU machine.")
+        return {torch.float32: peak / 2, torch.bfloat16: peak, torch.float16: peak}
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        where = torch.device("cuda" if device == "cuda" else "cpu")
+        return {dtype: measured_peak_tflops(where, dtype, seconds=0.1) for dtype in DTYPES}
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _copy_gbps(threads: int) -> float:
+    """Host memory bandwidth one rank gets: the best of a few 64 MiB copies (read + write)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src, dst = torch.ones(16 * 2 ** 20), torch.empty(16 * 2 ** 20)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - start)
+        return 2 * src.numel() * 4 / best / 1e9
+    finally:
+        torch.set_num_threads(saved)
+
+
+def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True) -> Plan:
+    """Trace and estimate the configuration given and (``compare``) its alternatives."""
+    task = build.build_task(cfg)
+    model_cls = resolve(cfg.components)["model"].obj
+    count = model_sizes(cfg, task)[0]
+    shape = batch_shape(cfg, task)
+    flops_per_token = _flops_per_token(cfg, task, model_cls, shape[1])
+    traces: Dict = {}
+
+    def planned(option: Option) -> Planned:
+        variant = option.apply(cfg)
+        key = trace_key(variant)
+        if key not in traces:
+            traces[key] = traced_peak(variant, task, machine.world_size)
+        est = estimate(variant, traces[key], count, flops_per_token, shape[0] * shape[1], machine)
+        return Planned(option, variant, est, fits(est, machine, headroom))
+
+    given = planned(as_given())
+    options = [planned(o) for o in alternatives(cfg, machine.world_size, machine.ranks_per_node, machine.device)] \
+        if compare else []
+    return Plan(machine, count, flops_per_token, shape, given, options, headroom)
+
+
+def _flops_per_token(cfg, task, model_cls, length: int) -> float:
+    """The model's own count, from meta builds with one and two layers (extrapolated, as deep
+    models take long to build even on meta)."""
+    layers_field = getattr(model_cls, "repeated_layers_field", None)
+
+    def count(layers: Optional[int]) -> float:
+        variant = cfg.copy()
+        if layers is not None:
+            OmegaConf.set_readonly(variant, False)
+            variant.model[layers_field] = layers
+        with torch.device("meta"):
+            return model_flops_per_token(build.build_model(variant, task), length)
+
+    layers = cfg.model[layers_field] if layers_field else None
+    if not layers or layers <= 2:
+        return count(None)
+    one, two = count(1), count(2)
+    return one + (layers - 1) * (two - one)
+
+
+def fits(est: Estimate, machine: Machine, headroom: float) -> bool:
+    """Within (1 - headroom) of the GPU's memory and of the node's host memory (shared by its ranks)."""
+    usable = 1.0 - headroom
+    if est.gpu_peak is not None and est.gpu_peak > usable * machine.gpu_bytes:
+        return False
+    return est.host_peak * machine.ranks_per_node <= usable * machine.host_bytes
