@@ -23,6 +23,7 @@ COMMANDS = {
     "shard-import-fairseq": "shardtrain.cli.import_fairseq",
     "shard-verify": "shardtrain.cli.verify",
     "shard-plot": "shardtrain.cli.plot",
+    "shard-plan": "shardtrain.cli.plan",
 }
 
 
@@ -45,3 +46,4 @@ shard_hydra_train = functools.partial(run, "shard-hydra-train")
 shard_import_fairseq = functools.partial(run, "shard-import-fairseq")
 shard_verify = functools.partial(run, "shard-verify")
 shard_plot = functools.partial(run, "shard-plot")
+shard_plan = functools.partial(run, "shard-plan")

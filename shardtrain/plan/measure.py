@@ -90,3 +90,55 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
         return None
     later = times[2:] or times
     return {"peaks": peaks, "step_seconds": sorted(later)[len(later) // 2]}
+
+
+# On the CPU, resident memory follows live tensors only if freed blocks go back to the OS: glibc
+# otherwise keeps freed heap blocks (and raises its mmap threshold after large frees), so RSS shows
+# the heap's high-water mark. The measured process gets a fixed 128 KiB threshold, so every tensor
+# larger than that is mmapped and returned when freed: the CPU's analog of the GPU allocator's
+# max_memory_allocated, which is what the plan predicts.
+MEASURE_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+def measure_in_subprocess(cfg, updates: int = 4, timeout: float = 900) -> Dict:
+    """Train ``cfg`` for ``updates`` updates in a fresh process (its own ranks, if several) and return
+    measure_peak's result: each rank's peak bytes above its baseline, seconds per update."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from omegaconf import OmegaConf
+
+    run = cfg.copy()
+    OmegaConf.set_readonly(run, False)
+    run.optimization.max_update = updates
+    run.checkpoint.no_save = True
+    run.dataset.disable_validation = True
+    run.common.log_format = "none"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "config.yaml")
+        OmegaConf.save(run, path)
+        done = subprocess.run([sys.executable, "-m", "shardtrain.plan.measure", path], capture_output=True,
+                              text=True, timeout=timeout, env={**os.environ, **MEASURE_ENV})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("MEASURED ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the measuring run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("MEASURED "):])
+
+
+def _main(path: str) -> None:
+    import json
+
+    from omegaconf import OmegaConf
+
+    from shardtrain.config.build import from_dict
+    from shardtrain.trainer.launch.start import call_main
+
+    cfg = from_dict(OmegaConf.to_container(OmegaConf.load(path)))
+    print("MEASURED " + json.dumps(call_main(cfg, measure_peak)), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+    _main(sys.argv[1])

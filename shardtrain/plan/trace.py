@@ -15,6 +15,7 @@ lives on. Models with many identical blocks are traced with one and two blocks a
 (as memory_fit does): a deep model's trace would otherwise take minutes.
 """
 import contextlib
+import logging
 import types
 from typing import Dict
 
@@ -71,6 +72,22 @@ def batch_shape(cfg, task):
 
 
 def _traced(cfg, task, world_size: int) -> Dict[str, int]:
+    with _quiet():  # the components' own log lines, once per trace, would bury the plan
+        return _trace(cfg, task, world_size)
+
+
+@contextlib.contextmanager
+def _quiet():
+    log = logging.getLogger("shardtrain")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _trace(cfg, task, world_size: int) -> Dict[str, int]:
     d, dtypes = cfg.distributed, run_dtypes(cfg)
     sharded = d.ddp_backend in FSDP_BACKENDS
     criterion = build.build_criterion(cfg, task)

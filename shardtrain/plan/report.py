@@ -1,0 +1,101 @@
+"""shard-plan's printout: the run as given in detail, every alternative in one table, a recommendation."""
+from typing import List, Optional
+
+from shardtrain.plan.estimate import Estimate
+from shardtrain.plan.options import flags_to_add
+from shardtrain.plan.planner import Plan, Planned
+
+GIB = 2 ** 30
+
+
+def _gib(n: Optional[int]) -> str:
+    return "-" if n is None else f"{n / GIB:.2f}"
+
+
+def render(plan: Plan, base_cfg) -> str:
+    m = plan.machine
+    lines = [
+        f"model: {plan.count:,} parameters, {plan.flops_per_token / 1e9:.3f} GFLOP per trained token; micro-batch "
+        f"{plan.shape[0]} x {plan.shape[1]} tokens",
+        f"machine: {m.world_size} rank(s), {m.ranks_per_node} per node, on {m.device}; "
+        + (f"GPU memory {_gib(m.gpu_bytes)} GiB, " if m.gpu_bytes else "")
+        + f"host memory {_gib(m.host_bytes)} GiB per node; measured here: matmul "
+        + ", ".join(f"{str(k).replace('torch.', '')} {v:.3g}" for k, v in m.matmul_tflops.items())
+        + f" TFLOP/s, memory copies {m.copy_gbps:.1f} GB/s; assumed: collectives {m.network_gbps:g} GB/s"
+        + (f", host<->GPU {m.pcie_gbps:g} GB/s" if m.device == "cuda" else ""),
+        "",
+        "as given, per rank:",
+        *_detail(plan.given.estimate, plan, m.device),
+        "",
+        f"alternatives (fits: peak within {100 * (1 - plan.headroom):.0f}% of "
+        + ("the GPU's memory and " if m.device == "cuda" else "") + "the node's host memory):",
+        *_table(plan.options, m.device, m.ranks_per_node),
+        "",
+        *_recommendation(plan, base_cfg),
+    ]
+    return "\n".join(lines)
+
+
+def _detail(e: Estimate, plan: Plan, device: str) -> List[str]:
+    twin = _checkpointing_twin(plan)
+    rows = [("parameters", e.params), ("gradients", e.grads), ("optimizer state", e.optimizer),
+            ("master copies (fp32)", e.master),
+            ("activations, peak of a micro-batch", e.activations),
+            ("  the same with --checkpoint-activations" if not _checkpointed(plan.given.cfg)
+             else "  the same without checkpointing", twin),
+            ("FSDP gathered parameters/gradients, buffers", e.fsdp_buffers),
+            ("temporaries at the peak (logits, their gradient...)", e.temporaries),
+            ("DDP buckets / flat all-reduce buffer", e.extra)]
+    out = [f"  {name:<52} {_gib(value):>9} GiB" for name, value in rows]
+    if device == "cuda":
+        out.append(f"  {'peak on the GPU':<52} {_gib(e.gpu_peak):>9} GiB")
+    out.append(f"  {'peak in host memory (this rank)':<52} {_gib(e.host_peak):>9} GiB")
+    out.append(f"  {'communicated per update':<52} {e.comm_bytes / GIB:>9.3f} GiB"
+               + (f" (+ {e.offload_bytes / GIB:.3f} GiB host<->GPU)" if e.offload_bytes else ""))
+    parts = ", ".join(f"{k} {v:.3f}" for k, v in e.step_seconds.items() if v)
+    out.append(f"  {'estimated seconds per update':<52} {e.seconds:>9.3f}    ({parts})")
+    return out
+
+
+def _checkpointed(cfg) -> bool:
+    return bool(cfg.distributed.checkpoint_activations or cfg.distributed.offload_activations)
+
+
+def _checkpointing_twin(plan: Plan) -> Optional[int]:
+    """Activations of the alternative that differs from the given run only in checkpointing."""
+    given = plan.given.cfg
+    for p in plan.options:
+        c = p.cfg
+        if _checkpointed(c) != _checkpointed(given) and all(
+                c.distributed[k] == given.distributed[k] for k in ("ddp_backend", "zero_sharding", "cpu_offload",
+                                                                 "fsdp_sharding_strategy")) and all(
+                c.common[k] == given.common[k] for k in ("fp16", "bf16", "memory_efficient_fp16",
+                                                         "memory_efficient_bf16")):
+            return p.estimate.activations
+    return None
+
+
+def _table(options: List[Planned], device: str, ranks_per_node: int) -> List[str]:
+    head = f"  {'configuration':<48} " + ("GPU GiB  " if device == "cuda" else "") + \
+        "host GiB/node  comm GiB  s/update  fits"
+    rows = [head]
+    for p in sorted(options, key=lambda p: p.estimate.seconds):
+        e = p.estimate
+        gpu = f"{_gib(e.gpu_peak):>7}  " if device == "cuda" else ""
+        rows.append(f"  {p.option.label:<48} {gpu}{e.host_peak * ranks_per_node / GIB:>13.2f}  "
+                    f"{e.comm_bytes / GIB:>8.3f}  "
+                    f"{e.seconds:>8.3f}  {'yes' if p.fits else 'NO'}")
+    return rows
+
+
+def _recommendation(plan: Plan, base_cfg) -> List[str]:
+    best = plan.recommended()
+    if best is None:
+        return ["No configuration fits: more ranks (--distributed-world-size, nodes) to shard over, a smaller "
+                "micro-batch (--batch-size / --max-tokens, with --update-freq to keep the batch), or a smaller model."]
+    flags = flags_to_add(base_cfg, best.option)
+    speed = plan.given.estimate.seconds / best.estimate.seconds
+    verdict = "fits" if plan.given.fits else "does NOT fit"
+    return [f"as given: {verdict}, about {plan.given.estimate.seconds:.3f} s per update.",
+            f"recommended: {best.option.label} (about {best.estimate.seconds:.3f} s per update, {speed:.2f}x the "
+            f"given speed): " + (" ".join(flags) if flags else "the command as given")]
