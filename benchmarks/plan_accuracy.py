@@ -51,17 +51,19 @@ CONFIGS = [
 ]
 
 
-def compare(data: str, model_flags, extra, save_dir: str):
-    cfg = parse_train_args([data, *model_flags, *extra, "--threads", "1", "--cpu", "--save-dir", save_dir])
-    planned = plan(cfg, machine_for(cfg, None, None, None, None, None, None), compare=False).given.estimate
-    measured = measure_in_subprocess(cfg)
-    worst = max(measured["peaks"])
-    return {"predicted": planned.host_peak, "measured": worst, "error": (planned.host_peak - worst) / worst,
-            "predicted_s": planned.seconds, "measured_s": measured["step_seconds"]}
-
-
-def run_all(data: str, model_flags, configs, save_dir: str):
-    return [(name, compare(data, model_flags, extra, save_dir)) for name, extra in configs]
+def run_all(data: str, model_flags, configs, save_dir: str, updates: int = 4):
+    """[(name, predicted and measured peak bytes, their error, predicted and measured s/update)]."""
+    cfgs = [parse_train_args([data, *model_flags, *extra, "--threads", "1", "--cpu", "--save-dir", save_dir])
+            for _, extra in configs]
+    planned = [plan(cfg, machine_for(cfg, None, None, None, None, None, None), compare=False).given.estimate
+               for cfg in cfgs]
+    results = []
+    for (name, _), est, measured in zip(configs, planned, measure_in_subprocess(cfgs, updates)):
+        worst = max(measured["peaks"])
+        results.append((name, {"predicted": est.host_peak, "measured": worst,
+                               "error": (est.host_peak - worst) / worst, "predicted_s": est.seconds,
+                               "measured_s": measured["step_seconds"]}))
+    return results
 
 
 def main():

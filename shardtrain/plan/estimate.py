@@ -21,6 +21,15 @@ import torch
 from shardtrain.plan.trace import FSDP_BACKENDS
 from shardtrain.trainer.precision import run_dtypes
 
+MIB = 2 ** 20
+# Memory a rank's kernels keep beyond tensors, which no trace of tensors sees. On the CPU, measured
+# here (benchmarks/plan_accuracy.py: the resident peak above the traced live-tensor peak, which a
+# tracker on the real run matched to 0.1 MiB): MKL's and the runtime's buffers, ~10-17 MiB; with
+# bf16/fp16 compute also oneDNN's JIT kernels and primitive cache, ~4 MiB per matmul shape, 15-40 MiB
+# in all. On a GPU: cuBLAS's workspace, which torch allocates through its caching allocator (32 MiB
+# on Hopper). Not yet checked against a GPU run (tests/gpu/test_plan_gpu.py does, when one is lent).
+RUNTIME_BYTES = {("cpu", False): 16 * MIB, ("cpu", True): 32 * MIB, ("cuda", False): 32 * MIB,
+                 ("cuda", True): 32 * MIB}
 # Bytes the optimizer reads and writes per parameter in one step (fused Adam: parameter, gradient
 # and two moments read, parameter and moments written); others are counted as Adam.
 ADAM_STEP_BYTES = 7 * 4
@@ -51,6 +60,7 @@ class Estimate:
     fsdp_buffers: int
     temporaries: int
     extra: int  # DDP buckets, legacy_ddp's flat buffer
+    runtime: int  # kernels' own buffers (RUNTIME_BYTES)
     gpu_peak: Optional[int]
     host_peak: int  # this rank's; the node holds ranks_per_node of them
     comm_bytes: int
@@ -86,16 +96,18 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
         extra = grads  # the buckets: a second copy of every gradient
     elif world > 1 and d.ddp_backend in ("legacy_ddp", "no_c10d"):  # the flat copy, after backward
         extra = max(0, params + optimizer + master + kinds["buffers"] + 2 * grads - peak)
-    peak += extra
-    gpu_peak, host = (None, peak) if machine.device == "cpu" else (peak - _on_host(cfg, params, grads, optimizer,
-                                                                                   master), 0)
-    if gpu_peak is not None:
-        host = peak - gpu_peak
+    runtime = RUNTIME_BYTES[(machine.device, dtypes.compute is not None)]
+    peak += extra + runtime
+    if machine.device == "cpu":
+        gpu_peak, host = None, peak
+    else:
+        host = _on_host(cfg, params, grads, optimizer, master)
+        gpu_peak = peak - host
     comm, offload = _comm_bytes(cfg, count, dtypes, machine, shard), _offload_bytes(cfg, count, shard, machine)
     return Estimate(
         params=params, grads=grads, optimizer=optimizer, master=master, activations=kinds["activations"],
         fsdp_buffers=kinds["gathered_params"] + kinds["gathered_grads"] + kinds["comm_buffers"],
-        temporaries=kinds["temporaries"], extra=extra, gpu_peak=gpu_peak, host_peak=host, comm_bytes=comm,
+        temporaries=kinds["temporaries"], extra=extra, runtime=runtime, gpu_peak=gpu_peak, host_peak=host, comm_bytes=comm,
         offload_bytes=offload, step_seconds=_seconds(cfg, count, flops_per_token * tokens, dtypes, machine, comm, offload,
                                                       shard if sharded else (world if zero else 1)))
 

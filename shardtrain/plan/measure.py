@@ -7,7 +7,7 @@ process's peak resident set (VmHWM), reset just before the model is built (writi
 """
 import os
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -97,12 +97,14 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
 # the heap's high-water mark. The measured process gets a fixed 128 KiB threshold, so every tensor
 # larger than that is mmapped and returned when freed: the CPU's analog of the GPU allocator's
 # max_memory_allocated, which is what the plan predicts.
-MEASURE_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+MEASURE_ENV = {"MALLOC_MMAP_THRESHOLD_": "16384"}
 
 
-def measure_in_subprocess(cfg, updates: int = 4, timeout: float = 900) -> Dict:
-    """Train ``cfg`` for ``updates`` updates in a fresh process (its own ranks, if several) and return
-    measure_peak's result: each rank's peak bytes above its baseline, seconds per update."""
+def measure_in_subprocess(cfgs: List, updates: int = 4, timeout: float = 1800) -> List[Dict]:
+    """Train each config of ``cfgs`` for ``updates`` updates, one after another in one fresh process
+    (its own ranks, where a config has several), and return measure_peak's result for each: every
+    rank's peak bytes above its baseline and the seconds per update. One process for all saves
+    starting torch again for each; each run's baseline is taken just before its model is built."""
     import json
     import subprocess
     import sys
@@ -110,24 +112,26 @@ def measure_in_subprocess(cfg, updates: int = 4, timeout: float = 900) -> Dict:
 
     from omegaconf import OmegaConf
 
-    run = cfg.copy()
-    OmegaConf.set_readonly(run, False)
-    run.optimization.max_update = updates
-    run.checkpoint.no_save = True
-    run.dataset.disable_validation = True
-    run.common.log_format = "none"
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "config.yaml")
-        OmegaConf.save(run, path)
-        done = subprocess.run([sys.executable, "-m", "shardtrain.plan.measure", path], capture_output=True,
+        paths = []
+        for i, cfg in enumerate(cfgs):
+            run = cfg.copy()
+            OmegaConf.set_readonly(run, False)
+            run.optimization.max_update = updates
+            run.checkpoint.no_save = True
+            run.dataset.disable_validation = True
+            run.common.log_format = "none"
+            paths.append(os.path.join(tmp, f"config{i}.yaml"))
+            OmegaConf.save(run, paths[-1])
+        done = subprocess.run([sys.executable, "-m", "shardtrain.plan.measure", *paths], capture_output=True,
                               text=True, timeout=timeout, env={**os.environ, **MEASURE_ENV})
     lines = [line for line in done.stdout.splitlines() if line.startswith("MEASURED ")]
-    if done.returncode != 0 or not lines:
+    if done.returncode != 0 or len(lines) != len(cfgs):
         raise RuntimeError(f"the measuring run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("MEASURED "):])
+    return [json.loads(line[len("MEASURED "):]) for line in lines]
 
 
-def _main(path: str) -> None:
+def _main(paths: List[str]) -> None:
     import json
 
     from omegaconf import OmegaConf
@@ -135,10 +139,11 @@ def _main(path: str) -> None:
     from shardtrain.config.build import from_dict
     from shardtrain.trainer.launch.start import call_main
 
-    cfg = from_dict(OmegaConf.to_container(OmegaConf.load(path)))
-    print("MEASURED " + json.dumps(call_main(cfg, measure_peak)), flush=True)
+    for path in paths:
+        cfg = from_dict(OmegaConf.to_container(OmegaConf.load(path)))
+        print("MEASURED " + json.dumps(call_main(cfg, measure_peak)), flush=True)
 
 
 if __name__ == "__main__":
     import sys
-    _main(sys.argv[1])
+    _main(sys.argv[1:])

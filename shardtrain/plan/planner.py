@@ -104,14 +104,15 @@ def _copy_gbps(threads: int) -> float:
         torch.set_num_threads(saved)
 
 
-def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True) -> Plan:
-    """Trace and estimate the configuration given and (``compare``) its alternatives."""
+def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, traces: Optional[Dict] = None) -> Plan:
+    """Trace and estimate the configuration given and (``compare``) its alternatives. ``traces``:
+    traced steps by trace_key, kept between calls for the same model and batch."""
     task = build.build_task(cfg)
     model_cls = resolve(cfg.components)["model"].obj
     count = model_sizes(cfg, task)[0]
     shape = batch_shape(cfg, task)
     flops_per_token = _flops_per_token(cfg, task, model_cls, shape[1])
-    traces: Dict = {}
+    traces = {} if traces is None else traces
 
     def planned(option: Option) -> Planned:
         variant = option.apply(cfg)

@@ -45,7 +45,8 @@ def _detail(e: Estimate, plan: Plan, device: str) -> List[str]:
              else "  the same without checkpointing", twin),
             ("FSDP gathered parameters/gradients, buffers", e.fsdp_buffers),
             ("temporaries at the peak (logits, their gradient...)", e.temporaries),
-            ("DDP buckets / flat all-reduce buffer", e.extra)]
+            ("DDP buckets / flat all-reduce buffer", e.extra),
+            ("kernels' own buffers (workspaces, JIT code)", e.runtime)]
     out = [f"  {name:<52} {_gib(value):>9} GiB" for name, value in rows]
     if device == "cuda":
         out.append(f"  {'peak on the GPU':<52} {_gib(e.gpu_peak):>9} GiB")

@@ -6,7 +6,7 @@ GIB = 2 ** 30
 
 
 def verify(cfg, planned: Estimate, machine: Machine) -> str:
-    measured = measure_in_subprocess(cfg)
+    measured = measure_in_subprocess([cfg])[0]
     predicted = planned.host_peak if machine.device == "cpu" else planned.gpu_peak
     worst = max(measured["peaks"])
     where = "resident memory above the baseline" if machine.device == "cpu" else "GPU memory allocated"
