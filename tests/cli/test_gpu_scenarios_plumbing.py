@@ -41,7 +41,7 @@ def test_every_scenario_runs_on_fake_records(data_bin, tmp_path, monkeypatch):
         assert rows and results, name
         for result, value, target in results:
             assert target[:2] in ("<=", ">=") and value == value, (name, result)  # no NaN
-    assert len(seen) == 6
+    assert len(seen) == 8  # headline 3, mfu 1, precision 2, compile 2
 
 
 def test_learnable_data_is_learnable(data_bin):
