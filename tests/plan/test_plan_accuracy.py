@@ -17,7 +17,7 @@ MODEL = ["--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-d
 CHOSEN = [c for c in CONFIGS if c[0] != "1 rank, --update-freq 2" and c[0] != "2 ranks, fully_sharded"]
 
 
-def test_eight_configurations_peak_within_ten_percent_of_the_plan(tmp_path):
+def test_eight_configurations_peak_within_fifteen_percent_of_the_plan(tmp_path):
     assert len(CHOSEN) == 8
     data = random_data_bin(str(tmp_path / "data"), vocab=64000, lines=100, line_len=300)
     results = run_all(data, MODEL, CHOSEN, str(tmp_path / "checkpoints"), updates=3)
@@ -25,6 +25,7 @@ def test_eight_configurations_peak_within_ten_percent_of_the_plan(tmp_path):
                       f"MiB ({r['error']:+.1%})" for name, r in results)
     print(table)
     assert all(r["measured"] > 100 * 2 ** 20 for _, r in results), table  # the model's memory, not noise
-    # The issue's target is 15%; the plan is held to 10% (worst seen: 5.2%) so that leaving out a term
-    # the size of the kernels' own buffers (estimate.RUNTIME_BYTES: 16-32 MiB here) fails this test.
-    assert all(abs(r["error"]) <= 0.10 for _, r in results), table
+    # Worst seen here: 5.2%. The kernels' own buffers (estimate.RUNTIME_BYTES) differ between CPUs (oneDNN's
+    # JIT kernels for bf16), so the issue's 15% is the bound; smaller terms have exact tests in
+    # test_plan_decisions.py.
+    assert all(abs(r["error"]) <= 0.15 for _, r in results), table

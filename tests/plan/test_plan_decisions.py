@@ -49,6 +49,13 @@ def test_ddp_buckets_are_a_second_copy_of_the_gradients(data):
     assert peak(data, "--gradient-as-bucket-view")[1] == alone
 
 
+def test_the_kernels_own_buffers_are_counted(data):
+    """The plan is the traced tensors plus what no tracer sees: here the kernels' workspaces and code."""
+    e, fp32 = peak(data, world=1)
+    assert fp32 == sum(KINDS.values()) + est_mod.RUNTIME_BYTES[("cpu", False)] and e.runtime > 0
+    assert peak(data, "--bf16", world=1)[1] == sum(KINDS.values()) + est_mod.RUNTIME_BYTES[("cpu", True)]
+
+
 def test_zero_divides_the_optimizer_state_over_the_ranks(data):
     e, zero = peak(data, "--zero-sharding", "os", world=4)
     _, ddp = peak(data, world=4)
