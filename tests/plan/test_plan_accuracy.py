@@ -1,5 +1,5 @@
 """shard-plan is right: 8 configurations (1 and 2 ranks; pytorch_ddp, ZeRO, fully_sharded, legacy_ddp;
-checkpointing, bf16, --update-freq, --cpu-offload with cpu_adam) planned, then trained for 3 updates,
+checkpointing, bf16, --update-freq, --cpu-offload with cpu_adam) planned, then trained for 3 updates (DDP rebuilds its buckets in the second),
 each rank's measured peak within 15% of the prediction (benchmarks/plan_accuracy.py: 10, larger)."""
 import os
 import sys
@@ -10,11 +10,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmar
 from make_data import random_data_bin  # noqa: E402
 from plan_accuracy import CONFIGS, run_all  # noqa: E402
 
-# Memory-heavy and compute-light, so 3 updates are quick: a 64k vocabulary over a narrow model and short
+# Memory-heavy and compute-light, so the updates are quick: a 64k vocabulary over a narrow model and short
 # batches (8.3M parameters: their state and the logits, ~0.35 GiB a rank, dwarf the runtime's own buffers).
 MODEL = ["--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim",
          "256", "--decoder-attention-heads", "2", "--tokens-per-sample", "64", "--batch-size", "4"]
-CHOSEN = [c for c in CONFIGS if c[0] != "1 rank, --update-freq 2" and c[0] != "2 ranks, fully_sharded"]
+# Four in one process, four on 2 ranks (DDP's buckets alone, left out here, have an exact test in
+# test_plan_decisions.py).
+CHOSEN = [c for c in CONFIGS if c[0] not in ("2 ranks, pytorch_ddp", "2 ranks, fully_sharded")]
 
 
 def test_eight_configurations_peak_within_fifteen_percent_of_the_plan(tmp_path):

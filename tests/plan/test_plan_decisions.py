@@ -108,7 +108,7 @@ def test_the_trace_shards_checkpoints_and_extrapolates(data):
 
 
 def test_the_recommendation_is_the_fastest_that_fits(data):
-    cfg = cfg_of(data, "--distributed-world-size", "2", "--cpu")
+    cfg = cfg_of(data, "--distributed-world-size", "2", "--cpu", "--decoder-layers", "2")  # 2: traced whole, once
     m, traces = machine(), {}
     result = plan(cfg, m, traces=traces)
     by_speed = sorted(result.options, key=lambda p: p.estimate.seconds)

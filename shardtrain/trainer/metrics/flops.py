@@ -5,8 +5,9 @@ A model reports its FLOPs per trained token (forward and backward) with
 ``flops_per_token(seq_len)``; one that does not is counted as 6 x its parameter
 count (Kaplan et al.'s rule, which leaves attention out). The peak comes from
 ``--peak-tflops``, else from the vendor's dense figure for a known GPU, else from
-a matmul timed on this device in the compute dtype (the CPU, an unknown GPU): what
-this rank's threads actually reach, so a CPU's MFU is against a number it can hit.
+a matmul timed on this device in the compute dtype (the CPU, an unknown GPU; once per
+process, 256 x 256 on the CPU): what this rank's threads actually reach, so a CPU's MFU is
+against a number it can hit.
 """
 import logging
 import time
@@ -53,9 +54,11 @@ def gpu_peak_tflops(name: str, dtype: torch.dtype, tf32: bool) -> Optional[float
     return None
 
 
-def measured_peak_tflops(device: torch.device, dtype: torch.dtype, seconds: float = 0.2) -> float:
-    """The best TFLOP/s of square matmuls in ``dtype`` on ``device`` over about ``seconds``."""
-    n = 512 if device.type == "cpu" else 8192
+def measured_peak_tflops(device: torch.device, dtype: torch.dtype, seconds: float = 0.2,
+                         size: Optional[int] = None) -> float:
+    """The best TFLOP/s of square ``size`` matmuls in ``dtype`` on ``device`` over about ``seconds``
+    (default size: 512 on the CPU, 8192 on a GPU)."""
+    n = size or (512 if device.type == "cpu" else 8192)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     best, deadline = float("inf"), time.perf_counter() + seconds
@@ -85,10 +88,16 @@ def peak_tflops(device: torch.device, dtype: torch.dtype, given: Optional[float]
             return listed
         logger.info(f"{name} is not in the table of GPU peaks: MFU is against a measured matmul peak "
                     "(set --peak-tflops to use the data sheet's)")
-    measured = measured_peak_tflops(device, dtype)
+    key = (str(device), dtype, torch.get_num_threads())
+    if key not in _MEASURED:  # once per process: a test suite trains hundreds of times in one
+        size = 256 if device.type == "cpu" else None  # a CPU's fp16 runs at GFLOP/s: keep it quick
+        _MEASURED[key] = measured_peak_tflops(device, dtype, seconds=0.05, size=size)
     logger.info(f"MFU is against this rank's measured {_DTYPE_NAMES.get(dtype, dtype)} matmul peak of "
-                f"{measured:.3f} TFLOP/s on {device.type} (--peak-tflops sets another)")
-    return measured
+                f"{_MEASURED[key]:.3f} TFLOP/s on {device.type} (--peak-tflops sets another)")
+    return _MEASURED[key]
+
+
+_MEASURED: Dict = {}
 
 
 class Utilisation:
