@@ -60,3 +60,48 @@ def test_a_writer_writes_through_the_file_system_it_is_given(tmp_path, monkeypat
     assert len(hashing.written["__0_0.distcp"]["crc32"]) > 4
     with pytest.raises(RuntimeError, match="no longer provides FileSystemWriter.fs"):
         torch_private.use_file_system(object(), hashing)
+
+
+def test_the_memory_tracker_sees_fake_tensors_by_kind():
+    """shard-plan's tracer: parameters, gradients and optimizer state of a step on fake tensors, by kind."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with torch.device("meta"):
+        model = torch.nn.Linear(256, 128, bias=False)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = model.to_empty(device="cpu")
+        optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+        tracker = torch_private.memory_tracker(model, optimizer, fsdp=False)
+        with tracker:
+            for update in range(2):
+                model(torch.randn(4, 256)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if update == 0:
+                    tracker.reset_mod_stats()
+        peak = {k.value: v for k, v in tracker.get_tracker_snapshot("peak")[torch.device("cpu")].items()
+                if k != "Total"}
+    weight = 256 * 128 * 4
+    assert peak["Parameter"] == weight and peak["Optstate"] >= 2 * weight
+
+
+def test_a_fake_process_group_of_any_size():
+    import torch.distributed as dist
+
+    torch_private.init_fake_process_group(8, rank=5)
+    try:
+        assert (dist.get_world_size(), dist.get_rank()) == (8, 5)
+        t = torch.ones(3)
+        dist.all_reduce(t)  # returns at once; the fake group computes nothing
+    finally:
+        dist.destroy_process_group()
+
+
+def test_moved_memory_tools_are_named(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "torch.distributed._tools.mem_tracker", None)
+    with pytest.raises(RuntimeError, match="no longer provides torch.distributed._tools"):
+        torch_private.memory_tracker(torch.nn.Linear(2, 2), None, fsdp=False)
+    monkeypatch.setitem(sys.modules, "torch.testing._internal.distributed.fake_pg", None)
+    with pytest.raises(RuntimeError, match="no longer provides torch.testing._internal.distributed.fake_pg"):
+        torch_private.init_fake_process_group(2)
