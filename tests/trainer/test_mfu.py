@@ -90,3 +90,17 @@ def test_train_records_carry_per_device_speed_tflops_and_mfu(tmp_path):
         assert r["wps_per_device"] == pytest.approx(r["wps"], rel=1e-3)  # one rank
         assert r["tflops"] == pytest.approx(r["wps"] * per_token / 1e12, rel=2e-3)
         assert r["mfu"] == pytest.approx(100 * r["tflops"] / 0.5, rel=2e-3)
+
+
+def test_measuring_the_peak_leaves_the_runs_random_numbers_alone(tmp_path):
+    """Rank 0 measures a matmul before training: with dropout on, a run that measures and one given
+    --peak-tflops (which measures nothing) draw the same masks."""
+    data = make_space_data_bin(str(tmp_path), n_words=20)
+    losses = []
+    for name, extra in (("given", ["--peak-tflops", "0.5"]), ("measured", [])):
+        flops._MEASURED.clear()
+        log = os.path.join(tmp_path, f"{name}.json")
+        train.main([data, *tiny_model_flags(), "--max-update", "3", "--save-dir", str(tmp_path / name), "--no-save",
+                    "--disable-validation", "--log-file", log, "--dropout", "0.3", *extra])
+        losses.append([r["loss"] for r in json_records(log, "train_inner")])
+    assert losses[0] == losses[1] and len(losses[0]) == 3

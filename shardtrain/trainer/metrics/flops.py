@@ -59,8 +59,9 @@ def measured_peak_tflops(device: torch.device, dtype: torch.dtype, seconds: floa
     """The best TFLOP/s of square ``size`` matmuls in ``dtype`` on ``device`` over about ``seconds``
     (default size: 512 on the CPU, 8192 on a GPU)."""
     n = size or (512 if device.type == "cpu" else 8192)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    # Constants, not random numbers: the run's random streams (dropout, data order) must not move.
+    a = torch.full((n, n), 0.5, device=device, dtype=dtype)
+    b = torch.full((n, n), 0.25, device=device, dtype=dtype)
     best, deadline = float("inf"), time.perf_counter() + seconds
     torch.mm(a, b)  # warm-up: kernels chosen, caches filled
     while time.perf_counter() < deadline or best == float("inf"):
