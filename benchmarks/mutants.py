@@ -14,6 +14,7 @@ from mutants_i17_e import MUTANTS as EVAL_GENERATE_MUTANTS
 from mutants_integrity import INTEGRITY_MUTANTS
 from mutants_i18 import MUTANTS as ISSUE_18_MUTANTS
 from mutants_i19 import MUTANTS as ISSUE_19_MUTANTS
+from mutants_i20 import MUTANTS as ISSUE_20_MUTANTS
 
 STEP = "tests/trainer/test_trainer_step.py"
 SCALER = "tests/trainer/test_loss_scaler.py"
@@ -325,4 +326,4 @@ MUTANTS = [
            ("tests/distributed/test_save_crash_phases.py",)),
 ] + (INTEGRITY_MUTANTS + FLAG_TABLE_MUTANTS + OPTIM_PRECISION_MUTANTS + ADAPTIVE_LAYERDROP_MUTANTS
            + TASK_CHECKPOINT_MUTANTS + EVAL_GENERATE_MUTANTS + ISSUE_18_MUTANTS
-           + ISSUE_19_MUTANTS)
+           + ISSUE_19_MUTANTS + ISSUE_20_MUTANTS)

@@ -122,6 +122,17 @@ class OptimizationConfig:
     skip_nan_updates: int = field(
         0, help="skip an update whose loss or gradient is NaN/inf on any rank (its batches are passed over, the "
                 "weights kept), up to N in a row; one more in a row stops the run (0: stop at the first)")
+    spike_rollback: bool = field(
+        False, help="on a loss spike (--spike-factor x the median of the last --spike-window updates) or a NaN/inf "
+                    "loss, every rank rolls back to its last in-memory snapshot (--spike-snapshot-interval) and "
+                    "skips the batches since, then continues")
+    spike_factor: float = field(3.0, help="with --spike-rollback: a loss this many times the recent median spikes")
+    spike_window: int = field(50, help="with --spike-rollback: updates in the running median (and needed before "
+                                       "a spike is judged)")
+    spike_snapshot_interval: int = field(20, help="with --spike-rollback: keep a snapshot of the state every N "
+                                                  "updates (in memory, this rank's own shards)")
+    spike_max_rollbacks: int = field(5, help="with --spike-rollback: stop the run at this many rollbacks within "
+                                             "--spike-window x 10 updates")
     # A list, one value per epoch, as in fairseq (config/epoch_lists.py); typed Any so that one
     # number also stays valid in YAML, Hydra overrides and older checkpoints' configs.
     update_freq: Any = field(default_factory=lambda: [1], help="accumulate gradients over N batches per update; "

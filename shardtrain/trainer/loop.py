@@ -33,6 +33,7 @@ from shardtrain.trainer.memory_fit import check_run_fits
 from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token, peak_tflops
 from shardtrain.trainer.metrics.run_metrics import RunMetrics, log_throughput
 from shardtrain.trainer.parallel.backend import unwrap
+from shardtrain.trainer.spike import SpikeGuard
 from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
 
@@ -79,6 +80,7 @@ class Run:
                     f"with --ddp-backend {cfg.distributed.ddp_backend}")
         tb_dir = cfg.common.tensorboard_logdir
         self.tensorboard = TensorboardWriter(tb_dir) if tb_dir and self.backend.is_master else None
+        self.spikes = SpikeGuard(cfg.optimization) if cfg.optimization.spike_rollback else None
         self.clock = TrainingClock()  # also the time of the runs it resumes (restored by resume)
         self.preemption = PreemptionWatcher()
 
@@ -139,6 +141,8 @@ def train(run: Run) -> Optional[float]:
         for subset in cfg.dataset.valid_subset.split(","):
             run.task.dataset(subset)  # a missing or empty split fails now, not after the first epoch
     epoch_itr = restore(run)
+    if run.spikes is not None:
+        run.spikes.start(run.trainer)  # the state to roll back to until the first interval's snapshot
     max_update = cfg.optimization.max_update
     if max_update > 0 and run.trainer.num_updates >= max_update:
         # fairseq trains (and saves) one more update here, changing a finished model
@@ -176,6 +180,10 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
         run.metrics.begin_update()
         out = trainer.train_step(samples)
         run.metrics.end_update()
+        if run.spikes is not None:
+            if run.spikes.after_update(trainer, out, len(samples)):
+                continue  # rolled back: the update is undone and its batches skipped
+            out.update(run.spikes.metrics())
         end_of_epoch = not itr.has_next()
         if not out["stepped"]:  # skipped on every rank (fp16 overflow, NaN): nothing new to log or save
             if end_of_epoch:

@@ -191,6 +191,12 @@ def decide_dtypes(name: str, reduce_in_low_precision: bool) -> Dtypes:
     return Dtypes(name, compute, storage, mixed_precision(compute, reduce_in_low_precision))
 
 
+def _skip_nan(cfg) -> int:
+    """NaN/inf updates skipped in a row before the run stops: --skip-nan-updates, or under
+    --spike-rollback all (the spike guard rolls such an update back, and stops after too many)."""
+    return 2 ** 62 if cfg.optimization.spike_rollback else cfg.optimization.skip_nan_updates
+
+
 def run_dtypes(cfg) -> Dtypes:
     """The one place a run's precision flags become dtypes."""
     return decide_dtypes(chosen_precision(cfg.common), cfg.distributed.reduce_in_low_precision)
@@ -224,7 +230,7 @@ def build_scaler(cfg, world_size: int) -> DynamicLossScaler:
 
 def build_precision(cfg, backend, dtypes: Dtypes) -> Precision:
     if dtypes.name == "memory_efficient_bf16":  # bf16 parameters: no autocast, no loss scale
-        return Precision(None, backend.device.type, dtypes.storage, skip_nan=cfg.optimization.skip_nan_updates)
+        return Precision(None, backend.device.type, dtypes.storage, skip_nan=_skip_nan(cfg))
     if dtypes.storage is not None:  # the parameters are fp16 themselves: nothing to autocast
         return MemoryEfficientFP16Precision(build_scaler(cfg, backend.world_size), None, backend.device.type,
                                             dtypes.storage)
@@ -232,4 +238,4 @@ def build_precision(cfg, backend, dtypes: Dtypes) -> Precision:
     autocast = None if backend.casts_params else dtypes.compute
     if dtypes.name == "fp16":
         return LossScaledPrecision(build_scaler(cfg, backend.world_size), autocast, backend.device.type)
-    return Precision(autocast, backend.device.type, skip_nan=cfg.optimization.skip_nan_updates)
+    return Precision(autocast, backend.device.type, skip_nan=_skip_nan(cfg))

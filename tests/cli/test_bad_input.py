@@ -231,6 +231,9 @@ def test_the_table_has_at_least_30_cases():
 # until it gets a row here.
 RULE_VIOLATIONS = {
     "--peak-tflops must": ["--peak-tflops", "0"],
+    "--spike-factor must": ["--spike-factor", "1"],
+    "--spike-window and": ["--spike-snapshot-interval", "0"],
+    "--spike-max-rollbacks must": ["--spike-max-rollbacks", "-1"],
     "--max-tokens must": ["--max-tokens", "0"],
     "--batch-size must": ["--batch-size", "0"],
     "--max-tokens-valid must": ["--max-tokens-valid", "0"],

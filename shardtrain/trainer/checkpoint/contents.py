@@ -18,7 +18,7 @@ TENSOR_PARTS = ("model", "optimizer")  # a sharded directory stores these with D
 SKIP = object()
 NO_OPTIMIZER_STATE = "no_optimizer_state"  # header key of a checkpoint saved with --no-save-optimizer-state
 # Older checkpoints lack some parts; what loading one of them means instead.
-WHEN_MISSING = {"precision": {}, "meters": SKIP, "training_seconds": 0.0, "rng_per_rank": None}
+WHEN_MISSING = {"precision": {}, "meters": SKIP, "training_seconds": 0.0, "rng_per_rank": None, "spike_guard": SKIP}
 
 
 def header(run) -> Dict:
@@ -40,7 +40,9 @@ def stateful_parts(run, epoch_itr=None) -> Dict:
             "rng_per_rank": RankRngs(run.cfg.common.seed, run.trainer.state),
             "training_seconds": run.clock,  # for --stop-time-hours on resume
             "train_iterator": TrainIterator(run, epoch_itr),
-            "meters": run.metrics}
+            "meters": run.metrics,
+            # --spike-rollback's recent losses and rollbacks (its snapshot is retaken after a resume)
+            **({"spike_guard": run.spikes} if getattr(run, "spikes", None) is not None else {})}
 
 
 def state_of(parts: Dict) -> Dict:

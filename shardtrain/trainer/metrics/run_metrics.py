@@ -48,7 +48,7 @@ class RunMetrics:
             m.log_scalar("lr", out["lr"], round=None)
             m.log_scalar("gnorm", out["gnorm"], round=3)
             m.log_scalar("clip", 100.0 * out["clip"], round=1)
-            for key in ("loss_scale",):
+            for key in ("loss_scale", "rollbacks"):
                 if key in out:
                     m.log_scalar(key, out[key], round=4)
 
