@@ -92,13 +92,6 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
     return {"peaks": peaks, "step_seconds": sorted(later)[len(later) // 2]}
 
 
-def measure_peaks(cfgs: List, cfg, ctx) -> Optional[List[Dict]]:
-    """A rank's main: measure_peak for each of ``cfgs`` in turn on the same ranks (one spawn for all;
-    they share the world size). ``cfg`` (the first of them) is what started the ranks."""
-    results = [measure_peak(c, ctx) for c in cfgs]
-    return results if ctx.is_master else None
-
-
 # On the CPU, resident memory follows live tensors only if freed blocks go back to the OS: glibc
 # otherwise keeps freed heap blocks (and raises its mmap threshold after large frees), so RSS shows
 # the heap's high-water mark. The measured process gets a fixed 128 KiB threshold, so every tensor
@@ -109,7 +102,7 @@ MEASURE_ENV = {"MALLOC_MMAP_THRESHOLD_": "16384"}
 
 def measure_in_subprocess(cfgs: List, updates: int = 4, timeout: float = 1800) -> List[Dict]:
     """Train each config of ``cfgs`` for ``updates`` updates, one after another in one fresh process
-    (its own ranks, where a config has several), and return measure_peak's result for each: every
+    (each on ranks of its own, where it has several), and return measure_peak's result for each: every
     rank's peak bytes above its baseline and the seconds per update. One process for all saves
     starting torch again for each; each run's baseline is taken just before its model is built."""
     import json
@@ -139,8 +132,6 @@ def measure_in_subprocess(cfgs: List, updates: int = 4, timeout: float = 1800) -
 
 
 def _main(paths: List[str]) -> None:
-    import functools
-    import itertools
     import json
 
     from omegaconf import OmegaConf
@@ -148,12 +139,11 @@ def _main(paths: List[str]) -> None:
     from shardtrain.config.build import from_dict
     from shardtrain.trainer.launch.start import call_main
 
-    cfgs = [from_dict(OmegaConf.to_container(OmegaConf.load(path))) for path in paths]
-    # Consecutive configs on the same number of ranks share one start of those ranks.
-    for _, group in itertools.groupby(cfgs, key=lambda c: c.distributed.distributed_world_size or 1):
-        group = list(group)
-        for result in call_main(group[0], functools.partial(measure_peaks, group)):
-            print("MEASURED " + json.dumps(result), flush=True)
+    # Each config on ranks of its own: ranks that ran another config first keep its heap, and measured a
+    # legacy_ddp run 28% low (a 2-rank config's spawn costs seconds, a clean measurement is worth them).
+    for path in paths:
+        cfg = from_dict(OmegaConf.to_container(OmegaConf.load(path)))
+        print("MEASURED " + json.dumps(call_main(cfg, measure_peak)), flush=True)
 
 
 if __name__ == "__main__":

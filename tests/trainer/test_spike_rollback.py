@@ -56,7 +56,7 @@ def test_without_the_flag_the_poisoned_update_is_trained_on(data_bin, tmp_path):
 def test_the_rule():
     rule = SpikeRule(factor=2.0, window=3)
     assert [rule.judge(x) for x in (5.0, 4.0, 3.0)] == [None] * 3  # the history fills before anything is judged
-    assert rule.judge(6.5) is not None and rule.judge(7.9) is None  # above / below 2 x the median (4.0)
+    assert rule.judge(8.5) is not None and rule.judge(7.9) is None  # above / below 2 x the median (4.0)
     assert "nan" in rule.judge(math.nan) and "inf" in rule.judge(math.inf)
 
 
