@@ -57,7 +57,7 @@ MUTANTS += [
            EST, "(params + grads if d.cpu_offload else 0)", "0",
            (DECISIONS + "test_a_gpu_run_keeps_offloaded_shards_and_cpu_optimizer_state_on_the_host",)),
     Mutant("plan_fsdp_gathers_once", "resharding after forward gathers the parameters again in backward",
-           EST, "gathers = 1 if zero2_like else 2", "gathers = 1", (DECISIONS + "test_bytes_communicated_per_update",)),
+           EST, "gathers = 2 if reshards_after_forward(d) else 1", "gathers = 1", (DECISIONS + "test_bytes_communicated_per_update",)),
     Mutant("plan_runtime_dropped", "the plan counts the kernels' own buffers",
            EST, "peak += extra + runtime", "peak += extra", (DECISIONS + "test_the_kernels_own_buffers_are_counted",)),
     Mutant("plan_trace_unsharded", "the trace shards over the run's world size",

@@ -19,6 +19,7 @@ from typing import Dict, Optional
 import torch
 
 from shardtrain.plan.trace import FSDP_BACKENDS
+from shardtrain.trainer.parallel.fsdp_wrap import reshards_after_forward
 from shardtrain.trainer.precision import run_dtypes
 
 MIB = 2 ** 20
@@ -107,9 +108,10 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
     return Estimate(
         params=params, grads=grads, optimizer=optimizer, master=master, activations=kinds["activations"],
         fsdp_buffers=kinds["gathered_params"] + kinds["gathered_grads"] + kinds["comm_buffers"],
-        temporaries=kinds["temporaries"], extra=extra, runtime=runtime, gpu_peak=gpu_peak, host_peak=host, comm_bytes=comm,
-        offload_bytes=offload, step_seconds=_seconds(cfg, count, flops_per_token * tokens, dtypes, machine, comm, offload,
-                                                      shard if sharded else (world if zero else 1)))
+        temporaries=kinds["temporaries"], extra=extra, runtime=runtime, gpu_peak=gpu_peak, host_peak=host,
+        comm_bytes=comm, offload_bytes=offload,
+        step_seconds=_seconds(cfg, count, flops_per_token * tokens, dtypes, machine, comm, offload,
+                              shard if sharded else (world if zero else 1)))
 
 
 def _shard_size(cfg, machine: Machine) -> int:
@@ -144,8 +146,7 @@ def _comm_bytes(cfg, count: int, dtypes, machine: Machine, shard: int) -> int:
         if d.zero_sharding == "os":  # each rank broadcasts its updated partition
             total += (world - 1) / world * count * grad_bytes
         return int(total)
-    zero2_like = d.fsdp_sharding_strategy in ("shard_grad_op", "hybrid_shard_zero2") or d.no_reshard_after_forward
-    gathers = 1 if zero2_like else 2  # forward, and again in backward after resharding
+    gathers = 2 if reshards_after_forward(d) else 1  # forward, and again in backward after resharding
     per_micro = (shard - 1) / shard * count * (gathers * compute + reduce)
     replicas = world // shard
     across = 2 * (replicas - 1) / replicas * count / shard * reduce if replicas > 1 else 0

@@ -2,7 +2,7 @@
 shard-train's flags express, so a recommendation prints as flags to add."""
 import dataclasses
 import itertools
-from typing import Any, Dict, List, Tuple
+from typing import Any, List, Tuple
 
 from omegaconf import OmegaConf
 
@@ -92,8 +92,3 @@ def trace_key(cfg) -> Tuple:
     return (d.ddp_backend == "fully_sharded", d.fsdp_sharding_strategy if d.ddp_backend == "fully_sharded" else None,
             bool(d.checkpoint_activations or d.offload_activations), chosen_precision(cfg.common),
             OmegaConf.select(cfg, "optimizer.fp16_adam_stats"))
-
-
-def describe(cfg) -> Dict[str, Any]:
-    """The settings an option changes, as they stand in ``cfg``."""
-    return {key: OmegaConf.select(cfg, key) for key in FLAGS}

@@ -28,7 +28,7 @@ from shardtrain.config.components import resolve
 from shardtrain.core.torch_private import init_fake_process_group, memory_tracker
 from shardtrain.trainer import build
 from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
-from shardtrain.trainer.parallel.fsdp_wrap import apply_fsdp, build_mesh, offload_policy
+from shardtrain.trainer.parallel.fsdp_wrap import apply_fsdp, build_mesh, offload_policy, reshards_after_forward
 from shardtrain.trainer.precision import mixed_precision, run_dtypes
 
 CPU = torch.device("cpu")
@@ -101,9 +101,8 @@ def _trace(cfg, task, world_size: int) -> Dict[str, int]:
         if sharded:
             mesh = build_mesh(types.SimpleNamespace(world_size=world_size, device=CPU), d.fsdp_sharding_strategy,
                               d.shard_group_size)
-            zero2_like = d.fsdp_sharding_strategy in ("shard_grad_op", "hybrid_shard_zero2")
             apply_fsdp(model, mesh, mixed_precision(dtypes.compute, d.reduce_in_low_precision),
-                       reshard_after_forward=not (d.no_reshard_after_forward or zero2_like),
+                       reshard_after_forward=reshards_after_forward(d),
                        offload=offload_policy(d.cpu_offload, CPU), min_params_to_wrap=d.min_params_to_wrap)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device=CPU)

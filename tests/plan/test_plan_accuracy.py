@@ -1,10 +1,9 @@
 """shard-plan is right: 8 configurations (1 and 2 ranks; pytorch_ddp, ZeRO, fully_sharded, legacy_ddp;
-checkpointing, bf16, --update-freq, --cpu-offload with cpu_adam) planned, then trained for 3 updates (DDP rebuilds its buckets in the second),
-each rank's measured peak within 15% of the prediction (benchmarks/plan_accuracy.py: 10, larger)."""
+checkpointing, bf16, --update-freq, --cpu-offload with cpu_adam) planned, then trained for 3 updates (DDP
+rebuilds its buckets in the second), each rank's measured peak within 15% of the prediction
+(benchmarks/plan_accuracy.py: 10, larger)."""
 import os
 import sys
-
-import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 from make_data import random_data_bin  # noqa: E402
@@ -27,7 +26,7 @@ def test_eight_configurations_peak_within_fifteen_percent_of_the_plan(tmp_path):
                       f"MiB ({r['error']:+.1%})" for name, r in results)
     print(table)
     assert all(r["measured"] > 100 * 2 ** 20 for _, r in results), table  # the model's memory, not noise
-    # Worst seen here: 5.2%. The kernels' own buffers (estimate.RUNTIME_BYTES) differ between CPUs (oneDNN's
+    # Worst seen here: 5.8%. The kernels' own buffers (estimate.RUNTIME_BYTES) differ between CPUs (oneDNN's
     # JIT kernels for bf16), so the issue's 15% is the bound; smaller terms have exact tests in
     # test_plan_decisions.py.
     assert all(abs(r["error"]) <= 0.15 for _, r in results), table

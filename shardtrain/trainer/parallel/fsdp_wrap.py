@@ -65,6 +65,13 @@ def size_based_units(model: nn.Module, min_params: int) -> List[nn.Module]:
     return units
 
 
+def reshards_after_forward(distributed) -> bool:
+    """Whether each block frees its gathered parameters after forward (and gathers them again in
+    backward): not for --no-reshard-after-forward nor the ZeRO-2-like strategies."""
+    zero2_like = distributed.fsdp_sharding_strategy in ("shard_grad_op", "hybrid_shard_zero2")
+    return not (distributed.no_reshard_after_forward or zero2_like)
+
+
 def offload_policy(cpu_offload: bool, device: torch.device) -> OffloadPolicy:
     """Shards on the CPU under --cpu-offload, pinned only when they travel to a GPU:
     pinning allocates through CUDA, so a --cpu run on a GPU machine would create a

@@ -21,7 +21,8 @@ from torch.distributed.tensor import DTensor
 
 from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.parallel.fsdp_wrap import (
-    apply_fsdp, build_mesh, ensure_process_group, offload_policy, return_transient_buffers_to_the_os,
+    apply_fsdp, build_mesh, ensure_process_group, offload_policy, reshards_after_forward,
+    return_transient_buffers_to_the_os,
 )
 from shardtrain.trainer.metrics.meters import resident_memory_gb
 
@@ -54,9 +55,7 @@ class FullyShardedBackend(Backend):
 
     def wrap(self, model):
         d = self.distributed
-        zero2_like = d.fsdp_sharding_strategy in ("shard_grad_op", "hybrid_shard_zero2")
-        reshard = not (d.no_reshard_after_forward or zero2_like)
-        apply_fsdp(model, self.mesh, self.mp_policy, reshard_after_forward=reshard,
+        apply_fsdp(model, self.mesh, self.mp_policy, reshard_after_forward=reshards_after_forward(d),
                    offload=offload_policy(d.cpu_offload, self.device), min_params_to_wrap=d.min_params_to_wrap)
         return model
 
