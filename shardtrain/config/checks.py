@@ -13,6 +13,7 @@ from shardtrain.config.epoch_lists import all_positive_finite, first, numbers
 from shardtrain.config.sections import loss_scaled
 from shardtrain.core.registry import did_you_mean
 from shardtrain.core.errors import ConfigError
+from shardtrain.data.batch_windows import parse_windows
 
 
 def _positive_or_none(value) -> bool:
@@ -24,6 +25,14 @@ def _positive_or_none(value) -> bool:
 def _backend_has(cfg, capability: str) -> bool:
     from shardtrain.trainer.parallel.backends import backend_class
     return getattr(backend_class(cfg.distributed.ddp_backend), capability)
+
+
+def _bad_windows(text: str) -> bool:
+    try:
+        parse_windows(text)
+    except ConfigError:
+        return True
+    return False
 
 
 def _with(capability: str) -> str:
@@ -69,6 +78,16 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: c.optimization.spike_window < 1 or c.optimization.spike_snapshot_interval < 1,
      "--spike-window and --spike-snapshot-interval must be at least 1 (updates)."),
     (lambda c: c.optimization.spike_max_rollbacks < 0, "--spike-max-rollbacks must be >= 0."),
+    (lambda c: not (c.optimization.spike_gnorm_factor == 0 or c.optimization.spike_gnorm_factor > 1),
+     "--spike-gnorm-factor must be above 1 (a spike is that many times the recent median gradient norm), or 0 to "
+     "judge the loss alone."),
+    (lambda c: _bad_windows(c.dataset.skip_batches),
+     "--skip-batches takes windows EPOCH:FIRST-LAST, comma-separated, with epochs from 1 and batches counted from 1 "
+     "within the epoch, FIRST <= LAST (for example 2:121-140,3:5-9: the form a --spike-rollback log line names "
+     "what it skipped)."),
+    (lambda c: not 0 < c.optimization.spike_lr_scale <= 1,
+     "--spike-lr-scale must be in (0, 1]: the factor the learning rate is multiplied by after each rollback "
+     "(1 keeps it)."),
     (lambda c: c.common.peak_tflops is not None and not c.common.peak_tflops > 0,
      "--peak-tflops must be a positive number of TFLOP/s (the device's peak in the compute dtype), or left out."),
     (lambda c: c.checkpoint.save_interval < 1, "--save-interval must be at least 1 (epochs)."),

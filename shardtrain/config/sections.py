@@ -108,6 +108,8 @@ class DatasetConfig:
     disable_validation: bool = field(False, help="disable validation")
     max_valid_steps: Optional[int] = field(None, help="validate on at most this many batches of each subset "
                                            "(default: all)", aliases=("--nval",))
+    skip_batches: str = field("", help="pass over these batches of training: EPOCH:FIRST-LAST[,...], counted from 1 "
+                                       "within the epoch on each rank (what a --spike-rollback log names as skipped)")
     fixed_validation_seed: Optional[int] = field(
         None, help="seed the random generators with this during validation (training's own random state is "
                    "left as it was)")
@@ -133,6 +135,10 @@ class OptimizationConfig:
                                                   "updates (in memory, this rank's own shards)")
     spike_max_rollbacks: int = field(5, help="with --spike-rollback: stop the run at this many rollbacks within "
                                              "--spike-window x 10 updates")
+    spike_gnorm_factor: float = field(0.0, help="with --spike-rollback: a gradient norm this many times the median "
+                                                "of the last --spike-window is a spike too (0: the loss alone)")
+    spike_lr_scale: float = field(1.0, help="with --spike-rollback: multiply the learning rate by this after each "
+                                            "rollback, for the rest of the run (1: unchanged)")
     # A list, one value per epoch, as in fairseq (config/epoch_lists.py); typed Any so that one
     # number also stays valid in YAML, Hydra overrides and older checkpoints' configs.
     update_freq: Any = field(default_factory=lambda: [1], help="accumulate gradients over N batches per update; "

@@ -8,7 +8,7 @@ import itertools
 import logging
 import os
 import time
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from omegaconf import OmegaConf
@@ -34,6 +34,7 @@ from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token,
 from shardtrain.trainer.metrics.run_metrics import RunMetrics, log_throughput
 from shardtrain.trainer.parallel.backend import unwrap
 from shardtrain.trainer.spike import SpikeGuard
+from shardtrain.data.batch_windows import BatchWindows, parse_windows
 from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
 
@@ -81,6 +82,7 @@ class Run:
         tb_dir = cfg.common.tensorboard_logdir
         self.tensorboard = TensorboardWriter(tb_dir) if tb_dir and self.backend.is_master else None
         self.spikes = SpikeGuard(cfg.optimization) if cfg.optimization.spike_rollback else None
+        self.skip_batches = BatchWindows(parse_windows(cfg.dataset.skip_batches))
         self.clock = TrainingClock()  # also the time of the runs it resumes (restored by resume)
         self.preemption = PreemptionWatcher()
 
@@ -141,8 +143,6 @@ def train(run: Run) -> Optional[float]:
         for subset in cfg.dataset.valid_subset.split(","):
             run.task.dataset(subset)  # a missing or empty split fails now, not after the first epoch
     epoch_itr = restore(run)
-    if run.spikes is not None:
-        run.spikes.start(run.trainer)  # the state to roll back to until the first interval's snapshot
     max_update = cfg.optimization.max_update
     if max_update > 0 and run.trainer.num_updates >= max_update:
         # fairseq trains (and saves) one more update here, changing a finished model
@@ -166,6 +166,22 @@ def train(run: Run) -> Optional[float]:
     return valid_loss
 
 
+def train_or_skip(run: Run, samples, epoch: int, position: int) -> Optional[Dict]:
+    """One update on ``samples``, the batches up to ``position`` of ``epoch``; None when it is skipped
+    (--skip-batches) or rolled back (--spike-rollback)."""
+    if run.skip_batches.covers(epoch, position - len(samples) + 1, position):
+        logger.info(f"skipped batches {position - len(samples) + 1}-{position} of epoch {epoch} (--skip-batches)")
+        return None
+    run.metrics.begin_update()
+    out = run.trainer.train_step(samples)
+    run.metrics.end_update()
+    if run.spikes is not None:
+        if run.spikes.after_update(run.trainer, out, epoch, position):
+            return None  # the update is undone and its batches skipped
+        out.update(run.spikes.metrics())
+    return out
+
+
 def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
     cfg, trainer = run.cfg, run.trainer
     itr = epoch_itr.next_epoch_itr(shuffle=True)
@@ -175,17 +191,14 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
     trainer.lr_step_begin_epoch(epoch_itr.epoch)
     logger.info(f"begin training epoch {epoch_itr.epoch}")
     valid_loss, should_stop = None, False
+    if run.spikes is not None:  # the state to roll back to until the first interval's snapshot
+        run.spikes.begin_epoch(trainer, epoch_itr.epoch, itr.n)
     batches = iter(progress)
     for samples in iter(lambda: list(itertools.islice(batches, update_freq)), []):
-        run.metrics.begin_update()
-        out = trainer.train_step(samples)
-        run.metrics.end_update()
-        if run.spikes is not None:
-            if run.spikes.after_update(trainer, out, len(samples)):
-                continue  # rolled back: the update is undone and its batches skipped
-            out.update(run.spikes.metrics())
+        out = train_or_skip(run, samples, epoch_itr.epoch, itr.n)
         end_of_epoch = not itr.has_next()
-        if not out["stepped"]:  # skipped on every rank (fp16 overflow, NaN): nothing new to log or save
+        if out is None or not out["stepped"]:  # skipped on every rank (fp16 overflow, NaN, rolled back,
+            # --skip-batches): nothing new to log or save
             if end_of_epoch:
                 valid_loss, should_stop = validate_and_save(run, epoch_itr, end_of_epoch)
             continue

@@ -12,15 +12,22 @@ iterator is *not* restored: the batches consumed since the snapshot (the spike's
 skipped, so training continues exactly as a run whose data never held them. The snapshot lives in
 memory, per rank, as local tensors (no gathering): it costs one copy of this rank's state and
 works the same under every backend. Too many rollbacks close together stop the run.
+
+Optionally the gradient norm is judged too (``--spike-gnorm-factor``, against its own median),
+and each rollback multiplies the learning rate by ``--spike-lr-scale`` for the rest of the run.
+Every skipped window is logged and recorded (``EPOCH:FIRST-LAST`` of each rank's batches, the
+form ``--skip-batches`` takes) in the checkpoint, so a run can be replayed without them. A
+snapshot is also taken where each epoch begins, so a window never spans two epochs.
 """
 import collections
 import logging
 import math
 import statistics
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from shardtrain.data.batch_windows import Window, format_windows
 from shardtrain.trainer.precision import TrainingDivergedError
 from shardtrain.trainer.rng import rng_state, set_rng_state
 
@@ -28,21 +35,23 @@ logger = logging.getLogger(__name__)
 
 
 class SpikeRule:
-    """Judges each update's loss against the median of the last ``window`` accepted ones."""
+    """Judges each update's value (its loss, or its gradient norm) against the median of the last
+    ``window`` accepted ones."""
 
-    def __init__(self, factor: float, window: int):
+    def __init__(self, factor: float, window: int, what: str = "loss", flag: str = "--spike-factor"):
         self.factor, self.history = factor, collections.deque(maxlen=window)
+        self.what, self.flag = what, flag
 
-    def judge(self, loss: float) -> Optional[str]:
-        """Why ``loss`` is a spike, or None (then it joins the history)."""
-        if not math.isfinite(loss):
-            return f"the loss is {loss}"
+    def judge(self, value: float) -> Optional[str]:
+        """Why ``value`` is a spike, or None (then it joins the history)."""
+        if not math.isfinite(value):
+            return f"the {self.what} is {value}"
         if len(self.history) == self.history.maxlen:
             median = statistics.median(self.history)
-            if loss > self.factor * median:
-                return (f"the loss {loss:.4g} is above {self.factor:g} x {median:.4g}, the median of the last "
-                        f"{len(self.history)} updates (--spike-factor)")
-        self.history.append(loss)
+            if value > self.factor * median:
+                return (f"the {self.what} {value:.4g} is above {self.factor:g} x {median:.4g}, the median of the "
+                        f"last {len(self.history)} updates ({self.flag})")
+        self.history.append(value)
         return None
 
 
@@ -68,8 +77,8 @@ def _copy(value):
 class Snapshot:
     """This rank's trainer state, copied: local tensors only, so taking one is no collective."""
 
-    def __init__(self, trainer, update: int, batches: int):
-        self.update, self.batches = update, batches
+    def __init__(self, trainer, update: int, position: Tuple[int, int], histories: List[List[float]]):
+        self.update, self.position, self.histories = update, position, histories
         model = trainer.model
         self.tensors = [_copy(t) for t in list(model.parameters()) + list(model.buffers())]
         stepping = _innermost(trainer.optimizer)
@@ -111,52 +120,79 @@ class SpikeGuard:
 
     def __init__(self, optimization_cfg):
         o = optimization_cfg
-        self.rule = SpikeRule(o.spike_factor, o.spike_window)
+        self.rules = [SpikeRule(o.spike_factor, o.spike_window)]
+        if o.spike_gnorm_factor > 0:
+            self.rules.append(SpikeRule(o.spike_gnorm_factor, o.spike_window, "gradient norm", "--spike-gnorm-factor"))
         self.interval, self.max_rollbacks = o.spike_snapshot_interval, o.spike_max_rollbacks
+        self.lr_factor, self.lr_scale = o.spike_lr_scale, 1.0
         self.horizon = 10 * o.spike_window
         self.snapshot: Optional[Snapshot] = None
-        self.rollbacks: List[int] = []  # the updates at which the run rolled back
-        self.batches = 0  # batches consumed by updates so far (for the log)
+        self.rollbacks: List[int] = []  # the updates at which the run rolled back (within the horizon)
+        self.skipped: List[Window] = []  # every window of batches skipped, in --skip-batches' form
 
-    def start(self, trainer) -> None:
-        """The first snapshot: the state training starts (or resumes) from."""
-        self.snapshot = Snapshot(trainer, trainer.num_updates, self.batches)
+    def take_snapshot(self, trainer, epoch: int, position: int) -> None:
+        """Snapshot now: ``position`` batches of epoch ``epoch`` are consumed on this rank."""
+        histories = [list(rule.history) for rule in self.rules]
+        self.snapshot = Snapshot(trainer, trainer.num_updates, (epoch, position), histories)
 
-    def after_update(self, trainer, out: Dict, batches: int) -> bool:
-        """Judge the update ``out`` reports (made of ``batches`` batches); True when it rolled back
-        (the update is undone)."""
-        self.batches += batches
+    def begin_epoch(self, trainer, epoch: int, position: int) -> None:
+        """Training (re)starts or enters a new epoch: a rollback never reaches across it."""
+        if self.snapshot is None or self.snapshot.position[0] != epoch:
+            self.take_snapshot(trainer, epoch, position)
+
+    def after_update(self, trainer, out: Dict, epoch: int, position: int) -> bool:
+        """Judge the update ``out`` reports, after which ``position`` batches of ``epoch`` are consumed;
+        True when it rolled back (the update is undone and its batches skipped)."""
         logs = out["logs"][0] if out["logs"] else {}
-        loss = logs.get("loss", 0.0) / max(out["sample_size"], 1.0)
-        reason = self.rule.judge(loss)
+        values = [logs.get("loss", 0.0) / max(out["sample_size"], 1.0), out["gnorm"]]
+        reasons = [rule.judge(value) for rule, value in zip(self.rules, values)
+                   if rule.what == "loss" or out["stepped"]]  # an fp16 overflow's norm is no spike
+        reason = next((r for r in reasons if r is not None), None)
         if reason is None:
             if out["stepped"] and trainer.num_updates % self.interval == 0:
-                self.snapshot = Snapshot(trainer, trainer.num_updates, self.batches)
+                self.take_snapshot(trainer, epoch, position)
             return False
-        self._roll_back(trainer, reason, trainer.num_updates + (0 if out["stepped"] else 1))
+        self._roll_back(trainer, reason, trainer.num_updates + (0 if out["stepped"] else 1), epoch, position)
         return True
 
-    def _roll_back(self, trainer, reason: str, update: int) -> None:
+    def _roll_back(self, trainer, reason: str, update: int, epoch: int, position: int) -> None:
         self.rollbacks = [u for u in self.rollbacks if u > update - self.horizon] + [update]
         if len(self.rollbacks) > self.max_rollbacks:
             raise TrainingDivergedError(
-                f"{len(self.rollbacks)} loss spikes within {self.horizon} updates (the last at update {update}: "
+                f"{len(self.rollbacks)} spikes within {self.horizon} updates (the last at update {update}: "
                 f"{reason}); stopping after --spike-max-rollbacks {self.max_rollbacks}. The data or the learning "
                 f"rate is the likelier cause: lower --lr, add warmup, set --clip-norm, or check the data there.")
-        skipped = self.batches - self.snapshot.batches
-        self.snapshot.restore(trainer)
-        logger.warning(f"loss spike at update {update}: {reason}. Rolled back to update {self.snapshot.update} "
-                       f"and skipped the {skipped} batches per rank since it (rollback {len(self.rollbacks)} of at "
-                       f"most {self.max_rollbacks} within {self.horizon} updates)")
+        snapshot = self.snapshot
+        window = (epoch, snapshot.position[1] + 1, position)
+        self.skipped.append(window)
+        snapshot.restore(trainer)
+        for rule, history in zip(self.rules, snapshot.histories):  # the undone updates' values are forgotten
+            rule.history.clear()
+            rule.history.extend(history)
+        self.lr_scale *= self.lr_factor
+        if self.lr_factor != 1.0:
+            trainer.lr_scheduler.set_lr_scale(self.lr_scale)
+        lr = f"; the learning rate is now {self.lr_scale:g} x the schedule's" if self.lr_factor != 1.0 else ""
+        logger.warning(f"spike at update {update}: {reason}. Rolled back to update {snapshot.update} and "
+                       f"skipped batches {format_windows([window])} (epoch:first-last, on every rank){lr}; "
+                       f"rollback {len(self.rollbacks)} of at most {self.max_rollbacks} within {self.horizon} "
+                       f"updates")
 
     def metrics(self) -> Dict[str, float]:
-        return {"rollbacks": float(len(self.rollbacks))}
+        return {"rollbacks": float(len(self.skipped))}
 
     def state_dict(self) -> Dict:
-        """What a checkpoint keeps: the losses judged against and the recent rollbacks."""
-        return {"history": list(self.rule.history), "rollbacks": list(self.rollbacks)}
+        """What a checkpoint keeps: the values judged against, the recent rollbacks, every window skipped
+        and the learning-rate scale."""
+        return {"history": list(self.rules[0].history), "histories": [list(r.history) for r in self.rules],
+                "rollbacks": list(self.rollbacks), "skipped": [list(w) for w in self.skipped],
+                "lr_scale": self.lr_scale}
 
     def load_state_dict(self, state: Dict) -> None:
-        self.rule.history.clear()
-        self.rule.history.extend(state["history"])
+        histories = state.get("histories", [state["history"]])
+        for rule, history in zip(self.rules, histories):
+            rule.history.clear()
+            rule.history.extend(history)
         self.rollbacks = list(state["rollbacks"])
+        self.skipped = [tuple(w) for w in state.get("skipped", [])]
+        self.lr_scale = state.get("lr_scale", 1.0)

@@ -13,7 +13,8 @@ def _weights(run, ctx):
 
 def poisoned(cfg, ctx, poison_call: int):
     """Train with the ``poison_call``-th batch of one rank poisoned: every target set to one token, so
-    the loss of that update spikes. Returns (weights, per-update losses, rollbacks, losses seen)."""
+    the loss of that update spikes. Returns a dict: weights, per-update losses, rollbacks (updates),
+    skipped (windows), updates, lr."""
     run = Run(cfg, ctx)
     step, calls, losses = run.trainer.train_step, [0], []
 
@@ -29,11 +30,13 @@ def poisoned(cfg, ctx, poison_call: int):
     run.trainer.train_step = poisoning_step
     try:
         train(run)
-        weights = _weights(run, ctx)
-        rollbacks = list(run.spikes.rollbacks) if run.spikes else []
+        result = {"weights": _weights(run, ctx), "losses": losses,
+                  "rollbacks": list(run.spikes.rollbacks) if run.spikes else [],
+                  "skipped": list(run.spikes.skipped) if run.spikes else [],
+                  "updates": run.trainer.num_updates, "lr": run.trainer.get_lr()}
     finally:
         run.close()
-    return (weights, losses, rollbacks, run.trainer.num_updates) if ctx.is_master else None
+    return result if ctx.is_master else None
 
 
 def skipping(cfg, ctx, skip_calls):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from shardtrain.config.build import parse_train_args
+from shardtrain.data.batch_windows import format_windows
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.precision import TrainingDivergedError
 from shardtrain.trainer.spike import SpikeRule
@@ -33,24 +34,46 @@ def cfg(data_bin, tmp_path, *extra):
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_a_rolled_back_spike_ends_as_if_its_batches_were_never_there(data_bin, tmp_path, backend):
-    weights, losses, rollbacks, updates = call_main(cfg(data_bin, tmp_path, *SPIKE, *BACKENDS[backend]),
-                                                    functools.partial(spike_mains.poisoned, poison_call=POISON))
-    assert rollbacks == [POISON] and updates == 16
+    """The reference skips the windows the rollback recorded, through --skip-batches."""
+    got = call_main(cfg(data_bin, tmp_path, *SPIKE, *BACKENDS[backend]),
+                    functools.partial(spike_mains.poisoned, poison_call=POISON))
+    assert got["rollbacks"] == [POISON] and got["updates"] == 16
+    losses = got["losses"]
     assert losses[POISON - 1] > 1.5 * max(losses[POISON - 3:POISON - 1])  # it did spike
-    reference, ref_updates = call_main(cfg(data_bin, tmp_path, *BACKENDS[backend]),
-                                       functools.partial(spike_mains.skipping, skip_calls={POISON - 1, POISON}))
-    assert ref_updates == 16 and reference.keys() == weights.keys()
+    assert got["skipped"] == [(1, POISON - 1, POISON)]  # the batches of updates 9 and 10 (one batch each)
+    reference, ref_updates = call_main(
+        cfg(data_bin, tmp_path, *BACKENDS[backend], "--skip-batches", format_windows(got["skipped"])),
+        functools.partial(spike_mains.skipping, skip_calls=set()))
+    assert ref_updates == 16 and reference.keys() == got["weights"].keys()
     for name, tensor in reference.items():
-        assert torch.equal(weights[name], tensor), name  # bit for bit: the skip is exact
+        assert torch.equal(got["weights"][name], tensor), name  # bit for bit: the skip is exact
+
+
+def test_skip_batches_equals_skipping_those_updates(data_bin, tmp_path):
+    """--skip-batches itself, against an oracle that drops the same updates' batches by count."""
+    flag, _ = call_main(cfg(data_bin, tmp_path, "--skip-batches", "1:3-4,1:7-7"),
+                        functools.partial(spike_mains.skipping, skip_calls=set()))
+    oracle, _ = call_main(cfg(data_bin, tmp_path), functools.partial(spike_mains.skipping, skip_calls={3, 4, 7}))
+    for name, tensor in oracle.items():
+        assert torch.equal(flag[name], tensor), name
 
 
 def test_without_the_flag_the_poisoned_update_is_trained_on(data_bin, tmp_path):
-    weights, losses, rollbacks, updates = call_main(cfg(data_bin, tmp_path),
-                                                    functools.partial(spike_mains.poisoned, poison_call=POISON))
+    got = call_main(cfg(data_bin, tmp_path), functools.partial(spike_mains.poisoned, poison_call=POISON))
     reference, _ = call_main(cfg(data_bin, tmp_path),
                              functools.partial(spike_mains.skipping, skip_calls={POISON - 1, POISON}))
-    assert rollbacks == [] and updates == 16 and len(losses) == 16
-    assert any(not torch.equal(weights[k], reference[k]) for k in reference)
+    assert got["rollbacks"] == [] and got["updates"] == 16 and len(got["losses"]) == 16
+    assert any(not torch.equal(got["weights"][k], reference[k]) for k in reference)
+
+
+def test_the_gradient_norm_rule_and_the_lr_scale(data_bin, tmp_path, caplog):
+    """The loss rule off (a factor no loss reaches): the poisoned update's gradient norm spikes alone;
+    after the rollback the lr is --spike-lr-scale x the schedule's."""
+    got = call_main(cfg(data_bin, tmp_path, *SPIKE, "--spike-factor", "1e9", "--spike-gnorm-factor", "5",
+                        "--spike-lr-scale", "0.5"), functools.partial(spike_mains.poisoned, poison_call=POISON))
+    assert got["rollbacks"] == [POISON] and got["skipped"] == [(1, POISON - 1, POISON)]
+    assert "the gradient norm" in caplog.text and "--spike-gnorm-factor" in caplog.text
+    assert got["lr"] == 0.005
 
 
 def test_the_rule():
@@ -75,13 +98,15 @@ def test_a_sharded_checkpoint_after_a_rollback_resumes_exactly(data_bin, tmp_pat
 
     def run(save_dir, max_update, poison_call):
         args = [data_bin, *tiny_model_flags(), *saving, *SPIKE, *two, "--save-dir", str(save_dir),
-                "--max-update", str(max_update)]
+                "--max-update", str(max_update), "--spike-lr-scale", "0.5"]
         return call_main(parse_train_args(args), functools.partial(spike_mains.poisoned, poison_call=poison_call))
 
-    whole, _, rollbacks, _ = run(tmp_path / "whole", 16, POISON)
-    assert rollbacks == [POISON]
+    whole = run(tmp_path / "whole", 16, POISON)
+    assert whole["rollbacks"] == [POISON] and whole["lr"] == 0.005
     run(tmp_path / "stopped", 12, POISON)
-    resumed, _, resumed_rollbacks, updates = run(tmp_path / "stopped", 16, 0)  # poisons nothing after the resume
-    assert updates == 16 and resumed_rollbacks == [POISON]  # the guard's record came back with the checkpoint
-    for name, tensor in whole.items():
-        assert torch.equal(resumed[name], tensor), name
+    resumed = run(tmp_path / "stopped", 16, 0)  # poisons nothing after the resume
+    # the guard's record and the lr scale came back with the checkpoint
+    assert resumed["updates"] == 16 and resumed["rollbacks"] == [POISON] and resumed["lr"] == 0.005
+    assert resumed["skipped"] == whole["skipped"] == [(1, POISON - 1, POISON)]
+    for name, tensor in whole["weights"].items():
+        assert torch.equal(resumed["weights"][name], tensor), name

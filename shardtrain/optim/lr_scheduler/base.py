@@ -28,7 +28,7 @@ class LRScheduler:
     # Attributes that change during training; state_dict() saves exactly these.
     # Subclasses extend the tuple. "best" is the lowest validation loss seen,
     # the state a reduce-on-plateau-like schedule needs.
-    state_attrs: Tuple[str, ...] = ("best",)
+    state_attrs: Tuple[str, ...] = ("best", "lr_scale")
     # A schedule driven by the validation metric sets this; it is then built with
     # maximize=--maximize-best-checkpoint-metric, the metric's direction.
     follows_validation = False
@@ -46,10 +46,18 @@ class LRScheduler:
         self.peak_lr = self.lrs[0]
         self.max_update = int(max_update or 0)
         self.best: Optional[float] = None
+        self.lr_scale = 1.0  # --spike-lr-scale ** rollbacks: every lr the schedule sets is multiplied by it
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * self.lr_scale
+
+    def set_lr_scale(self, scale: float) -> None:
+        """From now on every lr is ``scale`` x the schedule's; the current one too (a schedule that
+        leaves the lr alone between its steps, as reduce_lr_on_plateau after warmup, keeps it)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["lr"] * (scale / self.lr_scale)
+        self.lr_scale = scale
 
     def get_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
@@ -79,8 +87,9 @@ class LRScheduler:
         for name in self.state_attrs:
             if name in state_dict:
                 setattr(self, name, state_dict[name])
-        if "optimizer_lr" in state_dict:
-            self.set_lr(state_dict["optimizer_lr"])
+        if "optimizer_lr" in state_dict:  # the lr as set, lr_scale included
+            for group in self.optimizer.param_groups:
+                group["lr"] = state_dict["optimizer_lr"]
 
 
 def require(condition: bool, message: str) -> None:

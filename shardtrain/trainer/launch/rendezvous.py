@@ -119,6 +119,25 @@ def as_rendezvous_error(error: BaseException, world_size: int, init_method: str,
         "--rdzv-endpoint/MASTER_ADDR:MASTER_PORT. If the nodes only start slowly, raise --heartbeat-timeout.")
 
 
+def attempt_store(env: Mapping[str, str], init_method: str, rank: int, world_size: int,
+                  timeout: datetime.timedelta) -> Optional[dist.Store]:
+    """Under torchrun's elastic agent: the rendezvous store, keeping this attempt's keys apart.
+
+    ``torchrun --max-restarts`` restarts a failed group with the same store: by default the
+    agent's own TCPStore, which outlives its workers and is never cleared. Every attempt's
+    group writes the same keys (``default_pg/0/...``: the gloo/NCCL peers' addresses), so a
+    restarted rank that reads before its peer rewrote them connects to the dead attempt's
+    address ("Connection refused"; certain when rank 0 restarts late, 1 run in 2 on a loaded
+    machine). torch adds no per-attempt prefix for this store (its comment assumes a fresh
+    store per retry), so we add one: torchrun numbers its attempts in
+    TORCHELASTIC_RESTART_COUNT. None outside torchrun: init_method's own store is used."""
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    store, _, _ = next(dist.rendezvous(init_method, rank, world_size, timeout=timeout))
+    return dist.PrefixStore(f"shardtrain/attempt{attempt}", store)
+
+
 def from_environment(env: Mapping[str, str], init_method: Optional[str] = None,
                      hostnames: Optional[Callable[[str], List[str]]] = None) -> Optional[LaunchedRank]:
     """The rank a launcher gave this process, or None when no launcher started it.

@@ -134,10 +134,12 @@ def _run_rank(cfg, main, ctx: DistributedContext, init_method: str, launcher: Op
         return main(cfg, ctx)
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
+    timeout = rendezvous.process_group_timeout(cfg.distributed.heartbeat_timeout)
     try:
-        dist.init_process_group(backend=rendezvous.process_group_backend(ctx.backend), init_method=init_method,
-                                rank=ctx.rank, world_size=ctx.world_size,
-                                timeout=rendezvous.process_group_timeout(cfg.distributed.heartbeat_timeout))
+        store = rendezvous.attempt_store(os.environ, init_method, ctx.rank, ctx.world_size, timeout)
+        dist.init_process_group(backend=rendezvous.process_group_backend(ctx.backend),
+                                init_method=None if store else init_method, store=store,
+                                rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
     except RuntimeError as e:  # DistStoreError is one
         missing = rendezvous.as_rendezvous_error(e, ctx.world_size, init_method, cfg.distributed.heartbeat_timeout)
         if missing is None:
