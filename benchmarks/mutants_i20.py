@@ -43,4 +43,7 @@ MUTANTS = [
            "shardtrain/optim/lr_scheduler/base.py", 'state_attrs: Tuple[str, ...] = ("best", "lr_scale")',
            'state_attrs: Tuple[str, ...] = ("best",)',
            (SPIKE + "test_a_sharded_checkpoint_after_a_rollback_resumes_exactly",)),
+    Mutant("slurm_not_requeued", "SIGUSR1 under SLURM requeues the job once checkpoint_last is saved",
+           "shardtrain/trainer/loop.py", "    if run.stopped_by_signal and ctx.is_master:", "    if False:",
+           ("tests/cli/test_preemption.py::test_signal_saves_and_exits_zero_then_resumes",)),
 ]

@@ -26,7 +26,7 @@ from shardtrain.trainer.checkpoint.finite import check_finite
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
 from shardtrain.trainer.metrics.meters import MetricsLogger
 from shardtrain.trainer.precision import build_precision, run_dtypes
-from shardtrain.trainer.launch.preemption import PreemptionWatcher
+from shardtrain.trainer.launch.preemption import PreemptionWatcher, requeue_after_warning
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.checkpoint.resume import restore
 from shardtrain.trainer.memory_fit import check_run_fits
@@ -85,6 +85,7 @@ class Run:
         self.skip_batches = BatchWindows(parse_windows(cfg.dataset.skip_batches))
         self.clock = TrainingClock()  # also the time of the runs it resumes (restored by resume)
         self.preemption = PreemptionWatcher()
+        self.stopped_by_signal = False  # before the end of training, by SIGTERM/SIGUSR1
 
     def _utilisation(self, cfg, model, dtypes) -> Utilisation:
         """Only the master's records are printed: only it measures a peak (a fraction of a second)."""
@@ -131,9 +132,11 @@ def main(cfg, ctx) -> Optional[float]:
     try:
         valid_loss = train(run)
         logger.info(f"done training in {time.time() - start:.1f} seconds")
-        return valid_loss
     finally:
-        run.close()
+        run.close()  # a background save lands before a requeue below
+    if run.stopped_by_signal and ctx.is_master:
+        requeue_after_warning(run.preemption.received)
+    return valid_loss
 
 
 def train(run: Run) -> Optional[float]:
@@ -228,6 +231,7 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
     if run.preemption.agreed(run.backend, also=time_up):  # every rank stops at the same update
         should_stop = True
         reason = f"--stop-time-hours {opt.stop_time_hours} elapsed" if time_up else "SIGTERM/SIGUSR1 received"
+        run.stopped_by_signal = not time_up and not (opt.max_update > 0 and updates >= opt.max_update)
         logger.info(f"stopping training at update {updates}: {reason}; saving checkpoint_last")
     on_interval = ck.save_interval_updates > 0 and updates % ck.save_interval_updates == 0
     do_save = ((end_of_epoch and epoch % ck.save_interval == 0) or should_stop

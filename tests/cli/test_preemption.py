@@ -1,4 +1,5 @@
 """SIGTERM/SIGUSR1: finish the update, save checkpoint_last, exit 0; relaunching resumes."""
+import os
 import signal
 import subprocess
 import sys
@@ -7,20 +8,30 @@ import time
 import pytest
 import torch
 
-from shardtrain.trainer.launch.preemption import PreemptionWatcher
+from shardtrain.trainer.launch.preemption import PreemptionWatcher, requeue_after_warning, slurm_job_id
 from st_testutils import last_checkpoint_state, make_space_data_bin
 
 
-@pytest.mark.parametrize("sig,ranks", [(signal.SIGTERM, 1), (signal.SIGUSR1, 1), (signal.SIGTERM, 2)])
-def test_signal_saves_and_exits_zero_then_resumes(sig, ranks, tmp_path):
+@pytest.mark.parametrize("sig,ranks,slurm", [(signal.SIGTERM, 1, False), (signal.SIGUSR1, 1, False),
+                                             (signal.SIGTERM, 2, True), (signal.SIGUSR1, 2, True)])
+def test_signal_saves_and_exits_zero_then_resumes(sig, ranks, slurm, tmp_path):
+    """Under SLURM (SLURM_JOB_ID; scontrol is a stand-in that records its arguments), SIGUSR1 (the
+    time-limit warning) also requeues the job once checkpoint_last is saved; SIGTERM does not."""
     data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=20000, valid_tokens=200, line_len=40)
+    env, calls = dict(os.environ), tmp_path / "scontrol-calls"
+    if slurm:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+        (bin_dir / "scontrol").chmod(0o755)
+        env.update(SLURM_JOB_ID="4242", PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
     save = tmp_path / "ck"
     command = [sys.executable, "-m", "shardtrain.cli.train", data, "--arch", "transformer_lm", "--decoder-layers",
                "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
                "--tokens-per-sample", "32", "--batch-size", "4", "--disable-validation", "--max-update", "100000",
                "--cpu", "--threads", "1", "--log-format", "json", "--log-interval", "1", "--save-dir", str(save),
                "--distributed-world-size", str(ranks), "--ddp-backend", "fully_sharded" if ranks > 1 else "c10d"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 60
     for line in proc.stdout:  # wait until training is under way
         if '"num_updates": "3"' in line or time.time() > deadline:
@@ -30,8 +41,11 @@ def test_signal_saves_and_exits_zero_then_resumes(sig, ranks, tmp_path):
     assert proc.returncode == 0, err[-2000:]
     stopped_at = updates_in(save)
     assert stopped_at >= 3
+    requeued = calls.read_text() if calls.exists() else ""
+    assert requeued == ("requeue 4242\n" if slurm and sig == signal.SIGUSR1 else ""), (requeued, err[-2000:])
     resumed = subprocess.run(command[:command.index("100000")] + [str(stopped_at + 2)]
-                             + command[command.index("100000") + 1:], capture_output=True, text=True, timeout=120)
+                             + command[command.index("100000") + 1:], capture_output=True, text=True, timeout=120,
+                             env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"@ {stopped_at} updates" in resumed.stdout  # loaded checkpoint ... (epoch 1 @ N updates)
     assert updates_in(save) == stopped_at + 2
@@ -51,6 +65,13 @@ class TwoRanks:
 
     def all_reduce_sum(self, values):
         return values + self.others
+
+
+def test_the_requeued_job_id():
+    assert slurm_job_id({"SLURM_JOB_ID": "7"}) == "7"
+    assert slurm_job_id({"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "5", "SLURM_ARRAY_TASK_ID": "2"}) == "5_2"
+    assert slurm_job_id({}) is None
+    assert not requeue_after_warning({signal.SIGUSR1}, {})  # not a SLURM job: nothing to requeue
 
 
 def test_a_stop_on_one_rank_is_agreed_by_every_rank():
