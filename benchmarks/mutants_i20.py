@@ -46,4 +46,7 @@ MUTANTS = [
     Mutant("slurm_not_requeued", "SIGUSR1 under SLURM requeues the job once checkpoint_last is saved",
            "shardtrain/trainer/loop.py", "    if run.stopped_by_signal and ctx.is_master:", "    if False:",
            ("tests/cli/test_preemption.py::test_signal_saves_and_exits_zero_then_resumes",)),
+    Mutant("spike_no_epoch_snapshot", "a rollback never reaches back into the previous epoch",
+           GUARD, "if self.snapshot is None or self.snapshot.position[0] != epoch:", "if self.snapshot is None:",
+           (SPIKE + "test_a_rollback_never_reaches_back_into_the_previous_epoch",)),
 ]

@@ -157,5 +157,13 @@ def test_adafactor_options_and_state_reload_under_fully_sharded(results):
         assert saved[name].keys() == ref_saved[name].keys()
         assert ("exp_avg_sq_row" in saved[name]) == (ref_weights[name].ndim == 2)
         for key, expected in ref_saved[name].items():
-            np.testing.assert_allclose(saved[name][key], expected, rtol=0, atol=1e-4 * np.abs(expected).max(),
-                                       err_msg=f"{name} {key}")
+            got, scale = saved[name][key], np.abs(expected).max()
+            if name.endswith("qkv_proj.bias") and np.ndim(expected) == 1:
+                # The key third of the bias has a gradient of exactly 0 (softmax ignores a shift shared by
+                # every key), so its statistics are rounding noise, which differs with the batch's split
+                # across ranks (1.2e-4 of the tensor's largest on some CPUs): it must stay noise, and the
+                # query and value thirds must agree.
+                k = slice(expected.shape[0] // 3, 2 * expected.shape[0] // 3)
+                assert np.abs(got[k]).max() <= 1e-3 * scale and np.abs(expected[k]).max() <= 1e-3 * scale, name
+                got, expected = np.delete(got, np.r_[k], 0), np.delete(expected, np.r_[k], 0)
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * scale, err_msg=f"{name} {key}")

@@ -58,6 +58,20 @@ def test_skip_batches_equals_skipping_those_updates(data_bin, tmp_path):
         assert torch.equal(flag[name], tensor), name
 
 
+def test_a_rollback_never_reaches_back_into_the_previous_epoch(data_bin, tmp_path):
+    """A spike early in epoch 2, the interval's snapshot far back in epoch 1: the run rolls back to where
+    epoch 2 began (its own snapshot), skips only epoch 2's first batches, and equals their --skip-batches."""
+    one_epoch = call_main(cfg(data_bin, tmp_path, "--max-epoch", "1", "--max-update", "0"),
+                          functools.partial(spike_mains.skipping, skip_calls=set()))[1]
+    spike = [*SPIKE, "--spike-snapshot-interval", "1000", "--max-update", str(one_epoch + 4)]
+    got = call_main(cfg(data_bin, tmp_path, *spike), functools.partial(spike_mains.poisoned, poison_call=one_epoch + 2))
+    assert got["skipped"] == [(2, 1, 2)] and got["updates"] == one_epoch + 4
+    reference, _ = call_main(cfg(data_bin, tmp_path, "--max-update", str(one_epoch + 4), "--skip-batches", "2:1-2"),
+                             functools.partial(spike_mains.skipping, skip_calls=set()))
+    for name, tensor in reference.items():
+        assert torch.equal(got["weights"][name], tensor), name
+
+
 def test_without_the_flag_the_poisoned_update_is_trained_on(data_bin, tmp_path):
     got = call_main(cfg(data_bin, tmp_path), functools.partial(spike_mains.poisoned, poison_call=POISON))
     reference, _ = call_main(cfg(data_bin, tmp_path),
