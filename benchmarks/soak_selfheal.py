@@ -137,8 +137,10 @@ def main():
             continue  # reported at the top of the loop
         done, saved = last_logged_update(log), checkpoint_extra(soak_dir).get("train_state", {}).get("num_updates", 0)
         kills += 1
-        if kills % args.whole_job_every == 0:
-            os.killpg(job.pid, signal.SIGKILL)  # torchrun and its ranks: a lost node
+        if kills % args.whole_job_every == 0:  # a lost node: torchrun and its ranks at once (torchrun
+            # starts each rank in a session of its own, so killing torchrun's process group leaves them running)
+            for pid in [job.pid, *children(job.pid)]:
+                os.kill(pid, signal.SIGKILL)
             job.wait()
             job, job_kills, what = None, job_kills + 1, "the whole job"
         else:

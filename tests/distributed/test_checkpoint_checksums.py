@@ -192,6 +192,19 @@ def test_a_shard_torch_cannot_unpickle_never_echoes_torch_advice():
     assert not any(advice in str(info.value) for advice in TORCH_ADVICE + ("weights_only",)), info.value
 
 
+def test_a_peer_lost_while_loading_is_not_called_damage():
+    """gloo's words when the other rank died while the ranks read a checkpoint together (seen in the
+    self-healing soak): the paragraph names the lost rank and never tells the user the checkpoint is damaged."""
+    from shardtrain.trainer.checkpoint.dcp_errors import RankLostError, reading_shards
+
+    gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[127.0.0.1]:4322. This is typically caused by a remote worker crashing.")
+    with pytest.raises(RankLostError) as info, reading_shards("ck"):
+        raise RuntimeError(gloo)
+    assert "another rank was lost" in str(info.value) and "damaged" not in str(info.value).replace(
+        "Nothing says the checkpoint is damaged", "")
+
+
 def shard_verify(path, capsys):
     """(exit status, {name: state}) of ``shard-verify path``."""
     try:

@@ -5,9 +5,18 @@ import re
 import warnings
 from typing import Optional
 
+import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from shardtrain.core.errors import CheckpointError
+from shardtrain.core.errors import CheckpointError, ShardtrainError
+
+# gloo's and NCCL's words for a peer that went away in the middle of a collective
+_LOST_PEER = re.compile(r"Connection (closed|reset) by peer|remote process exited|communicator was aborted|"
+                        r"Broken pipe", re.IGNORECASE)
+
+
+class RankLostError(ShardtrainError):
+    """A collective failed because a peer rank ended: reported in one paragraph, not blamed on the data."""
 
 
 @contextlib.contextmanager
@@ -26,6 +35,14 @@ def reading_shards(path: str):
         first = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__
         if first.startswith("Weights only load failed"):  # torch's advice to load unsafely: never ours to give
             first = f"{type(cause).__name__}, its contents could not be unpickled"
+        if _LOST_PEER.search(first) or isinstance(cause, dist.DistNetworkError):
+            # Not the checkpoint's fault: calling it damaged would send the user to delete a good one
+            # (seen in the self-healing soak: a peer rank that died while the ranks read together).
+            raise RankLostError(
+                f"Loading the sharded checkpoint {path!r} stopped because another rank was lost while the ranks "
+                f"read it together ({first}). Nothing says the checkpoint is damaged: look at the other ranks' "
+                "output for why that rank ended, then relaunch (under torchrun --max-restarts the group is "
+                "restarted by itself).") from None
         missing = re.match(r"Missing key in checkpoint state_dict: (optimizer|model)\.(\S+?)\.?$", first)
         if missing and missing.group(1) == "optimizer":
             raise CheckpointError(
