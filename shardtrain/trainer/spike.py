@@ -184,15 +184,14 @@ class SpikeGuard:
     def state_dict(self) -> Dict:
         """What a checkpoint keeps: the values judged against, the recent rollbacks, every window skipped
         and the learning-rate scale."""
-        return {"history": list(self.rules[0].history), "histories": [list(r.history) for r in self.rules],
+        return {"histories": [list(r.history) for r in self.rules],
                 "rollbacks": list(self.rollbacks), "skipped": [list(w) for w in self.skipped],
                 "lr_scale": self.lr_scale}
 
     def load_state_dict(self, state: Dict) -> None:
-        histories = state.get("histories", [state["history"]])
-        for rule, history in zip(self.rules, histories):
+        for rule, history in zip(self.rules, state["histories"]):
             rule.history.clear()
             rule.history.extend(history)
         self.rollbacks = list(state["rollbacks"])
-        self.skipped = [tuple(w) for w in state.get("skipped", [])]
-        self.lr_scale = state.get("lr_scale", 1.0)
+        self.skipped = [tuple(w) for w in state["skipped"]]
+        self.lr_scale = state["lr_scale"]
