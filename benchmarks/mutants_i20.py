@@ -49,4 +49,8 @@ MUTANTS = [
     Mutant("spike_no_epoch_snapshot", "a rollback never reaches back into the previous epoch",
            GUARD, "if self.snapshot is None or self.snapshot.position[0] != epoch:", "if self.snapshot is None:",
            (SPIKE + "test_a_rollback_never_reaches_back_into_the_previous_epoch",)),
+    Mutant("lost_peer_called_damage", "a rank lost while loading is not reported as a damaged checkpoint",
+           "shardtrain/trainer/checkpoint/dcp_errors.py",
+           "if _LOST_PEER.search(first) or isinstance(cause, dist.DistNetworkError):", "if False:",
+           ("tests/distributed/test_checkpoint_checksums.py::test_a_peer_lost_while_loading_is_not_called_damage",)),
 ]

@@ -20,7 +20,9 @@ FLAGS = ["--max-update", "16", "--lr", "0.01", "--lr-scheduler", "fixed", "--dro
          "--disable-validation", "--log-format", "none"]
 SPIKE = ["--spike-rollback", "--spike-window", "4", "--spike-snapshot-interval", "4", "--spike-factor", "1.5"]
 BACKENDS = {"one_process": [], "pytorch_ddp": ["--distributed-world-size", "2"],
-            "fully_sharded": ["--distributed-world-size", "2", "--ddp-backend", "fully_sharded"]}
+            "fully_sharded": ["--distributed-world-size", "2", "--ddp-backend", "fully_sharded"],
+            "legacy_ddp": ["--distributed-world-size", "2", "--ddp-backend", "legacy_ddp"],
+            "zero_os_fp16": ["--distributed-world-size", "2", "--zero-sharding", "os", "--fp16"]}
 
 
 @pytest.fixture(scope="module")
