@@ -12,8 +12,7 @@ from shardtrain.trainer.launch.preemption import PreemptionWatcher, requeue_afte
 from st_testutils import last_checkpoint_state, make_space_data_bin
 
 
-@pytest.mark.parametrize("sig,ranks,slurm", [(signal.SIGTERM, 1, False), (signal.SIGUSR1, 1, False),
-                                             (signal.SIGTERM, 2, True), (signal.SIGUSR1, 2, True)])
+@pytest.mark.parametrize("sig,ranks,slurm", [(signal.SIGTERM, 1, True), (signal.SIGUSR1, 2, True)])
 def test_signal_saves_and_exits_zero_then_resumes(sig, ranks, slurm, tmp_path):
     """Under SLURM (SLURM_JOB_ID; scontrol is a stand-in that records its arguments), SIGUSR1 (the
     time-limit warning) also requeues the job once checkpoint_last is saved; SIGTERM does not."""

@@ -52,15 +52,29 @@ def assert_same_end(tmp_path, reference_dir, healed_dir):
         assert torch.equal(got[name], tensor), name
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory):
+    """The reference runs, never killed, by backend (pytorch_ddp is shared by two tests)."""
+    made = {}
+
+    def run(backend):
+        if backend not in made:
+            work = tmp_path_factory.mktemp(f"whole-{backend}")
+            extra = SHARDED if backend == "fully_sharded_async" else []
+            whole = torchrun(work, data, *tiny_model_flags(), *FLAGS, *extra, "--save-dir", str(work / "whole"))
+            assert whole.returncode == 0, whole.stderr[-3000:]
+            made[backend] = work / "whole"
+        return made[backend]
+    return run
+
+
 @pytest.mark.parametrize("backend", ["pytorch_ddp", "fully_sharded_async"])
-def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_exactly(data, tmp_path, backend):
+def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_exactly(data, tmp_path, backend, uninterrupted):
     """pytorch_ddp: rank 1 dies. fully_sharded --async-save: rank 0 (the save-dir lock's holder and the
     rank that finalizes checkpoints) dies while checkpoint 8 is still being written in the background: the
     restarted group takes the lock, clears the dead save's partial directory and resumes from update 4."""
     extra = SHARDED if backend == "fully_sharded_async" else []
-    kill = ["--kill-at-batch", "10"] + (["--kill-rank", "0", "--slow-finalize-s", "5"] if extra else [])
-    whole = torchrun(tmp_path, data, *tiny_model_flags(), *FLAGS, *extra, "--save-dir", str(tmp_path / "whole"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    kill = ["--kill-at-batch", "10"] + (["--kill-rank", "0", "--slow-finalize-s", "3"] if extra else [])
     killed = torchrun(tmp_path, data, *tiny_model_flags(), *FLAGS, *extra, *kill,
                       "--save-dir", str(tmp_path / "killed"), restarts=1)
     output = killed.stdout + killed.stderr
@@ -68,15 +82,13 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_exactly(data, tmp_pa
     assert "Signals.SIGKILL" in output or "exitcode: -9" in output, output[-3000:]
     resumed_from = 4 if extra else 8  # the async save of update 8 was cut short
     assert f"(epoch 1 @ {resumed_from} updates" in output, output[-3000:]  # resumed by itself
-    assert_same_end(tmp_path, tmp_path / "whole", tmp_path / "killed")
+    assert_same_end(tmp_path, uninterrupted(backend), tmp_path / "killed")
 
 
-def test_a_preempted_torchrun_job_saves_and_the_relaunch_finishes_exactly(data, tmp_path):
+def test_a_preempted_torchrun_job_saves_and_the_relaunch_finishes_exactly(data, tmp_path, uninterrupted):
     """SIGTERM to torchrun (a scheduler's preemption): torchrun passes it to the ranks, which finish their
     update, save checkpoint_last and exit; relaunching the same command (as a requeue does) finishes the run
     with the uninterrupted run's weights."""
-    whole = torchrun(tmp_path, data, *tiny_model_flags(), *FLAGS, "--save-dir", str(tmp_path / "whole"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
     args = [data, *tiny_model_flags(), *FLAGS, "--save-dir", str(tmp_path / "preempted")]
     preempted = torchrun(tmp_path, *args, "--preempt-at-batch", "6", restarts=3)
     output = preempted.stdout + preempted.stderr
@@ -85,4 +97,4 @@ def test_a_preempted_torchrun_job_saves_and_the_relaunch_finishes_exactly(data, 
     assert saved not in (4, 8), output[-3000:]
     relaunched = torchrun(tmp_path, *args)
     assert relaunched.returncode == 0, relaunched.stderr[-3000:]
-    assert_same_end(tmp_path, tmp_path / "whole", tmp_path / "preempted")
+    assert_same_end(tmp_path, uninterrupted("pytorch_ddp"), tmp_path / "preempted")

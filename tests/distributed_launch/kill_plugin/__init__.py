@@ -53,4 +53,4 @@ class KilledOnceTask(LanguageModelingTask):
 # In the restarted attempt rank 0 reaches the process group late: its peer then reads the store's
 # keys before rank 0 rewrote them (the race a loaded machine makes now and then, made certain).
 if not FIRST_ATTEMPT and RANK == 0:
-    time.sleep(4)
+    time.sleep(3)
