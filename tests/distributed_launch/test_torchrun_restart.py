@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from shardtrain.trainer.checkpoint.consolidate import read_sharded
 from st_testutils import last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,21 +33,18 @@ def data(tmp_path_factory):
     return make_space_data_bin(str(tmp_path_factory.mktemp("restart")), n_words=12, train_tokens=8000)
 
 
-def final_weights(save_dir, work):
-    """checkpoint_last's model, in either form (a sharded one consolidated by shard-consolidate)."""
+def final_weights(save_dir):
+    """checkpoint_last's model, in either form (a sharded one read whole, as shard-consolidate does)."""
     sharded = os.path.join(save_dir, "checkpoint_last")
     if not os.path.isdir(sharded):
         return last_checkpoint_state(save_dir)["model"]
-    out = os.path.join(work, os.path.basename(save_dir) + ".pt")
-    subprocess.run([sys.executable, "-m", "shardtrain.cli.consolidate", sharded, out, "--model-only"], check=True,
-                   env={**os.environ, "PYTHONPATH": REPO})
-    state = torch.load(out, weights_only=True)
+    state = read_sharded(sharded, model_only=True)
     return state.get("model", state)
 
 
 def assert_same_end(tmp_path, reference_dir, healed_dir):
     assert last_checkpoint_state(healed_dir)["train_state"]["num_updates"] == 12
-    expected, got = final_weights(str(reference_dir), str(tmp_path)), final_weights(str(healed_dir), str(tmp_path))
+    expected, got = final_weights(str(reference_dir)), final_weights(str(healed_dir))
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():
         assert torch.equal(got[name], tensor), name
