@@ -37,7 +37,7 @@ MUTANTS = [
            GUARD, "if o.spike_gnorm_factor > 0:", "if False:",
            (SPIKE + "test_the_gradient_norm_rule_and_the_lr_scale",)),
     Mutant("spike_lr_scale_not_applied", "a rollback scales the learning rate by --spike-lr-scale",
-           GUARD, "            trainer.lr_scheduler.set_lr_scale(self.lr_scale)", "            pass",
+           GUARD, "        trainer.lr_scheduler.set_lr_scale(scale)", "        pass",
            (SPIKE + "test_the_gradient_norm_rule_and_the_lr_scale",)),
     Mutant("lr_scale_not_saved", "a checkpoint keeps the learning-rate scale",
            "shardtrain/optim/lr_scheduler/base.py", 'state_attrs: Tuple[str, ...] = ("best", "lr_scale")',

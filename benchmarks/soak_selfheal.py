@@ -17,7 +17,6 @@ killed at random for --minutes.
 """
 import argparse
 import glob
-import json
 import os
 import random
 import signal
@@ -31,9 +30,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from make_data import random_data_bin  # noqa: E402
+from soak import final_weights, incomplete_dirs, last_logged_update  # noqa: E402 - the first soak's readers
 
 from shardtrain.data.batch_windows import format_windows  # noqa: E402
-from shardtrain.trainer.checkpoint.sharded import COMPLETE, load_extra  # noqa: E402
+from shardtrain.trainer.checkpoint.sharded import load_extra  # noqa: E402
 
 UNBOUNDED = 10 ** 7  # --max-update while the kills go on: the end is chosen afterwards
 
@@ -77,35 +77,9 @@ def children(pid: int) -> list:
     return found
 
 
-def last_logged_update(log: str) -> int:
-    last = 0
-    if os.path.exists(log):
-        with open(log, errors="replace") as f:
-            for line in f:
-                if "| train_inner |" in line:
-                    try:
-                        last = int(json.loads(line.split("| train_inner | ", 1)[1])["num_updates"])
-                    except (ValueError, KeyError, IndexError):
-                        pass
-    return last
-
-
 def checkpoint_extra(save_dir: str) -> dict:
     last = os.path.join(save_dir, "checkpoint_last")
     return load_extra(last) if os.path.exists(last) else {}
-
-
-def final_weights(save_dir: str, work: str) -> dict:
-    out = os.path.join(work, f"{os.path.basename(save_dir)}.pt")
-    subprocess.run([sys.executable, "-m", "shardtrain.cli.consolidate", os.path.join(save_dir, "checkpoint_last"),
-                    out, "--model-only"], check=True, capture_output=True)
-    state = torch.load(out, weights_only=True)
-    return state.get("model", state)
-
-
-def incomplete_dirs(save_dir: str) -> list:
-    visible = [p for p in glob.glob(os.path.join(save_dir, "checkpoint*")) if os.path.isdir(p)]
-    return [p for p in visible if not os.path.isfile(os.path.join(os.path.realpath(p), COMPLETE))]
 
 
 def main():

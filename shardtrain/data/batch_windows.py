@@ -42,6 +42,3 @@ class BatchWindows:
         """True when an update made of batches ``first..last`` of ``epoch`` touches a window
         (the whole update is skipped: its batches are one step)."""
         return any(e == epoch and a <= last and first <= b for e, a, b in self.windows)
-
-    def __bool__(self) -> bool:
-        return bool(self.windows)

@@ -17,6 +17,7 @@ from shardtrain.config.epoch_lists import for_epoch
 from shardtrain.config.summary import config_summary
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_write_bytes
+from shardtrain.data.batch_windows import BatchWindows, parse_windows
 from shardtrain.trainer import build
 from shardtrain.trainer.parallel.backends import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
@@ -34,7 +35,6 @@ from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token,
 from shardtrain.trainer.metrics.run_metrics import RunMetrics, log_throughput
 from shardtrain.trainer.parallel.backend import unwrap
 from shardtrain.trainer.spike import SpikeGuard
-from shardtrain.data.batch_windows import BatchWindows, parse_windows
 from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
 

@@ -124,7 +124,7 @@ class SpikeGuard:
         if o.spike_gnorm_factor > 0:
             self.rules.append(SpikeRule(o.spike_gnorm_factor, o.spike_window, "gradient norm", "--spike-gnorm-factor"))
         self.interval, self.max_rollbacks = o.spike_snapshot_interval, o.spike_max_rollbacks
-        self.lr_factor, self.lr_scale = o.spike_lr_scale, 1.0
+        self.lr_factor = o.spike_lr_scale
         self.horizon = 10 * o.spike_window
         self.snapshot: Optional[Snapshot] = None
         self.rollbacks: List[int] = []  # the updates at which the run rolled back (within the horizon)
@@ -165,14 +165,13 @@ class SpikeGuard:
         snapshot = self.snapshot
         window = (epoch, snapshot.position[1] + 1, position)
         self.skipped.append(window)
+        scale = trainer.lr_scheduler.lr_scale * self.lr_factor  # the schedule keeps it (restore resets it)
         snapshot.restore(trainer)
         for rule, history in zip(self.rules, snapshot.histories):  # the undone updates' values are forgotten
             rule.history.clear()
             rule.history.extend(history)
-        self.lr_scale *= self.lr_factor
-        if self.lr_factor != 1.0:
-            trainer.lr_scheduler.set_lr_scale(self.lr_scale)
-        lr = f"; the learning rate is now {self.lr_scale:g} x the schedule's" if self.lr_factor != 1.0 else ""
+        trainer.lr_scheduler.set_lr_scale(scale)
+        lr = f"; the learning rate is now {scale:g} x the schedule's" if self.lr_factor != 1.0 else ""
         logger.warning(f"spike at update {update}: {reason}. Rolled back to update {snapshot.update} and "
                        f"skipped batches {format_windows([window])} (epoch:first-last, on every rank){lr}; "
                        f"rollback {len(self.rollbacks)} of at most {self.max_rollbacks} within {self.horizon} "
@@ -182,11 +181,10 @@ class SpikeGuard:
         return {"rollbacks": float(len(self.skipped))}
 
     def state_dict(self) -> Dict:
-        """What a checkpoint keeps: the values judged against, the recent rollbacks, every window skipped
-        and the learning-rate scale."""
+        """What a checkpoint keeps: the values judged against, the recent rollbacks and every window
+        skipped (the learning-rate scale is the schedule's state)."""
         return {"histories": [list(r.history) for r in self.rules],
-                "rollbacks": list(self.rollbacks), "skipped": [list(w) for w in self.skipped],
-                "lr_scale": self.lr_scale}
+                "rollbacks": list(self.rollbacks), "skipped": [list(w) for w in self.skipped]}
 
     def load_state_dict(self, state: Dict) -> None:
         for rule, history in zip(self.rules, state["histories"]):
@@ -194,4 +192,3 @@ class SpikeGuard:
             rule.history.extend(history)
         self.rollbacks = list(state["rollbacks"])
         self.skipped = [tuple(w) for w in state["skipped"]]
-        self.lr_scale = state["lr_scale"]

@@ -18,10 +18,9 @@ import subprocess
 import threading
 from typing import Mapping, Optional
 
-logger = logging.getLogger(__name__)
-
 import torch
 
+logger = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
