@@ -18,7 +18,7 @@ MUTANTS = [
            "progress",
            ("tests/trainer/test_valid_step_flags.py::test_max_valid_steps_limits_the_batches",)),
     Mutant("fixed_validation_seed_reseeds_training", "--fixed-validation-seed leaves training's random state alone",
-           "shardtrain/trainer/loop.py", "    with torch.random.fork_rng(devices=[]):", "    if True:",
+           "shardtrain/trainer/loop.py", "    with _forked_rng(run.backend.device):", "    if True:",
            ("tests/trainer/test_valid_step_flags.py::test_fixed_validation_seed_leaves_training_randomness_alone",)),
     Mutant("keep_best_never_pruned", "--keep-best-checkpoints N keeps only the N best",
            "shardtrain/trainer/checkpoint/manager.py", "                prune_best(self.checkpoint)\n", "                pass\n",

@@ -2,8 +2,8 @@
 
 Takes shard-train's flags (same parser, same data-bin for the vocabulary, same architectures) and
 prints, per rank, the memory of the run as given (parameters, gradients, optimizer state, master
-copies, activations with and without checkpointing, FSDP's gathered parameters and buffers, the
-GPU's and the host's peaks), the bytes communicated per update and an estimated step time; then
+copies, activations with and without checkpointing, FSDP's gathered parameters and buffers,
+--spike-rollback's snapshot, the GPU's and the host's peaks), the bytes communicated per update and an estimated step time; then
 the same for the alternatives (backends, ZeRO, --cpu-offload, checkpointing, fp32/bf16/fp16,
 --fp16-adam-stats), marks which fit, and recommends the fastest that fits as flags to add.
 Nothing is allocated: each step is traced on fake tensors. --verify then trains the run as given
@@ -30,7 +30,8 @@ def _own_parser(add_help: bool) -> argparse.ArgumentParser:
     g.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
                    help="memory of each GPU in GiB (default: the visible GPU's; given, the plan is for GPUs)")
     g.add_argument("--host-memory", type=float, default=None, metavar="GIB",
-                   help="host memory of each node in GiB (default: this machine's MemAvailable)")
+                   help="host memory of each node in GiB (default: what this machine has available: MemAvailable, "
+                        "or less under a cgroup memory limit)")
     g.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node (default: visible GPUs)")
     g.add_argument("--nodes", type=int, default=None,
                    help="nodes (world size = nodes x --gpus-per-node unless --distributed-world-size is given)")

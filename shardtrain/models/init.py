@@ -99,7 +99,9 @@ def _block_seed(key: int, block: int) -> int:
 def _full_fallback(tensor, key, fn, *args, **kwargs) -> torch.Tensor:
     full = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
     with torch.random.fork_rng(devices=[]):  # leave the global stream at one draw per call
-        torch.manual_seed(_block_seed(key, -1))
+        # the CPU's generator only (``full`` is on the CPU): torch.manual_seed would re-seed every GPU's
+        # too, which fork_rng(devices=[]) does not restore
+        torch.default_generator.manual_seed(_block_seed(key, -1))
         fn(full, *args, **kwargs)
     return full
 

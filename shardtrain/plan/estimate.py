@@ -7,6 +7,8 @@ flat all-reduce buffer, the gradients --update-freq keeps between micro-batches,
 division of the optimizer state. On a GPU run each kind is placed where the run keeps it: the
 optimizer state (and cpu_adam's fp32 master copies) in host memory under cpu_adam or
 --cpu-offload, the parameter and gradient shards too under --cpu-offload; the rest on the GPU.
+--spike-rollback's snapshot (trainer/spike.py: a copy of the parameters, buffers and optimizer
+state, held through every step) lies beside what it copies.
 
 Time, with no overlap assumed (an upper bound where the backend overlaps communication with
 compute): the model's FLOPs at this machine's measured matmul speed (a third more forward under
@@ -62,6 +64,7 @@ class Estimate:
     temporaries: int
     extra: int  # DDP buckets, legacy_ddp's flat buffer
     runtime: int  # kernels' own buffers (RUNTIME_BYTES)
+    snapshot: int  # --spike-rollback's copy of the parameters, buffers and optimizer state (0 without it)
     gpu_peak: Optional[int]
     host_peak: int  # this rank's; the node holds ranks_per_node of them
     comm_bytes: int
@@ -98,17 +101,20 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
     elif world > 1 and d.ddp_backend in ("legacy_ddp", "no_c10d"):  # the flat copy, after backward
         extra = max(0, params + optimizer + master + kinds["buffers"] + 2 * grads - peak)
     runtime = RUNTIME_BYTES[(machine.device, dtypes.compute is not None)]
-    peak += extra + runtime
+    snapshot = params + optimizer + master + kinds["buffers"] if cfg.optimization.spike_rollback else 0
+    peak += extra + runtime + snapshot
     if machine.device == "cpu":
         gpu_peak, host = None, peak
-    else:
-        host = _on_host(cfg, params, grads, optimizer, master)
+    else:  # the snapshot's copies lie where the originals do (the buffers' on the GPU)
+        host = _on_host(cfg, params, grads, optimizer, master) + (
+            _on_host(cfg, params, 0, optimizer, master) if snapshot else 0)
         gpu_peak = peak - host
     comm, offload = _comm_bytes(cfg, count, dtypes, machine, shard), _offload_bytes(cfg, count, shard, machine)
     return Estimate(
         params=params, grads=grads, optimizer=optimizer, master=master, activations=kinds["activations"],
         fsdp_buffers=kinds["gathered_params"] + kinds["gathered_grads"] + kinds["comm_buffers"],
-        temporaries=kinds["temporaries"], extra=extra, runtime=runtime, gpu_peak=gpu_peak, host_peak=host,
+        temporaries=kinds["temporaries"], extra=extra, runtime=runtime, snapshot=snapshot, gpu_peak=gpu_peak,
+        host_peak=host,
         comm_bytes=comm, offload_bytes=offload,
         step_seconds=_seconds(cfg, count, flops_per_token * tokens, dtypes, machine, comm, offload,
                               shard if sharded else (world if zero else 1)))

@@ -47,6 +47,8 @@ def _detail(e: Estimate, plan: Plan, device: str) -> List[str]:
             ("temporaries at the peak (logits, their gradient...)", e.temporaries),
             ("DDP buckets / flat all-reduce buffer", e.extra),
             ("kernels' own buffers (workspaces, JIT code)", e.runtime)]
+    if e.snapshot:
+        rows.append(("--spike-rollback's snapshot of the state", e.snapshot))
     out = [f"  {name:<52} {_gib(value):>9} GiB" for name, value in rows]
     if device == "cuda":
         out.append(f"  {'peak on the GPU':<52} {_gib(e.gpu_peak):>9} GiB")

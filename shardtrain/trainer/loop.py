@@ -269,9 +269,18 @@ def validate(run: Run, epoch: int) -> List[Optional[float]]:
     seed = run.cfg.dataset.fixed_validation_seed
     if seed is None:
         return _validate_subsets(run, epoch)
-    with torch.random.fork_rng(devices=[]):  # training's random state is not this validation's
+    with _forked_rng(run.backend.device):  # training's random state is not this validation's
         torch.manual_seed(seed)
         return _validate_subsets(run, epoch)
+
+
+def _forked_rng(device: torch.device):
+    """torch.manual_seed re-seeds every GPU's generator besides the CPU's, and fork_rng puts back only
+    the CPU's and those of the devices it is given: give it the rank's own (training's dropout draws
+    there). Other GPUs are not read: that would open a context on each. A --cpu run gives none."""
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[device], device_type=device.type)
 
 
 def _validate_subsets(run: Run, epoch: int) -> List[Optional[float]]:

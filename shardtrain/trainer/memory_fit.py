@@ -14,6 +14,8 @@ own are not counted, nor dropout's masks), counted on the same meta builds
 through saved-tensor hooks. Only the model runs, in eval mode and with the RNG
 state restored after, so counting changes nothing a run does (a criterion may
 count its calls; layerdrop and dropout would draw random numbers).
+--spike-rollback's snapshot is a copy of the parameters, buffers and optimizer state, each beside
+what it copies. The host's free memory is MemAvailable, or less under a cgroup limit (host_memory.py).
 Only what certainly cannot fit is refused: the activations of one sequence only,
 none under --checkpoint-activations, and an optimizer this table does not know
 counts no state.
@@ -30,8 +32,8 @@ from torch.overrides import TorchFunctionMode
 
 from shardtrain.config.components import resolve
 from shardtrain.core.errors import ConfigError
+from shardtrain.trainer.host_memory import host_memory
 from shardtrain.trainer.launch.threads import local_ranks
-from shardtrain.trainer.metrics.meters import proc_bytes
 from shardtrain.trainer.parallel.zero import shards_optimizer_state
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,17 @@ class Estimate:
     buffers: int
     bookkeeping: int  # host memory of the module and tensor objects themselves
     activations: int = 0  # saved by one forward of one sequence (0: not counted)
+    snapshots: int = 0  # --spike-rollback keeps one (trainer/spike.py); none without it
+
+    @property
+    def snapshot(self) -> int:
+        """A snapshot's copy of the parameters and optimizer state (kept where they are)."""
+        return self.snapshots * (self.params + self.optimizer)
+
+    @property
+    def snapshot_buffers(self) -> int:
+        """A snapshot's copy of the buffers (kept where they are: on the GPU even under --cpu-offload)."""
+        return self.snapshots * self.buffers
 
     @property
     def state(self) -> int:
@@ -156,32 +169,45 @@ def estimate(cfg, task, param_bytes: int, shards: int, optimizer_shards: int, ac
         state += 4  # its fp32 master copy of low-precision parameters
     return Estimate(params=count * param_bytes // shards, grads=count * param_bytes // shards,
                     optimizer=count * state // optimizer_shards, buffers=buffers,
+                    snapshots=1 if cfg.optimization.spike_rollback else 0,
                     bookkeeping=tensors * BYTES_PER_TENSOR, activations=saved * compute_bytes // 4)
 
 
-def host_available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (Linux), else the physical memory."""
-    available = proc_bytes("/proc/meminfo", "MemAvailable")
-    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def host_available_bytes(root: str = "/") -> int:
+    """The host memory this process may still use: MemAvailable, or less under a cgroup memory limit
+    (trainer/host_memory.py); ``root``: where /proc and /sys are (tests)."""
+    return host_memory(root).available
 
 
-def check_fits(est: Estimate, device: torch.device, ranks_on_host: int, state_on_host: bool,
-               available: Optional[Dict[str, int]] = None) -> None:
-    """Refuse ``est`` when it exceeds the free memory of this rank's GPU (the buffers, and the
-    state unless ``state_on_host``: --cpu-offload) or of the host, shared by ``ranks_on_host``
-    ranks. ``available``: {"host": bytes, "device": bytes}, measured when None (tests pass it)."""
+def memory_needs(est: Estimate, device: torch.device, ranks_on_host: int, state_on_host: bool) -> Dict[str, int]:
+    """{"host": bytes, "device": bytes} ``est`` needs: the buffers on the rank's GPU, and the state there
+    too unless ``state_on_host`` (--cpu-offload); the host is shared by ``ranks_on_host`` ranks. A CPU
+    run needs everything on the host. A --spike-rollback snapshot lies beside what it copies."""
     if device.type == "cpu":
         needs = {"host": ranks_on_host * (est.state + est.buffers + est.bookkeeping + est.activations)}
     else:
         needs = {"host": ranks_on_host * ((est.state if state_on_host else 0) + est.bookkeeping),
                  "device": est.buffers + est.activations + (0 if state_on_host else est.state)}
+    state_at = "host" if device.type == "cpu" or state_on_host else "device"
+    buffers_at = "host" if device.type == "cpu" else "device"
+    for where, copy in ((state_at, est.snapshot), (buffers_at, est.snapshot_buffers)):
+        needs[where] += copy * (ranks_on_host if where == "host" else 1)
+    return needs
+
+
+def check_fits(est: Estimate, device: torch.device, ranks_on_host: int, state_on_host: bool,
+               available: Optional[Dict[str, int]] = None, host_source: str = "MemAvailable") -> None:
+    """Refuse ``est`` when it exceeds the free memory of this rank's GPU or of the host (``memory_needs``).
+    ``available``: {"host": bytes, "device": bytes}, measured when None (tests pass it, and
+    ``host_source``: which limit gave the host's bytes, for the message)."""
     if available is None:
-        available = {"host": host_available_bytes()}
+        host = host_memory()
+        available, host_source = {"host": host.available}, host.source
         if device.type == "cuda":
             available["device"] = torch.cuda.mem_get_info(device)[0]
-    for where, need in needs.items():
+    for where, need in memory_needs(est, device, ranks_on_host, state_on_host).items():
         if where in available and need > available[where]:
-            raise ConfigError(_message(est, where, need, available[where], ranks_on_host))
+            raise ConfigError(_message(est, where, need, available[where], ranks_on_host, host_source))
 
 
 def check_run_fits(cfg, task, backend, dtypes) -> None:
@@ -208,8 +234,8 @@ def ranks_on_this_host(world_size: int) -> int:
     return world_size
 
 
-def _message(est: Estimate, where: str, need: int, free: int, ranks: int) -> str:
-    memory = "memory available on this machine (MemAvailable)" if where == "host" else f"free memory of the {where}"
+def _message(est: Estimate, where: str, need: int, free: int, ranks: int, host_source: str) -> str:
+    memory = f"host memory available ({host_source})" if where == "host" else f"free memory of the {where}"
     per = f" per rank, {ranks} ranks on this machine" if where == "host" and ranks > 1 else " for this rank"
     if est.buffers > max(est.state, est.activations):  # the sinusoidal positions: --tokens-per-sample long
         fix = "a smaller --tokens-per-sample (or --max-target-positions): the positions are precomputed for every one"
@@ -220,9 +246,15 @@ def _message(est: Estimate, where: str, need: int, free: int, ranks: int) -> str
         fix = ("fewer --decoder-layers or a smaller --decoder-embed-dim/--decoder-ffn-embed-dim, --ddp-backend "
                "fully_sharded over more ranks (it divides parameters, gradients and optimizer state by the number "
                "of ranks), --cpu-offload on a GPU, or --optimizer cpu_adam --fp16-adam-stats")
+        if est.snapshot:
+            fix += ("; or leave out --spike-rollback (its snapshot is a second copy of the parameters, buffers "
+                    "and optimizer state)")
     activations = (f"activations of one sequence {est.activations / GIB:.1f} GiB" if est.activations else
                    "activations not counted")
+    snapshot = est.snapshot + est.snapshot_buffers
+    snapshot = f", --spike-rollback's snapshot {snapshot / GIB:.1f}" if snapshot else ""
     return (f"The model cannot fit: it needs about {need / GIB:.1f} GiB{per} (parameters {est.params / GIB:.1f}, "
             f"gradients {est.grads / GIB:.1f}, optimizer state {est.optimizer / GIB:.1f}, buffers such as the "
-            f"positions {est.buffers / GIB:.1f}, tensor bookkeeping {est.bookkeeping / GIB:.1f} GiB; {activations}), "
+            f"positions {est.buffers / GIB:.1f}{snapshot}, tensor bookkeeping {est.bookkeeping / GIB:.1f} GiB; "
+            f"{activations}), "
             f"but the {memory} is {free / GIB:.1f} GiB. Make it fit with {fix}.")

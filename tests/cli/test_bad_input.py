@@ -173,7 +173,7 @@ CASES = {
          "--patience"]),
     # sizes that cannot fit this machine, refused before anything is built (item 8)
     "a million layers": (lambda b, t: [b, "--decoder-layers", "1000000"],
-                         ["The model cannot fit", "fewer --decoder-layers", "MemAvailable"]),
+                         ["The model cannot fit", "fewer --decoder-layers", "host memory available ("]),
     "a billion positions": (lambda b, t: [b, "--tokens-per-sample", "1000000000"],
                             ["The model cannot fit", "a smaller --tokens-per-sample"]),
     "nll_loss needs --sentence-avg with cross_entropy": (

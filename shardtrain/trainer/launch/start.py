@@ -130,10 +130,14 @@ def _run_rank(cfg, main, ctx: DistributedContext, init_method: str, launcher: Op
     """Call main inside this rank's process group (none for a single rank)."""
     # Every launcher's ranks come through here: the one place the thread policy is applied.
     threads.apply_threads(cfg.common.threads, ctx.rank, launcher, spawned_ranks)
-    if ctx.backend is None:
-        return main(cfg, ctx)
+    # The rank's GPU is the current device before anything else runs, with or without a process group:
+    # code that asks for the current device (the RNG state, tensors made on "cuda") then finds it, and
+    # DeviceMesh (which FSDP builds even on one GPU) keeps it instead of guessing one from LOCAL_RANK or
+    # the rank (with a "device not set" warning).
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
+    if ctx.backend is None:
+        return main(cfg, ctx)
     timeout = rendezvous.process_group_timeout(cfg.distributed.heartbeat_timeout)
     try:
         store = rendezvous.attempt_store(os.environ, init_method, ctx.rank, ctx.world_size, timeout)
