@@ -1,116 +1,227 @@
-"""The GPU acceptance run: ``python benchmarks/gpu/run_all.py`` on a machine with 1+ GPUs.
+"""The GPU acceptance run, in tiers that each fit a GPU node's 10-minute command limit:
 
-1. ``pytest tests/gpu`` (every GPU case; on 2+ GPUs the multi-GPU ones too);
-2. the benchmark scenarios of ``scenarios.py`` (fairseq's offload recipe scaled to
-   the card at --update-freq 1 and 4, MFU of a 1.3B bf16 model, fp16 vs bf16 on
-   125M), each through the real CLI;
-3. a table and ``RESULT`` lines, also written into the GPU section of
-   BENCHMARKS.md with the device name (replacing that section: safe to run twice).
+    python benchmarks/gpu/run_all.py --budget 480 --out DIR                                # tier 1
+    python benchmarks/gpu/run_all.py --budget 480 --out DIR2 --tier 2 --resume DIR/results.json
 
-Meant to finish within 30 minutes on one H100-class GPU. Exits 1 if a test or a
-scenario failed or a target was missed, 2 without CUDA.
+Runs the cases of cases.py (every test of tests/gpu and every scenario of scenarios.py) in order,
+each in its own process group killed at its timeout. A case whose estimate does not fit in what is
+left of --budget (wall seconds since this script started) is not started; one that needs more GPUs
+than are visible is listed as not run. --out receives results.json, results.md, junit.xml and run.log
+(report.py), rewritten after every case. --resume reads an earlier results.json: the cases it holds a
+verdict for (passed, failed, timeout, skipped, interrupted) are carried over, not run again, and the
+run starts with those of tiers up to --tier that did not run (default: the first tier with any).
 
-    python benchmarks/gpu/run_all.py [--scenarios headline,mfu,precision] [--skip-tests] [--no-write]
+Exit status: 0 when every case this run started passed and met its targets (cases left over for the
+budget, or for want of GPUs, are listed but are no failure); 1 when one failed, timed out, skipped a
+test or missed a target; 2 for bad arguments, or when no CUDA device is visible (the files say so).
 """
-import argparse
-import datetime
-import os
-import re
-import subprocess
-import sys
-import tempfile
 import time
-import traceback
 
-import torch
+STARTED = time.monotonic()  # the budget counts from here, imports included
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from typing import Callable, Dict, List, Optional, Sequence  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from runs import RunFailed, learnable_data_bin  # noqa: E402
-from scenarios import SCENARIOS  # noqa: E402
+import report  # noqa: E402
+import runner  # noqa: E402
+from cases import BUDGET_S, CASES, Case  # noqa: E402
 
 BEGIN, END = "<!-- gpu-acceptance:begin -->", "<!-- gpu-acceptance:end -->"
+PROBE = """import json, platform, torch
+gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(), "gpus": gpus}
+if gpus:
+    p = torch.cuda.get_device_properties(0)
+    info.update(device=p.name, memory_gib=round(p.total_memory / 2**30, 1))
+print(json.dumps(info))"""
 
 
-def run_tests() -> dict:
-    start = time.time()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "tests/gpu"], cwd=ROOT,
-                          capture_output=True, text=True)
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
-    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", summary)}
-    failures = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    return {"summary": summary, "counts": counts, "failures": failures, "seconds": time.time() - start,
-            "ok": done.returncode == 0}
+class UsageError(Exception):
+    pass
 
 
-def met(value: float, target: str) -> bool:
-    op, bound = target[:2], float(target[2:])
-    return value <= bound if op == "<=" else value >= bound
+def parse_args(argv, tiers: Sequence[int]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="wall seconds for the whole run")
+    parser.add_argument("--out", required=True, help="directory for the 4 result files")
+    parser.add_argument("--tier", type=int, help=f"tier to run ({min(tiers)}-{max(tiers)}; default 1, or with "
+                                                 "--resume the first with cases not run)")
+    parser.add_argument("--resume", help="an earlier run's results.json: keep its verdicts, run the rest")
+    parser.add_argument("--write-benchmarks", action="store_true",
+                        help="also write results.md into BENCHMARKS.md's GPU section")
+    args = parser.parse_args(argv)
+    if args.budget <= 0:
+        raise UsageError(f"--budget {args.budget:g}: the run's wall seconds must be > 0 (a node with a 10-minute "
+                         "limit per command: --budget 480 leaves time for start-up and copying the results).")
+    if args.tier is not None and args.tier not in tiers:
+        raise UsageError(f"--tier {args.tier}: the catalogue has tiers {min(tiers)} to {max(tiers)} "
+                         "(benchmarks/gpu/cases.py).")
+    if os.path.isfile(args.out):
+        raise UsageError(f"--out {args.out!r} is a file; pass a directory (created if missing).")
+    return args
 
 
-def table(rows) -> str:
-    keys = list(dict.fromkeys(k for row in rows for k in row))
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(row.get(k, "")) for k in keys) + " |" for row in rows]
-    return "\n".join(lines)
+def load_previous(path: Optional[str]) -> Dict[str, Dict]:
+    """An earlier results.json's case records by name; one still "running" was killed mid-case."""
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            cases = json.load(f)["cases"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--resume {path!r} cannot be read as a run_all.py results.json ({e}); pass the "
+                         "results.json an earlier run wrote into its --out directory.") from None
+    previous = {}
+    for r in cases:
+        if r.get("status") == "running":
+            r.update(status="interrupted", reason="the run ended while this case ran (killed from outside?)")
+        previous[r["name"]] = r
+    return previous
 
 
-def write_section(text: str) -> None:
-    path = os.path.join(ROOT, "BENCHMARKS.md")
+def select(catalogue: Sequence[Case], tier: Optional[int], previous: Dict[str, Dict], gpus: int):
+    """(tier, the cases to run in order): without --resume the tier's cases; with it, the cases of
+    tiers up to it that hold no verdict, so what an earlier tier left over comes first."""
+    todo = [c for c in catalogue if previous.get(c.name, {}).get("status") not in runner.VERDICTS]
+    if tier is None:
+        runnable = [c.tier for c in todo if c.gpus <= gpus]
+        tier = (min(runnable) if runnable else max(c.tier for c in catalogue)) if previous else 1
+    return tier, [c for c in todo if (c.tier <= tier if previous else c.tier == tier)]
+
+
+def records_for(catalogue: Sequence[Case], previous: Dict[str, Dict], selected: Sequence[Case],
+                gpus: int) -> List[Dict]:
+    """A record per case of the catalogue: carried from --resume, to run now, or not run and why."""
+    chosen = {c.name for c in selected}
+    out = []
+    for c in catalogue:
+        base = {"name": c.name, "tier": c.tier, "gpus": c.gpus, "node_ids": list(c.tests), "scenario": c.scenario,
+                "estimate_s": c.estimate_s, "basis": c.basis, "timeout_s": c.timeout_s}
+        if c.name in previous and c.name not in chosen:
+            out.append({**previous[c.name], **base, "carried": True, "this_run": False})
+        elif c.gpus > gpus:
+            out.append({**base, "status": "not run", "reason": runner.needs(c.gpus, gpus),
+                        "this_run": c.name in chosen})
+        else:
+            out.append({**base, "status": "not run", "reason": "queued" if c.name in chosen else f"tier {c.tier}",
+                        "this_run": c.name in chosen})
+    return out
+
+
+def probe_environment() -> Dict:
+    """What the node is, from a separate Python (this process never touches CUDA) and nvidia-smi."""
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
+    info = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
+        "gpus": 0, "error": done.stderr[-500:]}
+    info["driver"] = _driver_version()
+    info["commit"] = _git(["rev-parse", "--short", "HEAD"])
+    info["cpus"] = os.cpu_count()
+    return info
+
+
+def _driver_version() -> str:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.split()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            found = re.search(r"Kernel Module\s+([\d.]+)", f.read())
+        return found.group(1) if found else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _git(args: List[str]) -> str:
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        return done.stdout.strip() if done.returncode == 0 else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def child_env() -> Dict[str, str]:
+    """This checkout first on PYTHONPATH (it wins over an installed shardtrain), output unbuffered."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    return env
+
+
+def write_section(text: str, root: Optional[str] = None) -> None:
+    """Replace (or add) the GPU section of BENCHMARKS.md: safe to run twice."""
+    path = os.path.join(root or ROOT, "BENCHMARKS.md")
     with open(path) as f:
         doc = f.read()
-    section = f"{BEGIN}\n{text}\n{END}"
+    section = f"{BEGIN}\n{text.rstrip()}\n{END}"
     doc = (re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, doc, flags=re.S)
            if BEGIN in doc else doc.rstrip("\n") + "\n\n" + section + "\n")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(doc)
-    os.replace(tmp, path)
+    report._replace(path, doc)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--skip-tests", action="store_true")
-    parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
-    parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "shardtrain-gpu-acceptance"))
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("run_all.py: error: no CUDA device is visible; run it on a GPU machine.", file=sys.stderr)
+def main(argv=None, catalogue: Sequence[Case] = CASES, run_case: Optional[Callable] = None,
+         probe: Callable[[], Dict] = probe_environment, clock: Callable[[], float] = time.monotonic,
+         start: Optional[float] = None) -> int:
+    """``run_case``: a stand-in for runner.run_case (tests; no GPU needed, exit 2 is not taken)."""
+    start = STARTED if start is None else start
+    try:
+        args = parse_args(argv, sorted({c.tier for c in catalogue}))
+        previous = load_previous(args.resume)
+    except UsageError as e:
+        print(f"run_all.py: error: {e}", file=sys.stderr)
         return 2
-    device = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    print(f"device: {device}, torch {torch.__version__}", flush=True)
-    os.makedirs(args.workdir, exist_ok=True)
-    start, rows, results, problems = time.time(), [], [], []
-    if not args.skip_tests:
-        tests = run_tests()
-        print(f"tests/gpu: {tests['summary']} ({tests['seconds']:.0f} s)", flush=True)
-        problems += tests["failures"] or ([] if tests["ok"] else [f"tests/gpu: {tests['summary']}"])
-        results.append(("gpu_tests_failed", float(tests["counts"].get("failed", 0) + tests["counts"].get("error", 0)),
-                        "<=0"))
-    data_bin = learnable_data_bin(os.path.join(args.workdir, "data-bin"))
-    for name in args.scenarios.split(","):
-        began = time.time()
-        try:
-            new_rows, new_results = SCENARIOS[name](data_bin, args.workdir)
-            rows += new_rows
-            results += new_results
-        except (RunFailed, AssertionError, subprocess.TimeoutExpired) as e:
-            problems.append(f"scenario {name}: {type(e).__name__}: {str(e)[-1500:]}")
-            traceback.print_exc()
-        print(f"scenario {name}: {time.time() - began:.0f} s", flush=True)
-    missed = [f"{n}={v:.3g} target{t}" for n, v, t in results if not met(v, t)]
-    lines = [f"RESULT {n}={v:.3f} target{t}" for n, v, t in results]
-    text = "\n".join([
-        f"## GPU acceptance ({device})", "",
-        f"    python benchmarks/gpu/run_all.py    # {datetime.date.today()}, {time.time() - start:.0f} s", "",
-        table(rows) if rows else "(no scenario finished)", "", "    " + "\n    ".join(lines or ["(no results)"]), "",
-        "Failures and missed targets: " + ("; ".join(problems + missed) if problems or missed else "none")])
+    env = probe()
+    gpus = env.get("gpus", 0)
+    tier, selected = select(catalogue, args.tier, previous, gpus)
+    state = {"command": " ".join(["python benchmarks/gpu/run_all.py", *(argv if argv is not None else sys.argv[1:])]),
+             "started": report.now(), "budget_s": args.budget, "tier": tier, "resumed_from": args.resume,
+             "environment": env, "elapsed_s": 0.0, "finished": False,
+             "cases": records_for(catalogue, previous, selected, gpus)}
+    os.makedirs(args.out, exist_ok=True)
+    no_cuda = run_case is None and gpus == 0
+    if no_cuda:
+        for r in (r for r in state["cases"] if r.get("this_run")):
+            r.update(status="not run", reason="no CUDA device is visible")
+        selected = []
+    workdir = tempfile.mkdtemp(prefix="shardtrain-gpu-acceptance-")
+    with open(os.path.join(args.out, "run.log"), "ab") as log:
+        runner._log(log, f"==== {state['command']} at {state['started']}: {json.dumps(env)}")
+        ctx = runner.Context(workdir, log, child_env())
+
+        def saved():
+            state["elapsed_s"] = round(clock() - start, 1)
+            report.write(args.out, state)
+
+        records = {r["name"]: r for r in state["cases"]}
+        runner.run_cases(selected, records, args.budget, gpus, clock, start, run_case or runner.run_case, ctx, saved)
+        state["finished"] = True
+        saved()
+    shutil.rmtree(workdir, ignore_errors=True)
+    return finish(state, args, no_cuda)
+
+
+def finish(state: Dict, args, no_cuda: bool) -> int:
+    text = report.markdown(state)
     print(text)
-    if not args.no_write:
+    if args.write_benchmarks:
         write_section(text)
-    return 1 if problems or missed else 0
+    if no_cuda:
+        print("run_all.py: error: no CUDA device is visible (torch.cuda.is_available() is False in this Python); "
+              "run it on a GPU node with a CUDA build of torch. The results files list every case as not run.",
+              file=sys.stderr)
+        return 2
+    return 1 if state["problems"] else 0
 
 
 if __name__ == "__main__":

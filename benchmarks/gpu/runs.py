@@ -44,9 +44,24 @@ def train(data_bin: str, workdir: str, name: str, flags: List[str], timeout: int
         os.remove(log)  # a second run of the suite starts clean
     start = time.time()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    print(f"---- {' '.join(argv)}: exit {done.returncode}", flush=True)
+    if os.path.exists(log):
+        with open(log) as f:  # the run's whole log, into run_all.py's run.log
+            print(f.read(), flush=True)
     if done.returncode != 0:
         raise RunFailed(f"{name}: exit {done.returncode}\n{' '.join(argv)}\n{done.stderr[-3000:]}")
-    return {"records": records(log), "seconds": time.time() - start, "log": log}
+    return {"records": records(log), "seconds": time.time() - start, "log": log, "skipped": skipped_updates(log)}
+
+
+# What shardtrain/trainer/loss_scaler.py logs for each fp16 update it skips (its gradient overflowed): a
+# skipped update writes no train_inner record and does not count towards --max-update.
+OVERFLOW_LINE = " | shardtrain.trainer.loss_scaler | gradient overflow detected"
+
+
+def skipped_updates(log: str) -> int:
+    """Updates the loss scaler skipped (fp16 overflow), from the run's --log-file."""
+    with open(log) as f:
+        return sum(OVERFLOW_LINE in line for line in f)
 
 
 def records(log: str) -> Dict[str, List[Dict]]:

@@ -1,28 +1,32 @@
-"""benchmarks/gpu/run_all.py cannot run here (no GPU), but its plumbing can: every scenario's
-flags must parse and pass the compatibility checks, its assertions and figures must work
-on records shaped like shard-train's, and the BENCHMARKS.md section must be replaced, not
-appended, on a second run."""
+"""benchmarks/gpu/scenarios.py cannot run here (no GPU), but its plumbing can: every scenario's
+flags must parse and pass the compatibility checks, its assertions and figures must work on records
+shaped like shard-train's, the headline's lr is real within its 30 updates, skipped fp16 updates are
+counted from what shard-train really logs, and the host memory and peak come from shardtrain's own."""
+import math
 import os
 import sys
 
 import pytest
+import torch
 
 from shardtrain.config.build import parse_train_args
+from shardtrain.trainer import memory_fit
+from shardtrain.trainer.build import build_lr_scheduler
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gpu"))
-import run_all  # noqa: E402
 import runs  # noqa: E402
 import scenarios  # noqa: E402
 
 
-def fake_train(seen):
+def fake_train(seen, skipped=0):
     def train(data_bin, workdir, name, flags, timeout=900):
         cfg = parse_train_args([data_bin, *flags])  # unknown flags and incompatible ones fail here
         updates = cfg.optimization.max_update
-        inner = [{"loss": 10.0 - 0.01 * i, "wps": 1000.0, "gb_peak_alloc": 10.0, "gb_rss": 5.0,
-                  **({"loss_scale": 128.0} if cfg.common.fp16 else {})} for i in range(updates)]
+        inner = [{"loss": 10.0 - 0.01 * i, "wps": 1000.0, "gb_peak_alloc": 10.0 + (name == "headline-uf4"),
+                  "gb_rss": 5.0, **({"loss_scale": 128.0} if cfg.common.fp16 else {})} for i in range(updates)]
         seen.append(name)
-        return {"records": {"train_inner": inner, "valid": [{"loss": 3.0}]}, "seconds": 1.0, "log": ""}
+        return {"records": {"train_inner": inner, "valid": [{"loss": 3.0}]}, "seconds": 1.0, "log": "",
+                "skipped": skipped if cfg.common.fp16 else 0}
     return train
 
 
@@ -33,15 +37,56 @@ def data_bin(tmp_path_factory):
 
 def test_every_scenario_runs_on_fake_records(data_bin, tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(scenarios, "train", fake_train(seen))
+    monkeypatch.setattr(scenarios, "train", fake_train(seen, skipped=3))
     monkeypatch.setattr(scenarios, "peak_flops", lambda: 989e12)
     monkeypatch.setattr(scenarios.torch.cuda, "device_count", lambda: 1)
+    found = {}
     for name, scenario in scenarios.SCENARIOS.items():
         rows, results = scenario(data_bin, str(tmp_path))
         assert rows and results, name
         for result, value, target in results:
-            assert target[:2] in ("<=", ">=") and value == value, (name, result)  # no NaN
+            assert target[:2] in ("<=", ">=", "") and value == value, (name, result)  # no NaN
+            found[result] = value
+        if name == "precision":
+            assert [r["skipped updates"] for r in rows] == [3, "-"]  # fp16 skipped 3; bf16 has no scaler
     assert len(seen) == 8  # headline 3, mfu 1, precision 2, compile 2
+    assert found["headline_uf1_gpu_peak_gib"] == 10.0 and found["headline_uf4_gpu_peak_gib"] == 11.0
+
+
+def test_the_headline_lr_is_real_within_its_30_updates(data_bin):
+    """The default schedule (inverse_sqrt, 4,000 warm-up updates from 1e-7) gave 1.6e-6 at update 30."""
+    cfg = parse_train_args([data_bin, "--arch", "transformer_lm_gpt3_small", *scenarios.HEADLINE_FLAGS])
+    scheduler = build_lr_scheduler(cfg, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
+    lrs = [scheduler.step_update(n) for n in range(1, 31)]
+    assert lrs[4:] == pytest.approx([2e-4] * 26)  # --lr 2e-4 from update 5 (5 warm-up updates)
+    assert lrs[0] == pytest.approx(2e-4 * 2 / 5)
+
+
+def test_skipped_updates_are_counted_from_what_shard_train_logs(data_bin, tmp_path):
+    """A real fp16 run on the CPU whose loss scale starts far too high: each overflow halves it
+    (no growth within the window), so the skips are log2(initial scale / first record's scale)."""
+    flags = ["--cpu", "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
+             "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "32",
+             "--batch-size", "2", "--fp16", "--fp16-init-scale", str(2 ** 30), "--fp16-scale-window", "1000",
+             "--max-update", "3", "--no-save", "--disable-validation", "--optimizer", "adam", "--lr", "1e-4"]
+    run = runs.train(data_bin, str(tmp_path), "overflow", flags, timeout=600)
+    inner = run["records"]["train_inner"]
+    assert len(inner) == 3  # a skipped update writes no record and does not count
+    halvings = math.log2(2 ** 30 / inner[0]["loss_scale"])
+    assert halvings >= 5 and run["skipped"] == halvings, (run["skipped"], inner[0]["loss_scale"])
+
+
+def test_the_host_memory_and_the_peak_are_shardtrains(monkeypatch):
+    # cgroup-aware (tests/trainer/test_host_memory.py), where /proc/meminfo's MemAvailable is not
+    assert scenarios.host_available_bytes is memory_fit.host_available_bytes
+    monkeypatch.setattr(scenarios, "host_available_bytes", lambda: 100 * 2 ** 30)  # a 100 GiB container
+    assert scenarios.largest_fitting_arch()[0] == "transformer_lm_gpt3_2_7"  # 54 GB of 80 GiB, not 6.7B's 134
+    monkeypatch.setattr(scenarios.torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 NVL")
+    assert scenarios.peak_flops() == 835.5e12
+    monkeypatch.setattr(scenarios.torch.cuda, "get_device_name", lambda i=0: "NVIDIA L40")
+    assert scenarios.peak_flops() == 181e12
+    monkeypatch.setattr(scenarios.torch.cuda, "get_device_name", lambda i=0: "NVIDIA A10G")
+    assert math.isnan(scenarios.peak_flops())
 
 
 def test_learnable_data_is_learnable(data_bin):
@@ -53,13 +98,3 @@ def test_learnable_data_is_learnable(data_bin):
     for a, b in zip(tokens, tokens[1:]):
         successors.setdefault(a, set()).add(b)
     assert max(len(s) for s in successors.values()) <= 4  # at most 2 bits per token to learn
-
-
-def test_benchmarks_section_is_replaced_on_a_second_run(tmp_path, monkeypatch):
-    (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\nother figures\n")
-    monkeypatch.setattr(run_all, "ROOT", str(tmp_path))
-    run_all.write_section("## GPU acceptance (first)")
-    run_all.write_section("## GPU acceptance (second)")
-    text = (tmp_path / "BENCHMARKS.md").read_text()
-    assert "other figures" in text and "(second)" in text and "(first)" not in text
-    assert text.count(run_all.BEGIN) == 1

@@ -149,4 +149,4 @@ def test_the_host_memory_of_this_node(capsys):
         if text != "max":
             assert got <= int(text)
     with capsys.disabled():
-        print(f"\nRESULT host_available_gib {got / 2 ** 30:.1f} (MemAvailable {mem_available / 2 ** 30:.1f})")
+        print(f"\nhost memory available to this job: {got / 2 ** 30:.1f} GiB (MemAvailable {mem_available / 2 ** 30:.1f})")

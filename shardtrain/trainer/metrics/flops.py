@@ -10,6 +10,7 @@ process, 256 x 256 on the CPU): what this rank's threads actually reach, so a CP
 against a number it can hit.
 """
 import logging
+import re
 import time
 from typing import Dict, Optional
 
@@ -18,19 +19,25 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-# Dense (not sparse) tensor-core peaks in TFLOP/s from the vendors' data sheets, by a piece of
-# torch.cuda.get_device_name(); the more specific names first. "tf32": fp32 matmuls that torch
-# lets run as TF32 (torch.backends.cuda.matmul.allow_tf32).
+# Dense (not sparse) tensor-core peaks in TFLOP/s from NVIDIA's data sheets, where a figure marked
+# "with sparsity" is halved: H100 (SXM, PCIe, NVL), H200 (SXM, NVL), GH200, A100, L40S, L40, L4, A10,
+# V100 (SXM2, PCIe). "tf32": fp32 matmuls that torch lets run as TF32 (torch.backends.cuda.matmul.allow_tf32).
+# A key matches when each of its words is a whole word of torch.cuda.get_device_name() ("L4" is not in
+# "NVIDIA L40S"); of the keys that match, the one with the most words wins ("H100 NVL" over "H100").
 GPU_PEAK_TFLOPS = (
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM: "NVIDIA H100 80GB HBM3"
     ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
-    ("H100 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}),
-    ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("H100 NVL", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),  # 1,671 / 835 with sparsity
     ("H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("H200 NVL", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    ("GH200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),  # SXM4 and PCIe alike
     ("L40S", {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6}),
+    ("L40", {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5}),  # 362 / 181 with sparsity
     ("L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    ("A10", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
-    ("V100", {"fp16": 125.0, "fp32": 15.7}),
+    ("A10", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),  # not the A10G (another clock)
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),  # SXM2
+    ("V100 PCIe", {"fp16": 112.0, "fp32": 14.0}),
 )
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -48,10 +55,19 @@ def gpu_peak_tflops(name: str, dtype: torch.dtype, tf32: bool) -> Optional[float
     key = _DTYPE_NAMES.get(dtype, "fp32")
     if key == "fp32" and tf32:
         key = "tf32"
-    for piece, peaks in GPU_PEAK_TFLOPS:
-        if piece in name:
-            return peaks.get(key)
-    return None
+    peaks = _table_entry(name)
+    return peaks.get(key) if peaks else None
+
+
+def _words(text: str) -> frozenset:
+    return frozenset(w for w in re.split(r"[^0-9a-z]+", text.lower()) if w)
+
+
+def _table_entry(name: str) -> Optional[Dict[str, float]]:
+    """The entry whose key's words are all words of ``name``, the most specific (most words) first."""
+    words = _words(name)
+    matching = [(len(_words(key)), peaks) for key, peaks in GPU_PEAK_TFLOPS if _words(key) <= words]
+    return max(matching, key=lambda m: m[0])[1] if matching else None
 
 
 def measured_peak_tflops(device: torch.device, dtype: torch.dtype, seconds: float = 0.2,

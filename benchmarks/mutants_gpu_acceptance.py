@@ -1,0 +1,80 @@
+"""Issue 28, items 3 and 5: the budgeted GPU acceptance run, its scenarios and the data sheet's peaks.
+Each mutant was seen to fail its tests."""
+from mutant_spec import Mutant
+
+R = "tests/cli/test_gpu_acceptance_runner.py::"
+P = "tests/cli/test_gpu_scenarios_plumbing.py::"
+PEAKS = "tests/trainer/test_gpu_peak_table.py"
+RUNNER, RUN_ALL, CASES = "benchmarks/gpu/runner.py", "benchmarks/gpu/run_all.py", "benchmarks/gpu/cases.py"
+SCENARIOS, FLOPS = "benchmarks/gpu/scenarios.py", "shardtrain/trainer/metrics/flops.py"
+FITS = R + "test_a_case_that_does_not_fit_in_the_budget_left_is_not_started"
+RESUME = R + "test_a_tier_resumes_where_the_last_stopped"
+REAL = R + "test_the_real_runner_reads_pytest_and_kills_a_hanging_case_with_its_children"
+
+MUTANTS = [
+    Mutant("gpu_budget_ignored", "a case whose estimate does not fit in the budget left is not started",
+           RUNNER, "        elif case.estimate_s > left:", "        elif False:", (FITS,)),
+    Mutant("gpu_cases_need_no_gpus", "2-GPU cases are listed as not run on one GPU",
+           RUNNER, "        if case.gpus > gpus:", "        if False:",
+           (R + "test_two_gpu_cases_are_listed_as_not_run_on_one_gpu",)),
+    Mutant("gpu_case_not_in_its_own_group", "a case is killed at its timeout with the processes it started",
+           RUNNER, "start_new_session=True)", "start_new_session=False)", (REAL,)),
+    Mutant("gpu_timeout_not_recorded", "a case killed at its timeout is recorded as a timeout",
+           RUNNER, "    if code is None:\n        outcome.status", "    if False:\n        outcome.status", (REAL,)),
+    Mutant("gpu_captured_results_lost", "RESULT lines a passing test printed (captured by pytest) are kept",
+           RUNNER, 'parse_results("\\n".join(printed))', "[]", (REAL,)),
+    Mutant("gpu_log_records_as_figures", "figures are what the tests printed, not log records",
+           RUNNER, "and not LOG_RECORD.match(line)", "and True", (REAL,)),
+    Mutant("gpu_skip_passes", "a test that skips itself on a GPU node fails its case",
+           RUNNER, '"skipped" if "skipped" in outcomes else "passed"', '"passed"',
+           (R + "test_a_skipped_or_failed_test_makes_its_case_fail",)),
+    Mutant("gpu_not_written_before_a_case", "results are on disk before and after every case",
+           RUNNER, 'reason=f"started at {clock() - start:.0f} s")\n            saved()',
+           'reason=f"started at {clock() - start:.0f} s")', (R + "test_results_are_on_disk_after_every_case",)),
+    Mutant("gpu_budget_stop_is_a_verdict", "a case stopped at the budget's end is run again by --resume",
+           RUNNER, "    if stopped_by_budget:", "    if False:",
+           (R + "test_the_budgets_end_stops_a_case_which_then_has_no_verdict",)),
+    Mutant("gpu_resume_reruns_verdicts", "--resume does not run again a case with a verdict",
+           RUN_ALL, 'todo = [c for c in catalogue if previous.get(c.name, {}).get("status") not in runner.VERDICTS]',
+           "todo = list(catalogue)", (RESUME,)),
+    Mutant("gpu_resume_drops_leftovers", "a tier resumes with what the last one left over",
+           RUN_ALL, "(c.tier <= tier if previous else c.tier == tier)", "(c.tier == tier)", (RESUME,)),
+    Mutant("gpu_killed_case_rerun", "a case running when the run was killed is not run again",
+           RUN_ALL, 'if r.get("status") == "running":', "if False:",
+           (R + "test_a_case_running_when_the_run_was_killed_is_not_run_again",)),
+    Mutant("gpu_failures_exit_0", "a failed case or a missed target exits 1",
+           RUN_ALL, 'return 1 if state["problems"] else 0', "return 0", (R + "test_exit_status",)),
+    Mutant("gpu_no_cuda_runs_anyway", "without CUDA the run exits 2 and lists every case as not run",
+           RUN_ALL, "no_cuda = run_case is None and gpus == 0", "no_cuda = False", (R + "test_exit_status",)),
+    Mutant("gpu_write_benchmarks_always", "BENCHMARKS.md is written only with --write-benchmarks",
+           RUN_ALL, "    if args.write_benchmarks:", "    if True:",
+           (R + "test_write_benchmarks_replaces_the_section",)),
+    Mutant("gpu_test_in_no_case", "every test of tests/gpu belongs to a case",
+           CASES, '_t("test_memory_metrics.py")),', "()),",
+           (R + "test_the_catalogue_runs_every_gpu_test_exactly_once_and_every_scenario",)),
+    Mutant("gpu_tier_over_budget", "each tier fits in 480 s by its estimates",
+           CASES, 'Case("precision-matrix-one-gpu", 1, 60,', 'Case("precision-matrix-one-gpu", 1, 120,',
+           (R + "test_each_tier_fits_the_budget_and_tier_1_is_in_the_issues_order",)),
+    Mutant("gpu_skips_not_counted", "the fp16 scenario counts the updates the loss scaler skipped",
+           "benchmarks/gpu/runs.py", "        return sum(OVERFLOW_LINE in line for line in f)", "        return 0",
+           (P + "test_skipped_updates_are_counted_from_what_shard_train_logs",)),
+    Mutant("gpu_headline_default_schedule", "the headline's lr is real within its 30 updates",
+           SCENARIOS, '"--lr-scheduler", "fixed", "--warmup-updates", "5", ', "",
+           (P + "test_the_headline_lr_is_real_within_its_30_updates",)),
+    Mutant("gpu_headline_mem_available", "the headline is sized by the cgroup-aware host memory",
+           SCENARIOS, "from shardtrain.trainer.memory_fit import host_available_bytes",
+           "host_available_bytes = lambda: int(open('/proc/meminfo').read().split('MemAvailable:')[1].split()[0])"
+           " * 1024", (P + "test_the_host_memory_and_the_peak_are_shardtrains",)),
+    Mutant("gpu_scenario_peak_fp32", "the MFU scenario is against the bf16 data-sheet peak",
+           SCENARIOS, "get_device_name(0), torch.bfloat16, tf32=False)", "get_device_name(0), torch.float32, "
+           "tf32=False)", (P + "test_the_host_memory_and_the_peak_are_shardtrains",)),
+    Mutant("peak_first_match", "the most specific key wins (H100 NVL is not an SXM)",
+           FLOPS, "return max(matching, key=lambda m: m[0])[1] if matching else None",
+           "return matching[0][1] if matching else None", (PEAKS,)),
+    Mutant("peak_substring", "keys match whole words (L4 is not in L40)",
+           FLOPS, "if _words(key) <= words]", "if key.lower() in name.lower()]", (PEAKS,)),
+    Mutant("gpu_runner_error_stops_the_run", "a case whose runner raises fails; the next cases still run",
+           RUNNER, "            except Exception as e:  # noqa: BLE001",
+           "            except ZeroDivisionError as e:  # noqa: BLE001",
+           (R + "test_a_case_whose_runner_raises_fails_and_the_next_one_runs",)),
+]
