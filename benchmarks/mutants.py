@@ -15,6 +15,11 @@ from mutants_integrity import INTEGRITY_MUTANTS
 from mutants_i18 import MUTANTS as ISSUE_18_MUTANTS
 from mutants_i19 import MUTANTS as ISSUE_19_MUTANTS
 from mutants_i20 import MUTANTS as ISSUE_20_MUTANTS
+from mutants_checkpoint_writing import MUTANTS as CHECKPOINT_WRITING_MUTANTS
+from mutants_gpu_acceptance import MUTANTS as GPU_ACCEPTANCE_MUTANTS
+from mutants_offline_install import MUTANTS as OFFLINE_INSTALL_MUTANTS
+from mutants_run_devices import MUTANTS as RUN_DEVICES_MUTANTS
+from mutants_torch_versions import MUTANTS as TORCH_VERSIONS_MUTANTS
 
 STEP = "tests/trainer/test_trainer_step.py"
 SCALER = "tests/trainer/test_loss_scaler.py"
@@ -326,4 +331,5 @@ MUTANTS = [
            ("tests/distributed/test_save_crash_phases.py",)),
 ] + (INTEGRITY_MUTANTS + FLAG_TABLE_MUTANTS + OPTIM_PRECISION_MUTANTS + ADAPTIVE_LAYERDROP_MUTANTS
            + TASK_CHECKPOINT_MUTANTS + EVAL_GENERATE_MUTANTS + ISSUE_18_MUTANTS
-           + ISSUE_19_MUTANTS + ISSUE_20_MUTANTS)
+           + ISSUE_19_MUTANTS + ISSUE_20_MUTANTS + CHECKPOINT_WRITING_MUTANTS + GPU_ACCEPTANCE_MUTANTS
+           + OFFLINE_INSTALL_MUTANTS + RUN_DEVICES_MUTANTS + TORCH_VERSIONS_MUTANTS)

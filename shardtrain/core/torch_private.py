@@ -1,9 +1,13 @@
-"""Every private torch API shardtrain calls, each behind one small function.
+"""Everything in shardtrain that depends on torch's version or on its private internals,
+each behind one small function.
 
-torch may rename or change a private API in any release. Kept here, a change
-fails ``tests/core/test_torch_private.py`` with the name of what moved, rather
-than a checkpoint command far away. Tested with the torch range in setup.py.
+torch may rename or change a private API in any release, and public ones differ
+across the supported range (pyproject.toml: 2.11 through 2.15). Kept here, a
+change fails ``tests/core/test_torch_private.py`` with the name of what moved,
+rather than a checkpoint command far away; each version shim is tested on both
+of its branches (the running torch's for real, the other through a stand-in).
 """
+import inspect
 import os
 from typing import Any, Dict, Iterable
 
@@ -12,7 +16,8 @@ import torch
 
 def _moved(what: str, used_for: str) -> RuntimeError:
     return RuntimeError(f"torch {torch.__version__} no longer provides {what}, which shardtrain uses {used_for}. "
-                        "Install the torch version setup.py names, or update shardtrain/core/torch_private.py.")
+                        "Install a torch in the range pyproject.toml names, or update "
+                        "shardtrain/core/torch_private.py.")
 
 
 def load_dcp_keys(keys: Iterable[str], storage_reader) -> Dict[str, Any]:
@@ -81,3 +86,37 @@ def init_fake_process_group(world_size: int, rank: int = 0) -> None:
     except ImportError:
         raise _moved("torch.testing._internal.distributed.fake_pg", "to plan memory (shard-plan)") from None
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+
+
+def dtensor_around(like, local: torch.Tensor):
+    """A DTensor laid out as ``like`` (same mesh, placements, global shape) whose local shard is ``local``,
+    which stays where it is (a host copy of an accelerator shard, for an async save).
+
+    Why private: the public ``DTensor.from_local`` moves the shard to the mesh's device, and the
+    constructor that does not takes the private ``_spec``."""
+    from torch.distributed.tensor import DTensor
+    if not hasattr(like, "_spec"):
+        raise _moved("DTensor._spec", "to stage an accelerator shard in host memory for --async-save")
+    return DTensor(local, like._spec, requires_grad=False)
+
+
+def ddp_without_forward_buffer_sync(module, ddp_class=None, **kwargs):
+    """``DistributedDataParallel(module, **kwargs)`` that broadcasts rank 0's buffers once, when it is
+    built (as it does the parameters), and never again before a forward. shardtrain's models have no
+    buffers that training changes, so a broadcast per forward would be a collective per micro-batch
+    for nothing. ``ddp_class`` is for the tests' stand-ins.
+
+    Why version-dependent: torch 2.13 added ``forward_sync_buffers``; ``False`` stops the per-forward
+    broadcast and keeps the one at construction. Before it (2.11; DDP's signature decides, not a
+    version number) there is only ``broadcast_buffers``, and ``False`` there skips the construction
+    broadcast too (2.13's deprecation warning for it says so): ranks would keep the buffers they
+    built. There: build with its default (``True``: both broadcasts), then clear the
+    ``broadcast_buffers`` attribute, which every later sync reads (``will_sync_module_buffers``,
+    join's final sync); only DDP's usage log, written at construction, still records ``True``."""
+    if ddp_class is None:
+        from torch.nn.parallel import DistributedDataParallel as ddp_class
+    if "forward_sync_buffers" in inspect.signature(ddp_class).parameters:
+        return ddp_class(module, forward_sync_buffers=False, **kwargs)
+    ddp = ddp_class(module, **kwargs)
+    ddp.broadcast_buffers = False
+    return ddp

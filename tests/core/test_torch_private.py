@@ -1,10 +1,15 @@
-"""The private torch APIs shardtrain calls (shardtrain/core/torch_private.py) still do what it relies on.
+"""The private torch APIs shardtrain calls (shardtrain/core/torch_private.py) still do what it relies on,
+and each shim over a difference between torch versions does the same on both of its branches.
 
 When a torch upgrade moves one, these fail here, naming it."""
+import inspect
 import os
+import time
+import warnings
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
@@ -105,3 +110,102 @@ def test_moved_memory_tools_are_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.testing._internal.distributed.fake_pg", None)
     with pytest.raises(RuntimeError, match="no longer provides torch.testing._internal.distributed.fake_pg"):
         torch_private.init_fake_process_group(2)
+
+
+class _Buffered(torch.nn.Module):
+    def __init__(self, value: float):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.register_buffer("b", torch.full((2,), value))
+
+    def forward(self, x):
+        return self.lin(x) + self.b
+
+
+class _DDPWithoutForwardSyncArgument(torch.nn.parallel.DistributedDataParallel):
+    """torch's DDP behind a signature without ``forward_sync_buffers`` (as before 2.13, which raised
+    TypeError on it): the shim's other branch, run for real where the running torch has the argument."""
+
+    def __init__(self, module, device_ids=None, broadcast_buffers=True, bucket_cap_mb=None,
+                 find_unused_parameters=False):
+        with warnings.catch_warnings():  # torch 2.13 deprecates broadcast_buffers; 2.11 knew nothing else
+            warnings.simplefilter("ignore", FutureWarning)
+            super().__init__(module, device_ids=device_ids, broadcast_buffers=broadcast_buffers,
+                             bucket_cap_mb=bucket_cap_mb, find_unused_parameters=find_unused_parameters)
+
+
+def _pytorch_ddp_backend():
+    from types import SimpleNamespace
+
+    from shardtrain.trainer.parallel.ddp import DDPBackend
+    flags = SimpleNamespace(bucket_cap_mb=25, find_unused_parameters=False, gradient_as_bucket_view=False)
+    return DDPBackend(SimpleNamespace(device=torch.device("cpu")), flags)
+
+
+def _buffer_rank(rank, root):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{root}/rdzv", rank=rank, world_size=2)
+    try:
+        variants = {"torch's DDP": lambda m: torch_private.ddp_without_forward_buffer_sync(m),
+                    "stand-in": lambda m: torch_private.ddp_without_forward_buffer_sync(
+                        m, _DDPWithoutForwardSyncArgument),
+                    "--ddp-backend pytorch_ddp": _pytorch_ddp_backend().wrap,
+                    "control: torch's default": torch.nn.parallel.DistributedDataParallel}
+        seen = {}
+        for name, wrap in variants.items():
+            ddp = wrap(_Buffered(float(rank)))
+            built = ddp.module.b[0].item()
+            ddp.module.b.fill_(10.0 + rank)
+            ddp(torch.ones(1, 2))
+            seen[name] = (built, ddp.module.b[0].item())
+        torch.save(seen, os.path.join(root, f"rank{rank}.pt"))
+        dist.barrier()  # both ranks past their last collective before either tears gloo down
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_broadcasts_buffers_when_built_and_never_in_forward(tmp_path):
+    """Where torch has ``forward_sync_buffers`` (2.13+) both branches of the shim run here for real;
+    on 2.11 the stand-in takes the same branch as torch's DDP (the next test covers the other)."""
+    context = mp.start_processes(_buffer_rank, args=(str(tmp_path),), nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.terminate()
+            pytest.fail("gloo ranks timed out")
+    assert "forward_sync_buffers" not in inspect.signature(_DDPWithoutForwardSyncArgument).parameters
+    seen = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    # (buffer after wrapping, after a forward) on rank 0, rank 1: rank 0's at construction, then each rank's own
+    for name in ("torch's DDP", "stand-in", "--ddp-backend pytorch_ddp"):
+        assert [seen[0][name], seen[1][name]] == [(0.0, 10.0), (0.0, 11.0)], name
+    assert [seen[0]["control: torch's default"], seen[1]["control: torch's default"]] == [(0.0, 10.0), (0.0, 10.0)]
+
+
+class _Recording:
+    """DDP's signature before 2.13; records what it was built with."""
+
+    def __init__(self, module, device_ids=None, broadcast_buffers=True):
+        self.module, self.broadcast_buffers = module, broadcast_buffers
+        self.built_with = {"device_ids": device_ids, "broadcast_buffers": broadcast_buffers}
+
+
+class _RecordingWithArgument(_Recording):
+    """DDP's signature from 2.13 on."""
+
+    def __init__(self, module, device_ids=None, broadcast_buffers=None, forward_sync_buffers=None):
+        super().__init__(module, device_ids, broadcast_buffers)
+        self.built_with["forward_sync_buffers"] = forward_sync_buffers
+
+
+def test_ddp_shim_takes_the_branch_the_signature_allows():
+    """Both branches on any torch, through recording stand-ins: with the argument (2.13+) it is passed
+    as False and nothing else changes; without it (2.11, 2.12) the construction keeps its default
+    broadcast and the attribute every later sync reads is cleared."""
+    module = torch.nn.Linear(2, 2)
+    new = torch_private.ddp_without_forward_buffer_sync(module, _RecordingWithArgument, device_ids=[3])
+    assert new.built_with == {"device_ids": [3], "broadcast_buffers": None, "forward_sync_buffers": False}
+    assert new.broadcast_buffers is None and new.module is module
+    old = torch_private.ddp_without_forward_buffer_sync(module, _Recording, device_ids=[3])
+    assert old.built_with == {"device_ids": [3], "broadcast_buffers": True} and old.module is module
+    assert old.broadcast_buffers is False

@@ -74,7 +74,14 @@ def test_gradients_are_bitwise_identical_with_dropout(every, offload, caplog):
     # (or, offloaded, nothing that the outer hook sees: save_on_cpu takes it instead).
     per_block = _saved_by_one_block(plain)
     kept = 0 if offload else 1
-    assert len(saved_ckpt) == len(saved_plain) - len(indices) * (per_block - kept)
+    assert len(holding_memory(saved_ckpt)) == len(holding_memory(saved_plain)) - len(indices) * (per_block - kept)
+
+
+def holding_memory(saved: list) -> list:
+    """The saved tensors that hold memory, which is what checkpointing saves. torch 2.11's
+    checkpoint also saves a 0-element placeholder per checkpointed call (utils/checkpoint.py's
+    ``dummy``, so that a call without tensor inputs has something to save); 2.13 no longer does."""
+    return [t for t in saved if t.numel() > 0]
 
 
 def _saved_by_one_block(model) -> int:
@@ -82,8 +89,8 @@ def _saved_by_one_block(model) -> int:
     x = torch.randn(3, 12, 16, requires_grad=True)
     with recording_saved_tensors(saved):
         model.blocks[0](x)
-    assert len(saved) > 3
-    return len(saved)
+    assert len(holding_memory(saved)) > 3
+    return len(holding_memory(saved))
 
 
 def test_names_and_state_dict_keys_are_unchanged():

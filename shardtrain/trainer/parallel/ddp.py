@@ -4,8 +4,7 @@ Gradients are all-reduced in buckets during backward, overlapping with it;
 accumulation steps run under ``no_sync`` so only the last micro-batch of an
 update communicates.
 """
-from torch.nn.parallel import DistributedDataParallel
-
+from shardtrain.core.torch_private import ddp_without_forward_buffer_sync
 from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
 
 
@@ -16,11 +15,11 @@ class DDPBackend(Backend):
 
     def wrap(self, model):
         model, d = model.to(self.device), self.distributed
-        return DistributedDataParallel(
+        # Buffers are broadcast once, when wrapped: our models have no buffers that training changes.
+        return ddp_without_forward_buffer_sync(
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
             bucket_cap_mb=d.bucket_cap_mb, find_unused_parameters=d.find_unused_parameters,
-            gradient_as_bucket_view=d.gradient_as_bucket_view,
-            forward_sync_buffers=False)  # our models have no buffers that training changes
+            gradient_as_bucket_view=d.gradient_as_bucket_view)
 
     def no_sync(self, module):
         return module.no_sync()
