@@ -52,7 +52,7 @@ ACCUM = "test_fsdp_accumulation.py::test_update_freq_4_needs_no_more_gpu_memory_
 PLAN = "test_plan_gpu.py::test_planned_gpu_peaks_match_the_allocator"
 
 CASES: List[Case] = [
-    # ---- tier 1: 425 s + probe 10
+    # ---- tier 1: 440 s + probe 10
     Case("offload-placement", 1, 15, "pytest 6 + data 1 + 2 in-process offload updates x 3 + pinning",
          _t("test_offload_placement.py")),
     Case("offload-recipe-one-gpu", 1, 25, "pytest 6 + data 1 + 2 offload runs (6 updates, 2 saves) x 9",
@@ -68,8 +68,9 @@ CASES: List[Case] = [
          _t("test_equivalence_gpu.py::test_gpu_init_is_bitwise_the_cpu_init")),
     Case("fsdp-accumulation-one-gpu", 1, 25, "pytest 6 + 6 in-process offload runs (25M parameters, "
          "3 updates) x 3", _t(ACCUM + "[1-fp32]", ACCUM + "[1-bf16]")),
-    Case("cpu-flag-no-cuda-context", 1, 25, "pytest 6 + a launcher and 2 CPU gloo ranks (start-up 8 each, in "
-         "parallel) + 4 updates, 2 sharded saves, 2 validations", _t("test_cpu_flag_no_cuda.py")),
+    Case("cpu-flag-no-cuda-context", 1, 40, "pytest 6 + 2 x (a launcher and 2 CPU gloo ranks (start-up 8 each, "
+         "in parallel) + 4 updates, 2 sharded saves (sync, then async), 2 validations)",
+         _t("test_cpu_flag_no_cuda.py::test_cpu_flag_creates_no_cuda_context_on_any_rank")),
     Case("consolidate-without-gpus", 1, 20, "pytest 6 + 1 run 8 + a CPU consolidate process 5",
          _t("test_faults_gpu.py::test_consolidate_a_gpu_checkpoint_without_gpus")),
     Case("memory-metrics", 1, 15, "pytest 6 + 1 run with 2 validations 8 + a 2 GiB allocation",
@@ -124,12 +125,15 @@ CASES: List[Case] = [
             "test_faults_gpu.py::test_hung_rank_on_nccl_ends_the_job_naming_the_timeout"), gpus=2, timeout=360),
     Case("rng-per-rank-two-gpus", 5, 30, "pytest 6 + one 2-rank spawn 10 + 4 runs x 3",
          _t("test_rng_per_rank.py::test_two_gpus_resume_bit_identically_from_each_ranks_own_gpu_state"), gpus=2),
-    # ---- tier 6 (2 GPUs): 185 s + probe 10
+    # ---- tier 6 (2 GPUs): 225 s + probe 10
     Case("fsdp-accumulation-two-gpus", 6, 60, "pytest 6 + 6 spawned 2-rank runs x 9",
          _t(ACCUM + "[2-fp32]", ACCUM + "[2-bf16]"), gpus=2),
     Case("plan-two-gpus", 6, 45, "as plan-one-gpu, measured on 2 ranks", _t(PLAN + "[2]"), gpus=2),
     Case("precision-matrix-two-gpus", 6, 80, "pytest 6 + a 2-rank spawn 10 + 84 cases (DDP and "
          "fully_sharded) x 0.75", _t("test_precision_matrix.py::test_two_gpus"), gpus=2),
+    Case("async-save-contexts-two-gpus", 6, 40, "pytest 6 + 2 x a 2-rank run (start-up 10, 4 updates, 2 async "
+         "sharded saves) 16", _t("test_cpu_flag_no_cuda.py::test_no_rank_opens_a_context_on_another_ranks_gpu"),
+         gpus=2),
 ]
 
 # Results computed from two cases' figures: (name, numerator, denominator, target)

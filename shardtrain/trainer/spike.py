@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from shardtrain.data.batch_windows import Window, format_windows
+from shardtrain.trainer.checkpoint.async_staging import wait_for_live_writes
 from shardtrain.trainer.precision import TrainingDivergedError
 from shardtrain.trainer.rng import rng_state, set_rng_state
 
@@ -88,6 +89,10 @@ class Snapshot:
         self.rng = rng_state()
 
     def restore(self, trainer) -> None:
+        # --async-save writes CPU parameters and optimizer state from the live tensors and only optimizer
+        # steps wait for it: the copies below must too, or the checkpoint would hold this snapshot's values
+        if wait_for_live_writes():
+            logger.info("the rollback waited for a background checkpoint write (--async-save) to land")
         model = trainer.model
         with torch.no_grad():
             for live, saved in zip(list(model.parameters()) + list(model.buffers()), self.tensors):

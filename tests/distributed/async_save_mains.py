@@ -65,14 +65,22 @@ def slow_writes():
     FileSystemWriter.write_data = _late_write_data
 
 
+SAVES = 3  # the second save is the first to reuse buffers (torch 2.11 crashed there), the third reuses again
+
+
+def buffer_addresses(stager) -> dict:
+    return {path: buffer.data_ptr() for path, buffer in stager.buffers().items()}
+
+
 def save_change_load(cfg, ctx):
-    """Two async saves in each staging mode, each followed at once by a change of the
+    """SAVES async saves in each staging mode, each followed at once by a change of the
     live state: for "split" a real training update (its optimizer step must wait for
     the write), for "copy" an in-place change outside any step (the copy protects it).
     Returns {mode: {"differences": worst |loaded - state at save()| per save,
     "waited": steps that waited for a write, "in_place": bytes written live,
-    "copied": bytes copied, "copiers": copiers made, "reused": second save refilled
-    the first one's buffers}}."""
+    "copied": bytes copied, "allocations": buffers allocated after each save,
+    "addresses": {path: buffer address} after each save, "sources": distinct tensors
+    in the state}}."""
     slow_writes()
     run = Run(cfg, ctx)
     results = {}
@@ -82,11 +90,12 @@ def save_change_load(cfg, ctx):
         model, optimizer, save_dir = run.trainer.model, run.trainer.optimizer, cfg.checkpoint.save_dir
         for mode in ("split", "copy"):
             saver = ShardedSaver(async_save=True, staging=mode)
-            differences, copiers = [], []
-            for i in range(2):
+            differences, allocations, addresses = [], [], []
+            for i in range(SAVES):
                 before = snapshot(model, optimizer)
                 path = saver.save(save_dir, f"{mode}{i}", model, optimizer, extra={}, aliases=[])
-                copiers.append(saver.stager._copier)
+                allocations.append(saver.stager.allocations)
+                addresses.append(buffer_addresses(saver.stager))
                 if mode == "split":
                     run.trainer.train_step([next(itr)])  # training goes on while the write runs
                 else:
@@ -102,8 +111,11 @@ def save_change_load(cfg, ctx):
                     live[key].copy_(value)
             results[mode] = {"differences": differences, "waited": saver.gate.waited,
                              "in_place": saver.stager.in_place_bytes, "copied": saver.stager.copied_bytes,
-                             "copiers": saver.stager.created, "reused": copiers[0] is copiers[1]}
+                             "allocations": allocations, "addresses": addresses,
+                             "sources": len({(t.data_ptr(), t.shape, t.dtype)
+                                             for t in live_tensors(model, optimizer).values()})}
             saver.close()
+            assert saver.stager.buffers() == {}, "close() keeps buffers"
     finally:
         run.close()
     return results

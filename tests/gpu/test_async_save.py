@@ -4,9 +4,10 @@ Resume: a run saving in the background at HALF, resumed from that checkpoint,
 reproduces the straight run's later losses bit for bit, as the sync save does.
 Stall: the time training loses to an async save (save() returning, plus the
 slow-down of the update overlapping the write). With the state on the GPU it is
-a non-blocking copy to pinned memory, smaller than a sync save. Under
---cpu-offload nothing is copied (the CPU state is written live and the next
-optimizer step waits for the write), so the stall is at most the write's time.
+a non-blocking copy to pinned memory (allocated by the first save, refilled by
+the others), smaller than a sync save. Under --cpu-offload nothing is copied
+(the CPU state is written live and the next optimizer step waits for the
+write), so the stall is at most the write's time.
 """
 import statistics
 import time
@@ -62,7 +63,7 @@ def timed_saves(cfg, ctx):
         update()
     normal = statistics.median(update() for _ in range(3))
     sync_saver, async_saver = ShardedSaver(async_save=False), ShardedSaver(async_save=True)
-    sync, stall = [], []
+    sync, stall, allocations = [], [], []
     try:
         for i in range(3):
             start = time.perf_counter()
@@ -74,10 +75,14 @@ def timed_saves(cfg, ctx):
             returned = time.perf_counter() - start
             stall.append(returned + max(0.0, update() - normal))
             async_saver.wait()
+            allocations.append(async_saver.stager.allocations)
+        buffers = async_saver.stager.buffers().values()
+        pinned = sum(b.numel() * b.element_size() for b in buffers if b.is_pinned())
     finally:
         async_saver.close()
         run.close()
-    staged = {"in_place": async_saver.stager.in_place_bytes, "copied": async_saver.stager.copied_bytes}
+    staged = {"in_place": async_saver.stager.in_place_bytes, "copied": async_saver.stager.copied_bytes,
+              "pinned": pinned, "allocations": allocations}
     return statistics.median(sync), statistics.median(stall[1:]), staged  # the first async save allocates
 
 
@@ -91,8 +96,10 @@ def test_async_save_stalls_training_less_than_a_sync_save(data, tmp_path, placem
         "--distributed-world-size", "1", "--no-save", "--disable-validation", "--log-format", "none",
         "--save-dir", str(tmp_path), *OFFLOAD[placement]])
     sync, stall, staged = call_main(cfg, timed_saves)
+    assert staged["allocations"][0] == staged["allocations"][2] > 0, f"buffers allocated once, refilled: {staged}"
     if placement == "on_gpu":
         assert staged["in_place"] == 0 and staged["copied"] > 0, f"GPU state is copied, never gated: {staged}"
+        assert staged["pinned"] > 0.99 * staged["copied"], f"GPU state is staged in pinned memory: {staged}"
         assert stall < sync, f"on the GPU an async save stalls training {stall:.3f} s, a sync save {sync:.3f} s"
     else:
         assert staged["copied"] < staged["in_place"] / 100, f"offloaded state must not be copied: {staged}"

@@ -5,46 +5,45 @@ changes every parameter and every moment in place. There are two ways to keep
 the write whole, and each kind of tensor gets the cheaper one:
 
 - **Accelerator tensors are copied** to host memory before ``save()`` returns
-  (the write needs them on the host anyway). One ``DefaultStager`` serves the
-  run: it keys its buffers by the source storage, so the first save allocates
-  them (pinned, copies non-blocking) and later saves refill the same memory.
+  (the write needs them on the host anyway), into buffers this module owns
+  (``RunStager``): the first save allocates them (pinned for CUDA sources, so
+  the copies run non-blocking, then one synchronize per source device), later
+  saves refill the same memory, ``close()`` drops them. torch's own stager
+  cached them privately and, from torch 2.11 on, drops that cache after every
+  stage (hence a ``KeyError`` at the second save when we reused it).
 - **CPU tensors that only an optimizer step changes** (parameters and optimizer
-  state, all of it under ``--cpu-offload``) are written from the live tensors,
-  and the next optimizer step waits until the write has landed
-  (``StepGate``). Forward and backward only read them, so they overlap the
-  write. Copying them instead would hold a second copy of the state in host
-  RAM during every save: ~150 GB more for a 13B model under offload, where
-  host RAM is what binds. The price is a stall of (write time - forward and
-  backward) when the write is the slower, measured in benchmarks/async_save.py.
+  state, all of it under ``--cpu-offload`` or ``--cpu``) are written from the
+  live tensors, and the next optimizer step waits until the write has landed
+  (``StepGate``); so does anything else that writes them in place
+  (``wait_for_live_writes``: a ``--spike-rollback`` restore). Forward and
+  backward only read them, so they overlap the write. Copying them instead
+  would hold a second copy of the state in host RAM during every save: ~150 GB
+  more for a 13B model under offload, where host RAM is what binds. The price
+  is a stall of (write time - forward and backward) when the write is the
+  slower, measured in benchmarks/async_save.py.
 - Any other CPU tensor (a buffer a forward pass may update, a scalar step
   count) is copied: they are small and nothing gates their writers.
 
 Containers and plain values are copied too: the lr scheduler changes an
 optimizer's param_groups between steps, and DCP reads them in the background.
 
-torch's stagers copy everything (DefaultStager) or nothing; the split between
-the two is what they lack, hence this module.
+torch's stagers copy everything or nothing; the split between the two is what
+they lack, hence this module.
 """
 import copy
 import threading
-from typing import Any, Dict, Iterator, Optional, Set
+import weakref
+from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
 import torch
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-
-def staging_options(device: torch.device) -> StagingOptions:
-    """How to copy tensors that live on ``device``."""
-    on_accelerator = device.type != "cpu"
-    return StagingOptions(use_pinned_memory=device.type == "cuda",  # pinning is a CUDA host allocation
-                          use_shared_memory=False,  # the writer is a thread of this process
-                          use_async_staging=False,  # the copy is whole before save() returns
-                          use_non_blocking_copy=on_accelerator)
+from shardtrain.core.torch_private import dtensor_around
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _storage(tensor: torch.Tensor) -> int:
@@ -69,62 +68,113 @@ def _tensors(value) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
+def on_host(state: Any) -> bool:
+    """Whether every tensor of ``state`` (its local shard, for a DTensor) is in host memory."""
+    return all(_local(t).device.type == "cpu" for t in _tensors(state))
+
+
+def _rebuild(value, path: str, tensor_fn: Callable[[str, torch.Tensor], torch.Tensor]):
+    """``value`` with each tensor replaced by ``tensor_fn(its path, it)`` and everything else deep-copied."""
+    if isinstance(value, torch.Tensor):
+        return tensor_fn(path, value)
+    if isinstance(value, dict):
+        return {key: _rebuild(item, f"{path}/{key}", tensor_fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rebuild(item, f"{path}/{i}", tensor_fn) for i, item in enumerate(value))
+    return copy.deepcopy(value)
+
+
+class HostMemory:
+    """The device side of staging, in one place: which device a tensor is on, a host buffer for
+    it, the copy and the wait for it (tests/trainer/cuda_stand_in.py stands in for a GPU here)."""
+
+    def device_of(self, tensor: torch.Tensor) -> torch.device:
+        return tensor.device
+
+    def allocate(self, like: torch.Tensor, pinned: bool) -> torch.Tensor:
+        # pinned: a copy into pageable memory cannot run asynchronously. torch's pinned allocator
+        # rounds each block up to a power of two (by arithmetic, 1.02x the bytes for a 1.3B model's
+        # shapes, 1.7x for a 13B's) and keeps freed blocks cached for its next pinned allocation
+        return torch.empty(like.shape, dtype=like.dtype, pin_memory=pinned)
+
+    def copy(self, buffer: torch.Tensor, source: torch.Tensor, non_blocking: bool) -> None:
+        buffer.copy_(source, non_blocking=non_blocking)
+
+    def synchronize(self, device: torch.device) -> None:
+        """The non-blocking copies from ``device`` were queued on its current stream: wait for them."""
+        torch.accelerator.current_stream(device).synchronize()
+
+
 class RunStager:
-    """The run's stager: copies what must be copied into buffers reused by every
-    save; leaves CPU tensors in ``in_place`` storages to be written live.
+    """The run's stager: copies what must be copied into host buffers it owns and reuses
+    for every save; leaves CPU tensors in ``in_place`` storages to be written live.
+
+    A buffer belongs to a place in the state dict (``model/decoder.layers.0.fc1.weight``),
+    so the same entry refills it at every save even when the state dict hands out fresh
+    tensor objects; it is allocated again only when that entry's shape, dtype or device
+    kind changes, and dropped when the entry is gone or at ``close()``. Entries that share
+    one source (tied weights) share one copy.
 
     ``copy_everything=True`` copies every tensor (the behaviour before; kept
     for benchmarks/async_save.py to compare against)."""
 
-    def __init__(self, copy_everything: bool = False):
+    def __init__(self, copy_everything: bool = False, memory: Optional[HostMemory] = None):
         self.copy_everything = copy_everything
-        self._copier: Optional[DefaultStager] = None
-        self.created = 0  # copiers made over the run: at most 1 however many saves
+        self.memory = memory or HostMemory()
+        self._buffers: Dict[str, Tuple[torch.Tensor, bool]] = {}  # path -> (buffer, pinned)
+        self.allocations = 0  # buffers allocated over the run: none after the first save of an unchanged state
         self.in_place_bytes = 0  # of the last save: written from the live tensors
         self.copied_bytes = 0  # of the last save: copied first
 
     def stage(self, state: Any, in_place: Set[int]) -> Any:
-        """``state`` with every tensor to copy replaced by its staged copy."""
-        to_copy: Dict[int, torch.Tensor] = {}
+        """``state`` with every tensor to copy replaced by its copy, whole when this returns."""
         self.in_place_bytes = self.copied_bytes = 0
+        kept: Dict[str, Tuple[torch.Tensor, bool]] = {}
+        copies: Dict[tuple, torch.Tensor] = {}  # by source: aliases share a copy
+        waits: Set[torch.device] = set()  # devices with non-blocking copies queued
 
-        for tensor in _tensors(state):
+        def staged(path: str, tensor: torch.Tensor) -> torch.Tensor:
             local = _local(tensor)
+            device = self.memory.device_of(local)
             nbytes = local.numel() * local.element_size()
             # scalars (Adam's step counts, on the CPU even for GPU state) are copied: gating
             # the step on a write of bytes would stall GPU runs for nothing
-            live = local.device.type == "cpu" and local.numel() > 1 and _storage(local) in in_place
+            live = device.type == "cpu" and local.numel() > 1 and _storage(local) in in_place
             if live and not self.copy_everything:
                 self.in_place_bytes += nbytes
-            else:
-                to_copy[id(tensor)] = tensor
-                self.copied_bytes += nbytes
-        copies = self._copier_for(to_copy.values()).stage(to_copy) if to_copy else {}
+                return tensor
+            self.copied_bytes += nbytes
+            source = (local.device, local.data_ptr(), tuple(local.shape), local.stride(), local.dtype)
+            if source not in copies:
+                copies[source] = self._fill(path, local, device, kept, waits)
+            return dtensor_around(tensor, copies[source]) if isinstance(tensor, DTensor) else copies[source]
 
-        def rebuild(value):
-            if isinstance(value, torch.Tensor):
-                return copies.get(id(value), value)
-            if isinstance(value, dict):
-                return {key: rebuild(item) for key, item in value.items()}
-            if isinstance(value, (list, tuple)):
-                return type(value)(rebuild(item) for item in value)
-            return copy.deepcopy(value)
+        result = _rebuild(state, "", staged)
+        for device in waits:  # one wait per source device, before save() returns
+            self.memory.synchronize(device)
+        self._buffers = kept  # a buffer no entry used this time is dropped
+        return result
 
-        return rebuild(state)
+    def _fill(self, path: str, local: torch.Tensor, device: torch.device, kept: Dict,
+              waits: Set[torch.device]) -> torch.Tensor:
+        pinned = device.type == "cuda"  # pinning is a CUDA host allocation
+        buffer, was_pinned = self._buffers.get(path, (None, None))
+        if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype or was_pinned != pinned:
+            buffer = self.memory.allocate(local, pinned)
+            self.allocations += 1
+        kept[path] = (buffer, pinned)
+        self.memory.copy(buffer, local, non_blocking=pinned)
+        if pinned:
+            waits.add(device)
+        return buffer
 
-    def _copier_for(self, tensors) -> DefaultStager:
-        if self._copier is None:
-            devices = {_local(t).device for t in tensors}
-            accelerator = next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
-            self._copier = DefaultStager(staging_options(accelerator))
-            self.created += 1
-        return self._copier
+    def buffers(self) -> Dict[str, torch.Tensor]:
+        """The buffers held now, by state-dict path (tests)."""
+        return {path: buffer for path, (buffer, _) in self._buffers.items()}
 
     def close(self) -> None:
         """Free the buffers (after the last save has been written)."""
-        if self._copier is not None:
-            self._copier.close()
-            self._copier = None
+        self._buffers = {}
 
 
 class Prestaged:
@@ -145,6 +195,18 @@ class Prestaged:
         pass
 
 
+# Gates whose write of live tensors may still run. Process-wide, as the gate's hook is: whatever
+# changes those tensors in place (a --spike-rollback restore) need not know which saver wrote them.
+_HELD: "weakref.WeakSet[StepGate]" = weakref.WeakSet()
+
+
+def wait_for_live_writes() -> int:
+    """Block until every background write of live tensors in this process has landed; -> how many
+    were still running. For in-place changes of parameters or optimizer state outside an optimizer
+    step (the steps wait by themselves)."""
+    return sum(gate.wait() for gate in list(_HELD))
+
+
 class StepGate:
     """Holds every optimizer step until a background write of live tensors has landed.
 
@@ -159,11 +221,12 @@ class StepGate:
         self._released = threading.Event()
         self._released.set()
         self._handle = None
-        self.waited = 0  # steps that found the write still running and waited
+        self.waited = 0  # steps (and other in-place writers) that found the write still running and waited
 
     def hold(self) -> None:
         """Make the next optimizer steps wait, until ``release()``."""
         self._released.clear()
+        _HELD.add(self)
         if self._handle is None:
             self._handle = register_optimizer_step_pre_hook(self._before_step)
 
@@ -173,11 +236,18 @@ class StepGate:
 
     def detach(self) -> None:
         """Training thread, after ``release()``: remove the hook."""
+        _HELD.discard(self)
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
 
+    def wait(self) -> int:
+        """Block until the write has landed; -> 1 if it was still running, else 0."""
+        if self._released.is_set():
+            return 0
+        self.waited += 1
+        self._released.wait()
+        return 1
+
     def _before_step(self, optimizer, args, kwargs) -> None:
-        if not self._released.is_set():
-            self.waited += 1
-            self._released.wait()
+        self.wait()

@@ -171,9 +171,15 @@ class HashingFileSystem(FileSystem):
         self.written[name[:-4] if name.endswith(".tmp") else name] = hashing.entry()
 
 
-def shard_writer(partial: str, checksums: bool):
-    """-> (DCP writer for ``partial``, its HashingFileSystem or None when ``checksums`` is off)."""
-    writer = FileSystemWriter(partial)
+def shard_writer(partial: str, checksums: bool, state_on_host: bool):
+    """-> (DCP writer for ``partial``, its HashingFileSystem or None when ``checksums`` is off).
+
+    ``state_on_host``: every tensor it will write is in host memory. By default DCP's writer copies
+    tensors to the host ahead of the write on a stream of the calling thread's current device whenever
+    CUDA is available, host tensors or not: a ``--cpu`` run opened a CUDA context on every rank, and an
+    async save's writer thread (whose current device is 0) one on device 0 from every rank. With no
+    copy-ahead it reads each tensor in turn and makes no device call."""
+    writer = FileSystemWriter(partial, **({"per_thread_copy_ahead": 0} if state_on_host else {}))
     if not checksums:
         return writer, None
     hashing = HashingFileSystem()

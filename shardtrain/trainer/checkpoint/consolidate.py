@@ -15,6 +15,7 @@ import torch.distributed.checkpoint as dcp
 
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_open, atomic_write_bytes, probe_writable_dir
+from shardtrain.trainer.checkpoint.async_staging import on_host
 from shardtrain.trainer.checkpoint.checksums import shard_writer
 from shardtrain.trainer.checkpoint.contents import TENSOR_PARTS
 from shardtrain.trainer.checkpoint.sharded import COMPLETE, FORMAT, ShardedDirectory, finalize
@@ -127,7 +128,7 @@ def file_to_sharded(src: str, dst: str, overwrite: bool = False) -> Dict:
 def _save_sharded(state: Dict, partial: str, final: str) -> None:
     """One process writes every shard, then the marker, extra.pt and the rename as a run's save does."""
     tensors = {k: state.pop(k) for k in TENSOR_PARTS if k in state}
-    writer, hashing = shard_writer(partial, checksums=True)
+    writer, hashing = shard_writer(partial, checksums=True, state_on_host=on_host(tensors))
     with _single_process():
         dcp.save(tensors, storage_writer=writer, no_dist=True)
     name = os.path.basename(final)

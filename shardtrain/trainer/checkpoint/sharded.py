@@ -31,7 +31,7 @@ from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_open, atomic_write_bytes, fsync_dir, remove_quietly, temp_sibling
 from shardtrain.core.torch_private import load_dcp_keys
 from shardtrain.optim.registry import kernel_choice_kept
-from shardtrain.trainer.checkpoint.async_staging import Prestaged, RunStager, StepGate, step_only_storages
+from shardtrain.trainer.checkpoint.async_staging import Prestaged, RunStager, StepGate, on_host, step_only_storages
 from shardtrain.trainer.checkpoint.checksums import (
     MANIFEST, Damaged, HashingStream, entry_of_bytes, gather_checksums, manifest_bytes, read_manifest, shard_writer,
     verify_directory,
@@ -132,17 +132,17 @@ class ShardedSaver:
     """Writes sharded checkpoints, synchronously or in the background (``--async-save``).
 
     With async saves, ``save()`` copies what must be copied (GPU tensors, into
-    the run's one reused pinned buffer) and returns; the shards are written by a
+    the run's reused host buffers, pinned) and returns; the shards are written by a
     background thread, CPU parameters and optimizer state straight from the live
     tensors while the next optimizer step waits for the write (see
     async_staging.py). Rank 0 then writes the marker and renames the directory
     into place, still atomically. One save is in flight at a time; ``wait()``
-    finishes it, ``close()`` also frees the buffer.
+    finishes it, ``close()`` also frees the buffers.
     """
 
     def __init__(self, async_save: bool = False, staging: str = "split", checksums: bool = True):
         """``staging``: "split" (above); "copy": copy every tensor into the reused
-        buffer; "dcp": DCP's own stager, a fresh copy per save. The last two are
+        buffers; "dcp": DCP's own stager, a fresh copy per save. The last two are
         the behaviours before, kept for benchmarks/async_save.py to compare against.
         ``checksums``: False writes no CHECKSUMS (as before them), for benchmarks/checkpoint.py's baseline."""
         self.async_save = async_save
@@ -169,7 +169,10 @@ class ShardedSaver:
         if optimizer is not None:  # None: --no-save-optimizer-state
             state["optimizer"] = get_optimizer_state_dict(model, optimizer)
         info = {"format": FORMAT, "world_size": ranks.world_size(), "name": name, "interval": interval}
-        writer, hashing = shard_writer(partial, self.checksums)
+        if self.async_save and self.stager is not None:
+            # save() began with wait(), so no write still reads the buffers being refilled
+            state = self.stager.stage(state, step_only_storages(model, state.get("optimizer", {})))
+        writer, hashing = shard_writer(partial, self.checksums, on_host(state))
 
         def finish():
             written = gather_checksums(hashing, self._gloo_group())  # collective
@@ -191,15 +194,13 @@ class ShardedSaver:
                 raise
             ranks.barrier()
             return final
-        # save() began with wait(), so no write still reads the buffer being refilled
-        if self.stager is None:
+        if self.stager is None:  # DCP's own stager copies the state to the host (and tells the writer so)
             future = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group())
         else:
-            staged = self.stager.stage(state, step_only_storages(model, state.get("optimizer", {})))
             if self.stager.in_place_bytes:
                 self.gate.hold()
             try:
-                future = dcp.async_save(staged, storage_writer=writer, process_group=self._gloo_group(),
+                future = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group(),
                                         async_stager=Prestaged())
             except BaseException:
                 self.gate.release()
@@ -234,7 +235,7 @@ class ShardedSaver:
             raise failed_save_error(f"{name} (in the background, --async-save)", save_dir, error) from None
 
     def close(self) -> None:
-        """End of the run: the last save lands, then the staging buffer is freed."""
+        """End of the run: the last save lands, then the staging buffers are freed."""
         try:
             self.wait()
         finally:
