@@ -149,3 +149,19 @@ def record_losses(trainer) -> list:
 
     trainer.train_step = recording_step
     return losses
+
+
+def spawn_ranks(fn, args: tuple, nprocs: int = 2, timeout: float = 120.0) -> None:
+    """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes; fail the test (and end them) when they
+    outlast ``timeout`` seconds, stretched by the machine's load (``scaled``)."""
+    import time
+
+    import pytest
+    import torch.multiprocessing as mp
+    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + scaled(timeout)
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.terminate()
+            pytest.fail(f"{nprocs} spawned ranks timed out after {scaled(timeout):.0f} s")

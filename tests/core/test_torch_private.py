@@ -4,15 +4,14 @@ and each shim over a difference between torch versions does the same on both of 
 When a torch upgrade moves one, these fail here, naming it."""
 import inspect
 import os
-import time
 import warnings
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
+from st_testutils import spawn_ranks
 from shardtrain.core import torch_private
 from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader
 
@@ -167,13 +166,7 @@ def _buffer_rank(rank, root):
 def test_ddp_broadcasts_buffers_when_built_and_never_in_forward(tmp_path):
     """Where torch has ``forward_sync_buffers`` (2.13+) both branches of the shim run here for real;
     on 2.11 the stand-in takes the same branch as torch's DDP (the next test covers the other)."""
-    context = mp.start_processes(_buffer_rank, args=(str(tmp_path),), nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.terminate()
-            pytest.fail("gloo ranks timed out")
+    spawn_ranks(_buffer_rank, (str(tmp_path),))
     assert "forward_sync_buffers" not in inspect.signature(_DDPWithoutForwardSyncArgument).parameters
     seen = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     # (buffer after wrapping, after a forward) on rank 0, rank 1: rank 0's at construction, then each rank's own

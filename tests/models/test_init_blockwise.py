@@ -6,17 +6,16 @@ rank of any world size, no collectives needed) and on 2 real gloo ranks.
 """
 import math
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore  # private; test-only, no processes
 
+from st_testutils import spawn_ranks
 from shardtrain.models import init as init_mod
 from shardtrain.models.init import distribution, init_, zero_row_
 from shardtrain.models.positions import init_embedding
@@ -133,14 +132,7 @@ def _gloo_rank(rank, root, block_elements):
 
 def test_two_gloo_ranks_equal_one_process_bitwise(tmp_path):
     block_elements = 12  # blocks of 1-2 rows: straddling the shard boundaries
-    context = mp.start_processes(_gloo_rank, args=(str(tmp_path), block_elements), nprocs=2,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.terminate()
-            pytest.fail("gloo ranks timed out")
+    spawn_ranks(_gloo_rank, (str(tmp_path), block_elements))
     sharded = torch.load(tmp_path / "sharded.pt")
     init_mod.BLOCK_ELEMENTS, saved = block_elements, init_mod.BLOCK_ELEMENTS
     try:
