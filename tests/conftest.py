@@ -8,6 +8,12 @@ import pytest
 import torch
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "flag_effect(*flags): the test passes these shard-train flags a non-default value and asserts "
+        "the effect; benchmarks/flag_coverage.py lists them")
+
+
 @pytest.fixture(autouse=True)
 def _hygiene():
     env = dict(os.environ)
