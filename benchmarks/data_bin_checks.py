@@ -2,7 +2,7 @@
 
 * writing the manifest: CRC-32 of every file, which shard-preprocess adds to a publish;
 * ``check_at_start``: what every rank does when its task opens the data-bin (names, sizes, the CRC-32
-  of dict.txt / spm.model / preprocess.json);
+  of every file but the .bin: dict.txt / spm.model / preprocess.json and the .idx, since issue 29);
 * ``verify_data_bin``: every file's CRC-32 (for shard-verify);
 * the vocabulary scan: every token id against the vocabulary, one pass over the memory map.
 
@@ -64,7 +64,7 @@ def main():
     import_s = time.perf_counter() - began
     print(f"data-bin: {state}")
     print(f"manifest written (CRC-32 of all files): {write_s:.3f} s")
-    print(f"check at start (sizes, small files' CRC-32): {start_s * 1e3:.2f} ms")
+    print(f"check at start (sizes, CRC-32 of all but the .bin): {start_s * 1e3:.2f} ms")
     print(f"verify_data_bin (every CRC-32): {verify_s:.3f} s")
     print(f"vocabulary scan of train.bin: {scan_s:.3f} s")
     print(f"import torch (every command pays it): {import_s:.2f} s")

@@ -3,7 +3,9 @@
 Every token of the split (``--gen-subset``, fairseq's default ``test``) is scored once, in order.
 ``--context-window N`` cuts the split into blocks of ``--tokens-per-sample - N`` tokens and feeds
 each with up to N tokens before it, which are seen but not scored (fairseq's
-``LMContextWindowDataset``). ``--remove-bpe`` merges subwords into words and reports the word-level
+``LMContextWindowDataset``); a window larger than the block (fairseq's recipe: 512 and 400, blocks of
+112) reaches back over several blocks. A window not below --tokens-per-sample is refused in one
+paragraph (fairseq-eval-lm fails on the block size of 0 or less it is left with). ``--remove-bpe`` merges subwords into words and reports the word-level
 perplexity (the log-probs of a word's pieces summed), for subword-nmt's ``@@`` marker as fairseq
 does, and for sentencepiece's word-start marker as well. The last lines are fairseq's:
 ``Evaluated N tokens in Ts (R tokens/s)`` and ``Loss (base 2): X, Perplexity: Y``.

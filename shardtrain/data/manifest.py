@@ -5,11 +5,14 @@ files beside old ones (a new ``train.bin`` read with the old ``dict.txt``). So p
 replaces ``manifest.json`` with one that says "incomplete", then moves the files, then writes the
 full manifest: a data-bin is either whole, with a manifest that matches it, or says it is not.
 
-Checked when a task opens the data-bin (names, sizes, and the CRC-32 of the small files that decide
-what every token id means) and in full by ``verify_data_bin`` (every file's CRC-32). CRC-32 by
-measurement: zlib's runs at 3.5 GiB/s here, SHA-1 at 1.8, BLAKE2b at 0.8; it is for damage and
-mix-ups, not for an adversary. Data-bins without a manifest (fairseq's, older shard-preprocess')
-load as before, with a one-line notice.
+Checked when a task opens the data-bin (names, sizes, and the CRC-32 of every file but the .bin:
+dict.txt, preprocess.json and spm.model decide what every token id means, an .idx where every sample
+starts, and the task reads each .idx whole at start anyway to validate it) and in full by
+``verify_data_bin`` (every file's CRC-32). CRC-32 by measurement: zlib's runs at 3.5 GiB/s here,
+SHA-1 at 1.8, BLAKE2b at 0.8; it is for damage and mix-ups, not for an adversary. Data-bins without a
+manifest (fairseq's, older shard-preprocess') load as before, with a one-line notice; one whose
+preprocess.json says a manifest was written (every shard-preprocess since) is refused without it,
+or deleting manifest.json would turn every check off.
 """
 import json
 import logging
@@ -26,9 +29,12 @@ logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 _FORMAT = 1
 _CHUNK = 8 << 20
-# The files a task reads; a data-bin may hold others (a README) that nothing reads and nothing checks.
+# The files a task reads; a data-bin may hold others (a README, fairseq's preprocess.log) that nothing
+# reads and nothing checks.
 _READ_NAMES = ("dict.txt", PREPROCESS_JSON, SPM_MODEL_FILE)
 _READ_SUFFIXES = (".bin", ".idx")
+_LARGE_SUFFIX = ".bin"  # the corpus itself: sizes at start, its CRC-32 only in verify_data_bin
+RECORDS_MANIFEST = "manifest"  # preprocess.json's key: this data-bin was published with a manifest
 _REBUILD = "Re-run shard-preprocess with this --destdir (and all its splits) to rebuild it."
 NO_MANIFEST = "no manifest (made by fairseq or an older shard-preprocess): its files cannot be checked"
 
@@ -91,10 +97,10 @@ def verify_data_bin(path: str) -> str:
 
 
 def check_at_start(path: str) -> str:
-    """What a task checks when it opens the data-bin: names and sizes, and the CRC-32 of the small
-    files (dict.txt, spm.model, preprocess.json). A full checksum of the .bin/.idx costs a read of
-    the whole corpus on every rank (minutes for 100s of GB): that is ``verify_data_bin``'s job."""
-    return _verify(path, lambda name: not name.endswith(_READ_SUFFIXES))
+    """What a task checks when it opens the data-bin: names and sizes, and the CRC-32 of every file
+    but the .bin (dict.txt, spm.model, preprocess.json, the .idx). A checksum of the .bin costs a
+    read of the whole corpus on every rank (minutes for 100s of GB): that is ``verify_data_bin``'s job."""
+    return _verify(path, lambda name: not name.endswith(_LARGE_SUFFIX))
 
 
 def _verify(path: str, checksummed: Callable[[str], bool]) -> str:
@@ -102,6 +108,7 @@ def _verify(path: str, checksummed: Callable[[str], bool]) -> str:
         raise DataError(f"Data-bin {path} does not exist or is not a directory. Point to a shard-preprocess --destdir.")
     manifest = read_manifest(path)
     if manifest is None:
+        _check_none_was_written(path)
         return NO_MANIFEST
     if not manifest.get("complete"):
         raise DataError(f"Data-bin {path} is incomplete: shard-preprocess was stopped while publishing it "
@@ -112,6 +119,22 @@ def _verify(path: str, checksummed: Callable[[str], bool]) -> str:
         _check_file(path, name, expected, checksummed(name))
     total = sum(entry["size"] for entry in files.values())
     return f"intact ({len(files)} files, {_megabytes(total)})"
+
+
+def _check_none_was_written(path: str) -> None:
+    """A data-bin whose preprocess.json records a manifest lost it: refused, since a deleted manifest
+    would otherwise load as fairseq's, unchecked."""
+    try:
+        with open(os.path.join(path, PREPROCESS_JSON), "rb") as f:
+            recorded = json.loads(f.read().decode("utf-8")).get(RECORDS_MANIFEST)
+    except (OSError, ValueError, AttributeError):  # none, or damaged: load_tokenizer says what is wrong
+        return
+    if recorded:
+        raise DataError(f"Data-bin {path} has no {MANIFEST}, though its {PREPROCESS_JSON} says shard-preprocess "
+                        f"wrote one: it was deleted, so its files cannot be checked against what shard-preprocess "
+                        f"wrote. Restore {MANIFEST} from a copy, or rebuild: {_REBUILD} (To load a data-bin "
+                        f"changed by hand unchecked, as a fairseq one, remove the \"{RECORDS_MANIFEST}\" entry "
+                        f"from {PREPROCESS_JSON}.)")
 
 
 def _megabytes(size: int) -> str:

@@ -10,11 +10,17 @@ SIGTERM, which cli_entry turns into an exception): the clean-up runs on the way
 out, and a second signal waits until the publish or clean-up in progress is
 done. A SIGKILL mid-publish leaves a manifest that says "incomplete", which
 every command refuses; the next run removes the killed run's staging directory.
+
+One run at a time per destination (data/destdir_lock.py): a second is refused while the first runs.
+A destination that already holds a data-bin is updated as fairseq-preprocess does (the splits this
+run writes replace the old ones, the others are kept if the dictionary is the same), and a warning
+names every file whose content this replaced. A disk that fills up (ENOSPC, a quota, a file-size
+limit) is one paragraph: nothing is published, the destination is as it was.
 """
 import contextlib
 import dataclasses
+import errno
 import json
-import filecmp
 import logging
 import os
 import shutil
@@ -26,8 +32,10 @@ from shardtrain.core.timing import timed
 from shardtrain.data.binarize import (binarize_file, count_symbols, iter_lines, stop_signals_deferred,
                                      usable_workers)
 from shardtrain.data.dictionary import Dictionary
-from shardtrain.core.fileio import atomic_write_bytes, fsync_dir, writer_is_dead, writer_tag
-from shardtrain.data.manifest import describe_files, is_read_by_tasks, mark_incomplete, read_manifest, write_manifest
+from shardtrain.core.fileio import atomic_write_bytes, writer_is_dead, writer_tag
+from shardtrain.data.destdir_lock import destdir_locked
+from shardtrain.data.manifest import MANIFEST, RECORDS_MANIFEST
+from shardtrain.data.publish import describe_published, publish, replaced_files
 from shardtrain.data.tokenizers import (PREPROCESS_JSON, SPM_MODEL_FILE, SPM_MODEL_TYPES, TOKENIZERS,
                                         SentencePieceTokenizer, SpaceTokenizer, load_tokenizer, tokenizer_spec,
                                         train_sentencepiece)
@@ -41,6 +49,8 @@ SPLITS = ("train", "valid", "test")
 _DEFAULT_SPM_VOCAB_SIZE = 8000
 _STAGING_PREFIX = ".preprocess-"
 FAIRSEQ_DATASET_IMPLS = ("raw", "lazy", "cached", "mmap", "fasta", "huffman")  # then writer_tag(): whose it is
+# A full disk, a quota, a file-size limit (ulimit -f): what "no room for the data-bin" looks like to a writer.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 @dataclasses.dataclass
@@ -76,18 +86,48 @@ def preprocess(cfg: PreprocessConfig) -> None:
     splits = check_config(cfg)
     cfg = dataclasses.replace(cfg, workers=_cap_workers(cfg.workers))
     created = _missing_dirs(cfg.destdir)
+    try:
+        _make_destdir(cfg.destdir)
+        with destdir_locked(cfg.destdir):  # released (its file removed) before the created dirs go
+            dictionary = _build_and_publish(cfg, splits)
+    except OSError as e:
+        if e.errno not in NO_SPACE:
+            raise
+        raise DataError(_no_space_paragraph(cfg, splits, e, existed=not created)) from None
+    finally:
+        with stop_signals_deferred():  # a second Ctrl-C must not cut the clean-up short
+            _remove_created(created)
+    logger.info("wrote data-bin %s (%d symbols; splits: %s)", cfg.destdir, len(dictionary), ", ".join(splits))
+
+
+def _build_and_publish(cfg: PreprocessConfig, splits: Dict[str, str]) -> Dictionary:
     staging = None
     try:
         with stop_signals_deferred():  # no signal between creating the staging dir and knowing its name
             staging = _make_staging_dir(cfg.destdir)
         dictionary = _build(cfg, splits, staging)
-        files = _describe_published(staging, cfg.destdir)  # reads every new file: before the signals wait
+        files = describe_published(staging, cfg.destdir)  # reads every new file: before the signals wait
+        replaced = replaced_files(staging, cfg.destdir, files)
         with stop_signals_deferred():  # a signal mid-publish would mix old and new files
-            _publish(staging, cfg.destdir, files)
+            publish(staging, cfg.destdir, files)
     finally:
-        with stop_signals_deferred():  # a second Ctrl-C must not cut the clean-up short
-            _remove_leftovers(staging, created)
-    logger.info("wrote data-bin %s (%d symbols; splits: %s)", cfg.destdir, len(dictionary), ", ".join(splits))
+        with stop_signals_deferred():
+            if staging:
+                shutil.rmtree(staging, ignore_errors=True)
+    if replaced:
+        logger.warning(f"--destdir {cfg.destdir} held a data-bin of an earlier run: this run replaced its "
+                       f"{', '.join(replaced)} with different content, as fairseq-preprocess does (a run that "
+                       "reads this data-bin reads the new files from now on). Use another --destdir to keep both.")
+    return dictionary
+
+
+def _no_space_paragraph(cfg: PreprocessConfig, splits: Dict[str, str], error: OSError, existed: bool) -> str:
+    text_mb = sum(os.path.getsize(p) for p in splits.values()) / 1e6
+    state = "--destdir is as it was" if existed else "the new --destdir was removed again"
+    return (f"No room to write the data-bin in --destdir {cfg.destdir} ({error.strerror}): nothing was "
+            f"published, {state}. Free space there (a data-bin usually takes no more than its text files, "
+            f"{text_mb:.3g} MB here; a quota or `ulimit -f` gives this too) or pick a --destdir on a disk with "
+            "room, then run the same command again.")
 
 
 def _build(cfg: PreprocessConfig, splits: Dict[str, str], staging: str) -> Dictionary:
@@ -97,6 +137,7 @@ def _build(cfg: PreprocessConfig, splits: Dict[str, str], staging: str) -> Dicti
         binarize_file(path, os.path.join(staging, split), dictionary, tokenizer.encode,
                       workers=cfg.workers, progress=not cfg.no_progress_bar)
     spec = tokenizer_spec(cfg.tokenizer, SPM_MODEL_FILE if cfg.tokenizer == "spm" else None)
+    spec[RECORDS_MANIFEST] = MANIFEST  # so that a data-bin whose manifest was deleted is not read unchecked
     atomic_write_bytes(os.path.join(staging, PREPROCESS_JSON), (json.dumps(spec, indent=2) + "\n").encode())
     return dictionary
 
@@ -118,9 +159,7 @@ def _missing_dirs(path: str) -> List[str]:
     return missing
 
 
-def _remove_leftovers(staging: Optional[str], created: List[str]) -> None:
-    if staging:
-        shutil.rmtree(staging, ignore_errors=True)
+def _remove_created(created: List[str]) -> None:
     for directory in created:  # failed before publishing: leave no empty data-bin (or parents) behind
         with contextlib.suppress(OSError):  # not empty: something was published, or someone else wrote there
             os.rmdir(directory)
@@ -184,12 +223,24 @@ def _has_text(path: str) -> bool:
     return False
 
 
-def _make_staging_dir(destdir: str) -> str:
-    try:
+def _make_destdir(destdir: str) -> None:
+    with _write_errors_named(destdir):
         os.makedirs(destdir, exist_ok=True)
+
+
+def _make_staging_dir(destdir: str) -> str:
+    with _write_errors_named(destdir):
         _remove_dead_staging_dirs(destdir)
         return tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{writer_tag()}.", dir=destdir)
+
+
+@contextlib.contextmanager
+def _write_errors_named(destdir: str):
+    try:
+        yield
     except OSError as e:
+        if e.errno in NO_SPACE:
+            raise  # preprocess() says what to do about space
         raise DataError(f"Cannot write to --destdir {destdir} ({e.strerror}). Pick a directory you can "
                         "write to, or fix its permissions.") from None
 
@@ -230,50 +281,3 @@ def _build_dictionary(cfg: PreprocessConfig, tokenizer, staging: str) -> Diction
     dictionary.finalize(threshold=cfg.thresholdsrc, nwords=cfg.nwordssrc, padding_factor=cfg.padding_factor)
     dictionary.save(path)
     return dictionary
-
-
-def _describe_published(staging: str, destdir: str) -> Dict[str, Dict]:
-    """The manifest of ``destdir`` once ``staging`` is published: the new files, and the splits of an
-    earlier run this one keeps (same dictionary, checked by _check_no_stale_splits)."""
-    _check_no_stale_splits(staging, destdir)
-    files = describe_files(staging, os.listdir(staging))
-    kept = [n for n in os.listdir(destdir) if is_read_by_tasks(n) and n not in files]
-    old_files = _recorded_files(destdir)
-    for name in kept:  # recorded when they were written; read anew only where no manifest did
-        recorded = old_files.get(name)
-        size_matches = recorded and recorded["size"] == os.path.getsize(os.path.join(destdir, name))
-        files[name] = recorded if size_matches else describe_files(destdir, [name])[name]
-    return files
-
-
-def _recorded_files(destdir: str) -> Dict[str, Dict]:
-    """What an earlier run's manifest records; nothing if it is incomplete or damaged (this run is the fix)."""
-    try:
-        old = read_manifest(destdir)
-    except DataError:
-        return {}
-    return old["files"] if old and old.get("complete") else {}
-
-
-def _publish(staging: str, destdir: str, files: Dict[str, Dict]) -> None:
-    """Move the staged files into ``destdir`` between an "incomplete" manifest and the full one,
-    so that a kill in between leaves a data-bin that says it is incomplete, never a silent mix."""
-    mark_incomplete(destdir)
-    for name in sorted(os.listdir(staging)):
-        os.replace(os.path.join(staging, name), os.path.join(destdir, name))
-    fsync_dir(destdir)
-    write_manifest(destdir, files)
-
-
-def _check_no_stale_splits(staging: str, destdir: str) -> None:
-    """Splits already in ``destdir`` that this run does not rewrite must keep their dictionary:
-    their token ids mean words of the old dict.txt, and would be read as the new one's."""
-    old_dict, new_dict = os.path.join(destdir, "dict.txt"), os.path.join(staging, "dict.txt")
-    if not os.path.exists(old_dict) or not os.path.exists(new_dict) or filecmp.cmp(old_dict, new_dict, shallow=False):
-        return
-    written = set(os.listdir(staging))
-    stale = sorted(n for n in os.listdir(destdir) if n.endswith((".bin", ".idx")) and n not in written)
-    if stale:
-        raise DataError(f"{destdir} holds {', '.join(stale)} from an earlier run, binarized with its dict.txt, which "
-                        "this run replaces with a different one, so those ids would be read as other words. Pass "
-                        "those splits' --*pref too, use an empty --destdir, or delete them (nothing was changed).")

@@ -39,6 +39,7 @@ def copy_bin(good_bin, tmp_path, mutate=None):
         # These cases test the readers' own checks, which guard data-bins without a manifest (fairseq's,
         # older shard-preprocess'); with one, its sizes catch most first (tests/data_format/test_fmt_manifest.py).
         os.remove(os.path.join(dest, MANIFEST))
+        os.remove(os.path.join(dest, "preprocess.json"))  # it records a manifest; without it: fairseq's layout
         mutate(dest)
     return dest
 

@@ -4,6 +4,7 @@ import math
 import os
 import pathlib
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -153,3 +154,119 @@ def test_softmax_batch_changes_nothing():
     assert whole[4] == pytest.approx(float(logits[4].log_softmax(-1)[target[4]]), abs=1e-6)
     assert math.isclose(float(whole.sum()), float(F.cross_entropy(logits, target, reduction="sum")) * -1,
                         rel_tol=1e-5)
+
+
+# --context-window larger than the block it feeds (fairseq's recipe shape: --tokens-per-sample 512
+# --context-window 400 scores blocks of 112 tokens, each after 400 of context, carried over several
+# earlier blocks). The model below makes every score say how much left context its token had.
+class PositionModel(torch.nn.Module):
+    """Scores any token but id 0 (bos, never a target here) at row position t with log p =
+    -log(e^(t/2) + V - 1): the number of tokens the row held before it. Records the rows it is fed."""
+
+    def __init__(self, vocab, max_positions):
+        super().__init__()
+        self.vocab, self.max_positions, self.rows = vocab, max_positions, []
+
+    def forward(self, tokens):
+        self.rows.extend(tokens.tolist())
+        logits = torch.zeros(*tokens.shape, self.vocab)
+        logits[:, :, 0] = torch.arange(tokens.shape[1], dtype=torch.float32) / 2
+        return logits
+
+
+def position_log_prob(t, vocab):
+    return -math.log(math.exp(t / 2) + vocab - 1)
+
+
+@pytest.fixture(scope="module")
+def abcd_bin(tmp_path_factory):
+    """valid: 3 lines "a b c d", so the stream is (a b c d </s>) x 3, 15 tokens."""
+    d = tmp_path_factory.mktemp("abcd")
+    (d / "valid.txt").write_text("a b c d\n" * 3)
+    preprocess.main(["--tokenizer", "space", "--trainpref", str(d / "valid.txt"), "--validpref",
+                     str(d / "valid.txt"), "--destdir", str(d / "bin"), "--no-progress-bar"])
+    return str(d / "bin")
+
+
+def eval_with(model, monkeypatch, data, *extra):
+    from shardtrain.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
+
+    def load(path, data, cpu, dtype):  # the checkpoint's part; the task, data and batching are shard-eval-lm's
+        task = LanguageModelingTask(LanguageModelingConfig(data=data, tokens_per_sample=model.max_positions))
+        return SimpleNamespace(task=task.cfg), task, model, torch.device("cpu")
+
+    monkeypatch.setattr(eval_lm, "load_for_inference", load)
+    return eval_lm.main([data, "--path", "unused.pt", "--gen-subset", "valid", "--cpu", *extra])
+
+
+@pytest.mark.flag_effect("--context-window", "--tokens-per-sample")
+@pytest.mark.parametrize("batching", [["--batch-size", "1"], ["--batch-size", "3"], []])
+def test_a_context_window_larger_than_the_block_by_hand(batching, abcd_bin, monkeypatch):
+    """--tokens-per-sample 7 --context-window 5: blocks of 7 - 5 = 2 scored tokens (the last one 1),
+    block j after min(5, 2j) tokens of context, written out here; every token scored once."""
+    vocab = 8  # </s> <pad> <s> <unk> a b c d: a multiple of --padding-factor 8
+    model = PositionModel(vocab, max_positions=7)
+    results = eval_with(model, monkeypatch, abcd_bin, "--tokens-per-sample", "7", "--context-window", "5", *batching)
+    blocks = [2, 2, 2, 2, 2, 2, 2, 1]
+    contexts = [0, 2, 4, 5, 5, 5, 5, 5]  # the context grows over three blocks, then stays 5 > 2
+    logprob = sum(position_log_prob(c + i, vocab) for c, n in zip(contexts, blocks) for i in range(n))
+    assert results["tokens"] == 15
+    assert results["loss"] == pytest.approx(-logprob / 15 / math.log(2), rel=1e-6)
+    # each row: its context, then its block, from the source stream (</s> a b c d </s> a ...: the targets
+    # shifted right by one), nothing skipped or repeated
+    ids = Dictionary.load(os.path.join(abcd_bin, "dict.txt"))
+    targets = [ids.index(w) for w in "a b c d </s> a b c d </s> a b c d </s>".split()]
+    source = [ids.eos()] + targets[:-1]
+    assert len(model.rows) == 8
+    begin = 0
+    for row, context, n in zip(model.rows, contexts, blocks):
+        assert row[:context + n] == source[begin - context:begin + n]
+        assert all(t == ids.pad() for t in row[context + n:])
+        begin += n
+
+
+def fairseq_rows(blocks, context):
+    """fairseq's LMContextWindowDataset.collater (fairseq/data/lm_context_window_dataset.py), for the
+    blocks' sources in order: (row, where its block starts)."""
+    prev, out = [], []
+    for source in blocks:
+        extra = len(prev) + len(source) - (max(map(len, blocks)) + context)  # never > 0, as in fairseq
+        prev = prev[extra:] if extra > 0 else prev
+        out.append((prev + source, len(prev)))
+        prev = (prev + source)[-context:]
+    return out
+
+
+@pytest.mark.flag_effect("--context-window", "--tokens-per-sample")
+@pytest.mark.parametrize("block,window,break_mode", [(3, 20, "none"), (7, 5, "none"), (9, 30, "eos"),
+                                                     (12, 25, "complete")])
+def test_context_windows_feed_the_rows_fairseq_feeds(block, window, break_mode, trained):
+    """Rows and scores of score_split against fairseq's collater, on the tiny model's data-bin
+    (blocks of 25-token lines and their ends), in batches of 4."""
+    data, path = trained
+    _, task, _, _ = load_for_inference(path, data, cpu=True)
+    task.cfg.tokens_per_sample, task.cfg.sample_break_mode = block, break_mode
+    dataset = task.dataset("valid")
+    vocab = len(task.dictionary)
+    model = PositionModel(vocab, max_positions=block + window)
+    batches = eval_lm.batch_indices(dataset.sizes, None, 4, window)
+    scored = list(eval_lm.score_split(model, dataset, batches, window, task.dictionary.pad(), 10 ** 9, "cpu"))
+    expected = fairseq_rows([dataset[i]["source"].tolist() for i in range(len(dataset))], window)
+    assert [i for i, _, _ in scored] == list(range(len(dataset))) and len(model.rows) == len(expected)
+    assert any(start > block for _, start in expected) == (window > block)  # context over several blocks
+    for (i, target, scores), fed, (row, start) in zip(scored, model.rows, expected):
+        assert fed[:len(row)] == row and set(fed[len(row):]) <= {task.dictionary.pad()}
+        assert torch.equal(target, dataset[i]["target"])
+        torch.testing.assert_close(scores, torch.tensor([position_log_prob(start + k, vocab)
+                                                         for k in range(len(target))]), rtol=1e-6, atol=1e-6)
+
+
+def test_a_context_window_not_below_tokens_per_sample_is_one_paragraph(abcd_bin, monkeypatch, capsys):
+    """fairseq-eval-lm subtracts the window from --tokens-per-sample and fails on the block size it
+    gets (0 or less); here it is one paragraph, before anything is read."""
+    model = PositionModel(8, max_positions=7)
+    for window in ("7", "40"):
+        _, err = cli_refusal(lambda argv: eval_with(model, monkeypatch, abcd_bin, *argv),
+                             ["--tokens-per-sample", "7", "--context-window", window], capsys)
+        assert f"--context-window {window} leaves no token to score in blocks of --tokens-per-sample 7" in err
+    assert model.rows == []

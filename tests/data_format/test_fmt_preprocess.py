@@ -34,7 +34,8 @@ def test_reproduces_fairseq_preprocess_byte_for_byte(tmp_path, fairseq_dir, work
     assert sorted(os.listdir(out)) == sorted(FAIRSEQ_FILES + ["preprocess.json", MANIFEST])
     for name in FAIRSEQ_FILES:
         assert (out / name).read_bytes() == (fairseq_dir / name).read_bytes(), name
-    assert json.loads((out / "preprocess.json").read_text()) == {"tokenizer": "space", "spm_model": None}
+    assert json.loads((out / "preprocess.json").read_text()) == {"tokenizer": "space", "spm_model": None,
+                                                              "manifest": "manifest.json"}
     assert isinstance(load_tokenizer(str(out)), SpaceTokenizer)
 
 
@@ -77,7 +78,8 @@ def test_spm_data_bin_round_trips_and_is_worker_independent(tmp_path):
         outputs.append(listing(out))
     assert outputs[0] == outputs[1]
     out = tmp_path / "spm1"
-    assert json.loads((out / "preprocess.json").read_text()) == {"tokenizer": "spm", "spm_model": "spm.model"}
+    assert json.loads((out / "preprocess.json").read_text()) == {"tokenizer": "spm", "spm_model": "spm.model",
+                                                              "manifest": "manifest.json"}
     tok, d = load_tokenizer(str(out)), Dictionary.load(str(out / "dict.txt"))
     assert isinstance(tok, SentencePieceTokenizer)
     ds = MMapIndexedDataset(str(out / "train"))

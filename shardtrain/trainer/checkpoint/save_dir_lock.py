@@ -6,20 +6,18 @@ leave a mix of both. Rank 0 holds an exclusive ``flock`` on
 ``<save-dir>/.shardtrain.lock`` while it trains; a second run is refused by
 name. The lock is taken at start, before the model is built, making the save
 dir if it is new, so a second run never trains only to be refused at its first
-save. The kernel drops the lock when the holder exits, however it exits, so a
-killed run never leaves a stale lock; the file (holding the owner's pid and
-host, for the message) stays, except in a save dir this run made and never
-saved in (a run that failed to start): that one is removed again, whole.
+save. The kernel drops the lock when the holder exits (core/file_lock.py);
+the file (holding the owner's pid and host, for the message) stays, except in
+a save dir this run made and never saved in (a run that failed to start):
+that one is removed again, whole.
 """
 import contextlib
-import errno
-import fcntl
 import logging
 import os
-import socket
 from typing import List, Optional
 
 from shardtrain.core.errors import CheckpointError
+from shardtrain.core.file_lock import LockHeld, LocksUnsupported, lock_exclusively
 
 LOCK_NAME = ".shardtrain.lock"
 _UNLOCKABLE = -1  # _fd when the filesystem has no locks: warned once, not retried
@@ -37,35 +35,15 @@ class SaveDirLock:
         if self._fd is not None:
             return
         self._made = _make_dirs(self.save_dir)
-        path = os.path.join(self.save_dir, LOCK_NAME)
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            if not self._lock(fd):
-                return
-            if _same_file(fd, path):
-                break
-            os.close(fd)  # a run that never saved removed the file after we opened it: lock the new one
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
-        self._fd = fd
-
-    def _lock(self, fd: int) -> bool:
-        """Lock ``fd``; False (warned) on a filesystem without locks; refuses a held lock."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                # some network filesystems (Lustre without -o flock) have no locks at all
-                os.close(fd)
-                logger.warning(f"cannot lock --save-dir {self.save_dir!r} ({e.strerror}): a second run in it "
-                               "would not be detected")
-                self._fd = _UNLOCKABLE
-                return False
-            owner = os.read(fd, 200).decode("utf-8", "replace").strip() or "another process"
-            os.close(fd)
+            self._fd = lock_exclusively(os.path.join(self.save_dir, LOCK_NAME))
+        except LocksUnsupported as e:
+            logger.warning(f"cannot lock --save-dir {self.save_dir!r} ({e}): a second run in it would not be "
+                           "detected")
+            self._fd = _UNLOCKABLE
+        except LockHeld as held:
             raise CheckpointError(
-                f"Another run ({owner}) is training in --save-dir {self.save_dir!r}: two runs in one save dir "
+                f"Another run ({held.owner}) is training in --save-dir {self.save_dir!r}: two runs in one save dir "
                 "overwrite and delete each other's checkpoints. Wait for it to end or stop it, or pass another "
                 "--save-dir (a SLURM job requeued while its first attempt still runs meets this too).") from None
 
@@ -100,10 +78,3 @@ def _holds_only_the_lock(path: str) -> bool:
     except OSError:
         return False
 
-
-def _same_file(fd: int, path: str) -> bool:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (st.st_dev, st.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
