@@ -21,7 +21,7 @@ MUTANTS = [
            "shardtrain/trainer/loop.py", "    with _forked_rng(run.backend.device):", "    if True:",
            ("tests/trainer/test_valid_step_flags.py::test_fixed_validation_seed_leaves_training_randomness_alone",)),
     Mutant("keep_best_never_pruned", "--keep-best-checkpoints N keeps only the N best",
-           "shardtrain/trainer/checkpoint/manager.py", "                prune_best(self.checkpoint)\n", "                pass\n",
+           "shardtrain/trainer/checkpoint/keep_best.py", "        os.remove(path)", "        pass",
            ("tests/checkpoint_flags/test_keep_best_checkpoints.py",)),
     Mutant("keep_best_keeps_the_worst", "--keep-best-checkpoints keeps the best, not the worst",
            "shardtrain/trainer/checkpoint/keep_best.py", "    if not checkpoint.maximize_best_checkpoint_metric:\n",

@@ -29,6 +29,7 @@ def _train(data_bin, tmp_path, ranks, backend):
     return save, [r["valid_loss"] for r in json_records(log, "valid")]
 
 
+@pytest.mark.flag_effect("--keep-best-checkpoints")
 @pytest.mark.parametrize("ranks,backend,suffix", [(1, "pytorch_ddp", ".pt"), (2, "fully_sharded", None)])
 def test_the_two_best_are_kept_under_fairseqs_names(data_bin, tmp_path, ranks, backend, suffix):
     save, losses = _train(data_bin, tmp_path, ranks, backend)

@@ -33,6 +33,7 @@ def _optimizer_entries(save) -> list:
     return [k for k in torch.load(sharded + ".pt", weights_only=False) if k == "optimizer"]
 
 
+@pytest.mark.flag_effect("--no-save-optimizer-state")
 @pytest.mark.parametrize("ranks,backend", [(1, "pytorch_ddp"), (2, "fully_sharded")])
 def test_no_optimizer_state_saved_and_resume_starts_it_fresh(data_bin, tmp_path, ranks, backend, capfd):
     save = tmp_path / "save"

@@ -20,6 +20,7 @@ def data_bin(tmp_path_factory):
         pass
     builder.finalize(f"{d}/empty.idx")
     os.remove(f"{d}/{MANIFEST}")  # a split added by hand: the manifest would refuse it (test_fmt_manifest.py)
+    os.remove(f"{d}/preprocess.json")  # it records a manifest; without it: fairseq's layout (space-split text)
     return d
 
 

@@ -49,6 +49,24 @@ class Damaged(Exception):
         self.file, self.detail = file, detail
 
 
+class Outside(Damaged):
+    """A checkpoint refers to a file outside its directory, a link, or a file its CHECKSUMS does not list:
+    refused before it is read (never loaded unverified)."""
+
+
+def check_inside(directory: str, name, source: str) -> None:
+    """``name``, which ``source`` (CHECKSUMS, .metadata) refers to, is a plain file name in ``directory`` and
+    not a link. shardtrain writes only such names; '../x', '/x' or a link would read a file of another place."""
+    text = os.fspath(name) if isinstance(name, (str, os.PathLike)) else repr(name)
+    if (not isinstance(name, (str, os.PathLike)) or text in ("", ".", "..") or os.path.isabs(text)
+            or os.sep in text or (os.altsep and os.altsep in text) or "\0" in text):
+        raise Outside(text, f"is named in {source} but is not a file of the checkpoint directory (such a name "
+                            "reaches outside it)")
+    if os.path.islink(os.path.join(directory, text)):
+        raise Outside(text, f"is a symbolic link (named in {source}); a checkpoint's files are never links, and a "
+                            "link can point outside the checkpoint")
+
+
 class BlockCrcs:
     """The CRC32 of each BLOCK-byte block of a byte stream: a long file is verified by many threads at once."""
 
@@ -259,6 +277,7 @@ def read_manifest(directory: str) -> Optional[Dict[str, Dict]]:
 def verify_directory(directory: str, files: Dict[str, Dict]) -> int:
     """Check every file the manifest lists (sizes first: cheap, and a truncation names itself); -> bytes checked."""
     for name, want in sorted(files.items()):
+        check_inside(directory, name, MANIFEST)
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             raise Damaged(name, "is missing")

@@ -1,6 +1,7 @@
 """DCP's failures while reading a sharded checkpoint, as one CheckpointError that says what to do."""
 import contextlib
 import errno
+import os
 import re
 import warnings
 from typing import Optional
@@ -75,12 +76,45 @@ def _refusal(e: BaseException) -> Optional[CheckpointError]:
     return None
 
 
+_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+_IN_THE_WAY = (errno.EEXIST, errno.EISDIR, errno.ENOTDIR, errno.ENOTEMPTY)
+_NO_DESCRIPTORS_TEXT = "Too many open files"  # gloo's RuntimeError when it cannot open a socket
+
+
 def failed_save_error(what: str, save_dir: str, error: BaseException) -> CheckpointError:
-    """The paragraph for a save that failed (synchronous or --async-save): ``what`` names the checkpoint."""
+    """The paragraph for a save that failed (synchronous or --async-save): ``what`` names the checkpoint, and
+    the advice follows the cause (every failure was once told to free space, a full descriptor table too)."""
     return CheckpointError(
         f"Saving the checkpoint {what} to {save_dir!r} failed: {save_failure_reason(error)}. The previous "
-        "checkpoints are intact and resume as before; free space in --save-dir (or choose another one) and "
-        "relaunch the same command.")
+        f"checkpoints are intact and resume as before; {_advice(_os_error(error, set()))}")
+
+
+def _advice(found: Optional[OSError]) -> str:
+    code = None if found is None else found.errno
+    if code in _DESCRIPTORS:
+        import resource  # POSIX only, and only needed here
+
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (f"this process ran out of file descriptors (its limit, `ulimit -n`, is {limit}): raise the limit "
+                "(ulimit -n 65536) or find what holds so many files open, and relaunch the same command.")
+    if code in _NOT_WRITABLE:
+        return ("--save-dir or a file in it cannot be written (permissions, an immutable attribute set with "
+                "`chattr +i`, or a read-only mount): make it writable, or choose another --save-dir, and relaunch "
+                "the same command.")
+    if code in _IN_THE_WAY:
+        in_the_way = getattr(found, "filename2", None) or found.filename or "a path the save writes"  # os.replace: dst
+        return (f"{in_the_way} is in the way (a file or directory that is not "
+                "shardtrain's, where the save writes): move it out of --save-dir and relaunch the same command.")
+    if code in _FULL:
+        return "free space in --save-dir (or choose another one) and relaunch the same command."
+    return "fix what the error names in --save-dir (or choose another one) and relaunch the same command."
+
+
+def out_of_descriptors(error: BaseException) -> bool:
+    """A RuntimeError that is a full descriptor table (gloo cannot open its socket)."""
+    return _NO_DESCRIPTORS_TEXT in str(error)
 
 
 def save_failure_reason(error: BaseException) -> str:
@@ -88,9 +122,10 @@ def save_failure_reason(error: BaseException) -> str:
     torch's zip writer turns a failed write into "unexpected pos"), else the first line of the error."""
     found = _os_error(error, set())
     if found is not None:
-        full = " (no space left: the disk, a quota or a file-size limit is full)" if found.errno in (
-            errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else ""
-        return f"{found.strerror or found}{full}"
+        full = " (no space left: the disk, a quota or a file-size limit is full)" if found.errno in _FULL else ""
+        path = getattr(found, "filename2", None) or found.filename  # os.replace: the destination is in the way
+        where = f" ({path})" if path and found.errno in _IN_THE_WAY + _NOT_WRITABLE else ""
+        return f"{found.strerror or found}{where}{full}"
     text = str(error).strip()
     return text.splitlines()[0][:200] if text else type(error).__name__
 
@@ -101,6 +136,8 @@ def _os_error(e: BaseException, seen: set) -> Optional[OSError]:
     seen.add(id(e))
     if isinstance(e, OSError):
         return e
+    if isinstance(e, RuntimeError) and out_of_descriptors(e):
+        return OSError(errno.EMFILE, os.strerror(errno.EMFILE))
     inner = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()]
     for candidate in [*inner, e.__cause__, e.__context__]:
         found = _os_error(candidate, seen)

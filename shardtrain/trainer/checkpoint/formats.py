@@ -7,13 +7,26 @@ format from the backend (``sharded_checkpoints``), loading from the path (a
 directory is sharded); no other module asks which format it has.
 """
 import os
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from shardtrain.trainer.checkpoint.verify import check_checksums
 
 
 class CheckpointFormat:
-    """How a checkpoint's parts (see contents.py) are laid out on disk and read back."""
+    """How a checkpoint's parts (see contents.py) are laid out on disk and read back.
+
+    One instance reads one checkpoint: the first method given a name pins what the name refers to then
+    (see ``pinned``), and every later read of that name, by any method, reads the pinned checkpoint."""
+
+    def pinned(self, path: str) -> str:
+        """Where to read ``path`` from: what it named the first time this reader asked. An alias such as
+        ``checkpoint_last`` can be re-pointed (or a file replaced) by a run saving meanwhile; resolving it
+        again for each file mixed two checkpoints (shard-consolidate read update N's training state and
+        N+1's weights) and verified other bytes than it read."""
+        pins = self.__dict__.setdefault("_pins", {})
+        if path not in pins:
+            pins[path] = Pin(path)
+        return pins[path].where
 
     def save(self, options, names: List[str], header: Dict, parts: Dict, epoch: int, updates: int,
              is_master: bool, prepare: Callable[[], None]) -> List[str]:
@@ -23,7 +36,8 @@ class CheckpointFormat:
         raise NotImplementedError
 
     def prune(self, options) -> None:
-        """Rank 0: drop the checkpoints --keep-last-epochs / --keep-interval-updates no longer keep."""
+        """Rank 0: drop the checkpoints --keep-last-epochs / --keep-interval-updates /
+        --keep-best-checkpoints no longer keep."""
         raise NotImplementedError
 
     def read_state(self, path: str, model_only: bool = False) -> Dict:
@@ -74,6 +88,25 @@ def format_of(path: str) -> CheckpointFormat:
     return ShardedDirectory() if os.path.isdir(path) else SingleFile()
 
 
+class Pin:
+    """``path`` held open: ``where`` names the opened file or directory itself (Linux's /proc/self/fd/N
+    follows the open descriptor, not the name), so it reads the same bytes however the name is re-pointed
+    or replaced. Without /proc, the real path the name resolves to now (links resolved once)."""
+
+    def __init__(self, path: str):
+        self.fd: Optional[int] = None
+        try:
+            self.fd = os.open(path, os.O_RDONLY)
+        except OSError:  # missing or unreadable: the reader that follows names the problem
+            self.where = path
+            return
+        self.where = f"/proc/self/fd/{self.fd}" if os.path.isdir("/proc/self/fd") else os.path.realpath(path)
+
+    def __del__(self):
+        if self.fd is not None:
+            os.close(self.fd)
+
+
 def format_for_saving(sharded: bool, async_save: bool) -> CheckpointFormat:
     """The format a run writes: ``sharded`` is its backend's ``sharded_checkpoints``."""
     # imported here: the implementations import this module's base class
@@ -89,6 +122,14 @@ def resolve_checkpoint_path(path: str) -> str:
             os.path.isdir(path[:-3]) or os.path.islink(path[:-3])):  # a link even when dangling
         return path[:-3]
     return path
+
+
+def both_forms(path: str) -> List[str]:
+    """``path`` and, for a name ending in ``.pt``, the sharded directory of that name without it (which
+    may exist beside it; manager.restore_path decides between them)."""
+    if path.endswith(".pt") and (os.path.isdir(path[:-3]) or os.path.islink(path[:-3])):
+        return [path, path[:-3]]
+    return [path]
 
 
 def matching(save_dir: str, pattern) -> List[str]:

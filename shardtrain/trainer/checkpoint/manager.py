@@ -10,10 +10,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import probe_writable_dir
-from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error
+from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error, out_of_descriptors
 from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, without
-from shardtrain.trainer.checkpoint.keep_best import best_name, prune_best
-from shardtrain.trainer.checkpoint.formats import format_for_saving, resolve_checkpoint_path
+from shardtrain.trainer.checkpoint.keep_best import best_name
+from shardtrain.trainer.checkpoint.formats import both_forms, format_for_saving
+from shardtrain.trainer.checkpoint.newer import newer
 from shardtrain.trainer.checkpoint.save_dir_lock import SaveDirLock
 
 
@@ -49,14 +50,17 @@ class CheckpointManager:
         """The checkpoint to resume from, or None for a fresh start."""
         name = self.checkpoint.restore_file
         path = name if os.path.isabs(name) else os.path.join(self.checkpoint.save_dir, name)
-        path = resolve_checkpoint_path(path)  # a file, or a sharded directory
-        if os.path.exists(path):
-            return path
-        if os.path.islink(path):  # never a silent fresh start over a run's checkpoints
-            raise CheckpointError(
-                f"{path} is a link to {os.readlink(path)!r}, which does not exist: the checkpoint it names was "
-                "moved or deleted. Put it back, pass --restore-file with another checkpoint from --save-dir, or "
-                "start a new --save-dir.")
+        found = [p for p in both_forms(path) if os.path.lexists(p)]  # a file, or a sharded directory
+        for link in found:
+            if os.path.islink(link) and not os.path.exists(link):  # never a silent fresh (or older) start
+                raise CheckpointError(
+                    f"{link} is a link to {os.readlink(link)!r}, which does not exist: the checkpoint it names was "
+                    "moved or deleted. Put it back, pass --restore-file with another checkpoint from --save-dir, "
+                    "or start a new --save-dir.")
+        if len(found) == 2:  # checkpoint_last.pt and checkpoint_last: not simply the file (see newer.py)
+            return newer(*found, prefer_directory=self.sharded)
+        if found:
+            return found[0]
         if name != "checkpoint_last.pt":
             raise CheckpointError(f"--restore-file {path!r} does not exist. Check the path (relative "
                                   "names are looked up in --save-dir).")
@@ -69,8 +73,9 @@ class CheckpointManager:
         names = []
         if end_of_epoch and not c.no_epoch_checkpoints and epoch % c.save_interval == 0:
             names.append(f"checkpoint{epoch}.pt")
-        if (not end_of_epoch and c.save_interval_updates > 0 and updates % c.save_interval_updates == 0
-                and not c.no_epoch_checkpoints):
+        # fairseq writes these whatever --no-epoch-checkpoints says (its recipes pair the two flags with
+        # --keep-interval-updates to keep only the latest update checkpoints)
+        if not end_of_epoch and c.save_interval_updates > 0 and updates % c.save_interval_updates == 0:
             names.append(f"checkpoint_{epoch}_{updates}.pt")
         if is_best:
             names.append("checkpoint_best.pt")
@@ -88,12 +93,14 @@ class CheckpointManager:
         if self.checkpoint.no_save_optimizer_state:  # fairseq's flag; resume.py starts a fresh optimizer
             header, parts = {**header, NO_OPTIMIZER_STATE: True}, without(parts, ["optimizer"])
         try:
-            paths = self.format.save(self.checkpoint, names, header, parts, epoch, updates, self.is_master,
-                                     self._prepare)
-            if self.is_master:
-                prune_best(self.checkpoint)
-            return paths
+            # the format prunes (--keep-* flags) once the names are in place: with --async-save, in the background
+            return self.format.save(self.checkpoint, names, header, parts, epoch, updates, self.is_master,
+                                    self._prepare)
         except (OSError, CheckpointException) as e:
+            raise failed_save_error(f"of update {updates}", self.checkpoint.save_dir, e) from None
+        except RuntimeError as e:  # gloo's words for a full descriptor table; any other is a bug: traceback
+            if not out_of_descriptors(e):
+                raise
             raise failed_save_error(f"of update {updates}", self.checkpoint.save_dir, e) from None
 
     def _prepare(self) -> None:

@@ -24,9 +24,12 @@ older than 0.12 (argparse/omegaconf objects), is loaded only by
 (``shardtrain/fairseq_import/fairseq_pickle.py``).
 """
 import io
+import os
 import pickle
+import pickletools
 import re
-from typing import IO, Union
+import zipfile
+from typing import IO, Optional, Set, Union
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -34,6 +37,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.torch_private import dcp_metadata_path
+from shardtrain.trainer.checkpoint.checksums import Outside, check_inside
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 # Everything torch.distributed.checkpoint's FileSystemWriter pickles into ``.metadata``.
@@ -48,9 +52,9 @@ METADATA_GLOBALS = frozenset({
     *(("pathlib", name) for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")),
 })
 _BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "str", "bytes", "int", "float", "bool", "complex"}
-_UNSAFE_HINT = ("Unpickling it could run arbitrary code, so shardtrain refuses to. shardtrain never writes such "
-                "objects: the file was made by another program or altered. Use a checkpoint from a source you "
-                "trust (fairseq checkpoints older than 0.12: `shard-import-fairseq --trust-checkpoint`).")
+_UNSAFE_HINT = ("Unpickling it could run arbitrary code, so shardtrain refused to: nothing in it was run. shardtrain "
+                "never writes such objects: the file was made by another program or altered. Use a checkpoint from "
+                "a source you trust (fairseq checkpoints older than 0.12: `shard-import-fairseq --trust-checkpoint`).")
 
 
 class UnsafeGlobal(pickle.UnpicklingError):
@@ -66,12 +70,60 @@ def load_weights_only(source: Union[str, IO[bytes]], what: str, mmap: bool = Fal
     try:
         return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        # a dotted name: a text file read as a pickle yields garbage "globals"
-        found = re.search(r"GLOBAL ([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)", str(e))
+        found = refused_global(str(e)) or _first_foreign_global(source)
         if not found:
             raise
-        raise CheckpointError(f"{what} contains a pickled {found.group(1)}, which is not tensor data. "
-                              + _UNSAFE_HINT) from None
+        raise CheckpointError(f"{what} contains a pickled {found}, which is not tensor data. " + _UNSAFE_HINT) from None
+
+
+def refused_global(message: str) -> Optional[str]:
+    """The global torch's weights-only unpickler refused, from its message. torch names a builtin without its
+    module ("GLOBAL eval was not an allowed global"): reading only dotted names called an eval payload
+    "missing or damaged". Identifier syntax and torch's own phrase: garbage read as a pickle names neither."""
+    found = re.search(r"GLOBAL ([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*) (?:was not an allowed global|whose module)", message)
+    if found is None:
+        found = re.search(r"GLOBAL ([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)", message)  # other wordings: dotted only
+    if found is None:
+        return None
+    return found.group(1) if "." in found.group(1) else f"builtins.{found.group(1)}"
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+
+
+def _first_foreign_global(source) -> Optional[str]:
+    """A global outside torch's own that the pickle in ``source`` refers to, read with pickletools (nothing is
+    run): torch stops at the first opcode it does not support ("Unsupported operand"), before naming what a
+    protocol-0 payload (INST, GLOBAL with text strings) would have called. None: garbage, or torch's only."""
+    try:
+        if isinstance(source, (str, os.PathLike)):
+            with open(source, "rb") as f:
+                data = f.read()
+        else:
+            data = source.getvalue() if hasattr(source, "getvalue") else b""
+        if zipfile.is_zipfile(io.BytesIO(data)):
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                data = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    except (OSError, ValueError, KeyError, StopIteration, zipfile.BadZipFile):
+        return None
+    strings = []
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name in ("GLOBAL", "INST"):
+                name = arg.replace(" ", ".")
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                name = f"{strings[-2]}.{strings[-1]}"
+            else:
+                if isinstance(arg, str):
+                    strings.append(arg)
+                continue
+            if not _DOTTED.fullmatch(name):  # text read as a pickle: garbage, no payload
+                return None
+            if not name.startswith(("torch.", "collections.OrderedDict", "_codecs.encode")):
+                return name
+    except Exception:  # noqa: BLE001 - damaged bytes: no payload to name
+        return None
+    return None
 
 
 def torch_reason(e: Exception) -> str:
@@ -89,6 +141,30 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise UnsafeGlobal(f"{module}.{name}")
+
+
+def read_metadata(path: str, shown: str) -> Metadata:
+    """DCP's ``.metadata`` at ``path`` (``shown`` in messages), unpickled through the allow-list."""
+    with open(path, "rb") as f:
+        try:
+            metadata = _MetadataUnpickler(f).load()
+        except UnsafeGlobal as e:
+            raise CheckpointError(f"The sharded checkpoint's {shown} contains a pickled {e}, which is not "
+                                  "checkpoint metadata. " + _UNSAFE_HINT) from None
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{shown} is not DCP checkpoint metadata (it holds a {type(metadata).__name__}). "
+                              "The checkpoint is damaged; resume from an earlier one.")
+    return metadata
+
+
+def storage_files(metadata: Metadata, shown: str) -> Set:
+    """The files ``metadata`` says hold the checkpoint's values (relative to its directory)."""
+    try:
+        return {info.relative_path for info in (metadata.storage_data or {}).values()}
+    except (AttributeError, TypeError):
+        raise CheckpointError(f"{shown}/.metadata does not say in which files the values are (it is not the "
+                              "metadata DCP's FileSystemWriter writes). The checkpoint is damaged; resume from an "
+                              "earlier one.") from None
 
 
 class _CheckedBytes:
@@ -115,23 +191,18 @@ class SafeFileSystemReader(FileSystemReader):
     the caller rather than inside DCP (which would log it and retry with
     rank-local metadata files)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, shown: Optional[str] = None):
+        """``shown``: the checkpoint's name for messages when ``path`` is where it is pinned (formats.Pin)."""
         super().__init__(path)
-        self._checkpoint = str(path)
-        self._metadata = self._read_metadata_safely()
-
-    def _read_metadata_safely(self) -> Metadata:
-        path = dcp_metadata_path(self)
-        with open(path, "rb") as f:
+        self._checkpoint = shown or str(path)
+        self._metadata = read_metadata(dcp_metadata_path(self), os.path.join(self._checkpoint, ".metadata"))
+        for name in storage_files(self._metadata, self._checkpoint):  # what read_data will open
             try:
-                metadata = _MetadataUnpickler(f).load()
-            except UnsafeGlobal as e:
-                raise CheckpointError(f"The sharded checkpoint's {path} contains a pickled {e}, which is not "
-                                      "checkpoint metadata. " + _UNSAFE_HINT) from None
-        if not isinstance(metadata, Metadata):
-            raise CheckpointError(f"{path} is not DCP checkpoint metadata (it holds a {type(metadata).__name__}). "
-                                  "The checkpoint is damaged; resume from an earlier one.")
-        return metadata
+                check_inside(str(path), name, ".metadata")
+            except Outside as e:
+                raise CheckpointError(f"The sharded checkpoint {self._checkpoint} is refused: {e.file} {e.detail}. "
+                                      "shardtrain never writes such a checkpoint (it was made by another program or "
+                                      "altered); nothing was loaded from it.") from None
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         # what FileSystemReader.read_metadata does after unpickling

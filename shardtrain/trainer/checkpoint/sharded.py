@@ -36,11 +36,14 @@ from shardtrain.trainer.checkpoint.checksums import (
     MANIFEST, Damaged, HashingStream, entry_of_bytes, gather_checksums, manifest_bytes, read_manifest, shard_writer,
     verify_directory,
 )
+from shardtrain.trainer.checkpoint.contained import check_old_checkpoint, check_refers_inside
 from shardtrain.trainer.checkpoint.contents import TENSOR_PARTS, state_of, without
 from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error, reading_shards
 from shardtrain.trainer.checkpoint.fit import check_same_model
 from shardtrain.trainer.checkpoint.formats import CheckpointFormat, matching
+from shardtrain.trainer.checkpoint.keep_best import prune_best
 from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader, load_weights_only, torch_reason
+from shardtrain.trainer.checkpoint.spare_fds import SpareDescriptors
 from shardtrain.trainer.checkpoint.verify import Verified
 from shardtrain.trainer.launch import ranks
 
@@ -49,14 +52,16 @@ EXTRA = "extra.pt"
 FORMAT = "shardtrain-dcp-1"
 
 
-def check_complete(path: str) -> None:
-    if not path.rstrip("/").endswith(".partial") and not any(
+def check_complete(path: str, shown: Optional[str] = None) -> None:
+    """``shown``: ``path``'s name for messages, when ``path`` is where it is pinned (formats.Pin)."""
+    shown = shown or path
+    if not shown.rstrip("/").endswith(".partial") and not any(
             os.path.exists(os.path.join(path, name)) for name in (COMPLETE, EXTRA, ".metadata")):
-        raise CheckpointError(f"{path!r} is a directory but not a checkpoint (sharded checkpoints hold "
+        raise CheckpointError(f"{shown!r} is a directory but not a checkpoint (sharded checkpoints hold "
                               f"{COMPLETE}, {EXTRA} and .metadata). Pass a checkpoint file or directory.")
     if not os.path.isfile(os.path.join(path, COMPLETE)):
         raise CheckpointError(
-            f"Checkpoint directory {path!r} is incomplete (no {COMPLETE} marker): its save was interrupted. "
+            f"Checkpoint directory {shown!r} is incomplete (no {COMPLETE} marker): its save was interrupted. "
             "Resume from an earlier checkpoint (e.g. checkpoint_last, which always points to a complete one).")
 
 
@@ -82,8 +87,10 @@ class ShardedDirectory(CheckpointFormat):
 
     def prune(self, options) -> None:
         """Drop epoch aliases beyond --keep-last-epochs, interval checkpoints beyond
-        --keep-interval-updates, and directories no name points to any more."""
+        --keep-interval-updates, best-links beyond --keep-best-checkpoints, and directories no name
+        points to any more."""
         c, root = options, options.save_dir
+        prune_best(c)  # first: a directory only a dropped best-link named goes below, not at the next save
         if c.keep_last_epochs > 0:
             for link in matching(root, re.compile(r"checkpoint(\d+)"))[c.keep_last_epochs:]:
                 os.remove(link)
@@ -97,26 +104,32 @@ class ShardedDirectory(CheckpointFormat):
                 shutil.rmtree(path, ignore_errors=True)
 
     def verify(self, path: str) -> Verified:
-        check_complete(path)
-        files = read_manifest(path)
+        where = self.pinned(path)
+        check_complete(where, path)
+        files = read_manifest(where)
         if files is None:
-            if marker(path).get("checksums"):
+            if marker(where).get("checksums"):
                 raise Damaged(MANIFEST, "is missing (its COMPLETE marker says it was written)")
+            check_old_checkpoint(where)
+            check_refers_inside(where, path, None)
             return Verified(checksums=False)
-        return Verified(checksums=True, files=len(files), nbytes=verify_directory(path, files))
+        nbytes = verify_directory(where, files)
+        check_refers_inside(where, path, files)  # after: the .metadata it parses is the verified one
+        return Verified(checksums=True, files=len(files), nbytes=nbytes)
 
     def read_verified_state(self, path: str, model_only: bool) -> Dict:
-        return load_extra(path)
+        return load_extra(self.pinned(path), path)
 
     def check_model(self, trainer, state, path, cfg) -> None:
         check_same_model(trainer, state, path, cfg)  # the shapes are only known to DCP: compare the config
 
     def load_tensors(self, path, state, model_part, optimizer_part=None) -> None:
-        load_sharded_into(path, model_part.model, None if optimizer_part is None else optimizer_part.optimizer)
+        load_sharded_into(self.pinned(path), model_part.model,
+                          None if optimizer_part is None else optimizer_part.optimizer, shown=path)
 
     def read_tensors(self, path, state, names) -> Dict:
         with reading_shards(path):  # named keys whole, no model needed (see torch_private)
-            return load_dcp_keys(set(names), storage_reader=SafeFileSystemReader(path))
+            return load_dcp_keys(set(names), storage_reader=SafeFileSystemReader(self.pinned(path), path))
 
     def check_complete(self, path: str) -> None:
         check_complete(path)
@@ -161,9 +174,15 @@ class ShardedSaver:
         rank = ranks.rank()
         final = os.path.join(save_dir, name)
         partial = os.path.join(save_dir, f".{name}.partial")
+        spare = None
         if rank == 0:
+            spare = SpareDescriptors()  # before anything is written: a failed save can always clean up
             shutil.rmtree(partial, ignore_errors=True)  # left by a crashed save of the same update
-            os.makedirs(partial)
+            try:
+                os.makedirs(partial)
+            except BaseException:
+                spare.release()
+                raise
         ranks.barrier()
         state = {"model": get_model_state_dict(model)}
         if optimizer is not None:  # None: --no-save-optimizer-state
@@ -177,13 +196,14 @@ class ShardedSaver:
         def finish():
             written = gather_checksums(hashing, self._gloo_group())  # collective
             if rank == 0:
+                spare.release()
                 finalize(save_dir, name, partial, final, extra, info, aliases, written)
                 if after is not None:
                     after()
 
         def discard():  # a failed save leaves nothing behind (every rank's write has ended: DCP agreed on failure)
             if rank == 0:
-                shutil.rmtree(partial, ignore_errors=True)
+                spare.remove_tree(partial)
 
         if not self.async_save:
             try:
@@ -279,25 +299,29 @@ def marker(path: str) -> Dict:
         return {}
 
 
-def load_extra(path: str) -> Dict:
-    check_complete(path)
+def load_extra(path: str, shown: Optional[str] = None) -> Dict:
+    """``shown``: ``path``'s name for messages, when ``path`` is where it is pinned (formats.Pin)."""
+    shown = shown or path
+    check_complete(path, shown)
     try:
-        return load_weights_only(os.path.join(path, EXTRA), os.path.join(path, EXTRA))
+        return load_weights_only(os.path.join(path, EXTRA), os.path.join(shown, EXTRA))
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
-        raise CheckpointError(f"Cannot read {os.path.join(path, EXTRA)}{torch_reason(e)}. The checkpoint is "
+        raise CheckpointError(f"Cannot read {os.path.join(shown, EXTRA)}{torch_reason(e)}. The checkpoint is "
                               "damaged; resume from an earlier one.") from None
 
 
-def load_sharded_into(path: str, model, optimizer: Optional[torch.optim.Optimizer]) -> None:
+def load_sharded_into(path: str, model, optimizer: Optional[torch.optim.Optimizer],
+                      shown: Optional[str] = None) -> None:
     """Load model (and optimizer) shards into this run's layout, whatever world size saved them."""
-    check_complete(path)
+    shown = shown or path
+    check_complete(path, shown)
     state = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
-    with reading_shards(path):
-        dcp.load(state, storage_reader=SafeFileSystemReader(path), no_dist=not dist.is_initialized())
+    with reading_shards(shown):
+        dcp.load(state, storage_reader=SafeFileSystemReader(path, shown), no_dist=not dist.is_initialized())
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
         with kernel_choice_kept(optimizer):

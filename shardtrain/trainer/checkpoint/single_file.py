@@ -9,6 +9,7 @@ otherwise, and are swapped in with the same rename.
 import os
 import re
 import shutil
+import zipfile
 from typing import Dict, List, Optional
 
 import torch
@@ -20,6 +21,7 @@ from shardtrain.trainer.checkpoint.checksums import is_zip, verify_zip
 from shardtrain.trainer.checkpoint.contents import FORMAT_VERSION, state_of
 from shardtrain.trainer.checkpoint.fit import check_model_fits
 from shardtrain.trainer.checkpoint.formats import CheckpointFormat, matching
+from shardtrain.trainer.checkpoint.keep_best import prune_best
 from shardtrain.trainer.checkpoint.safe_loading import load_weights_only, torch_reason
 from shardtrain.trainer.checkpoint.verify import Verified
 
@@ -41,6 +43,7 @@ class SingleFile(CheckpointFormat):
         return paths
 
     def prune(self, options) -> None:
+        prune_best(options)
         if options.keep_interval_updates > 0:
             pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt$")
             for path in matching(options.save_dir, pattern)[options.keep_interval_updates:]:
@@ -51,15 +54,20 @@ class SingleFile(CheckpointFormat):
 
     def verify(self, path: str) -> Optional[Verified]:
         # torch.save's zip already holds each entry's CRC32 (see checksums.py); a pre-zip file holds none
-        if not os.path.isfile(path):
+        where = self.pinned(path)
+        if not os.path.isfile(where):
             return None
-        if not is_zip(path):
-            return Verified(checksums=False)
-        return Verified(checksums=True, files=verify_zip(path), nbytes=os.path.getsize(path))
+        if is_zip(where) or zipfile.is_zipfile(where):  # the second: a zip whose first bytes changed
+            return Verified(checksums=True, files=verify_zip(where), nbytes=os.path.getsize(where))
+        # "no checksums" only for what really is a checkpoint of torch's older format: it loads whole, as a
+        # checkpoint; anything else (empty, random bytes, damaged) gets load_checkpoint's paragraph
+        load_checkpoint(where, model_only=True, shown=path)
+        return Verified(checksums=False)
 
     def read_verified_state(self, path: str, model_only: bool) -> Dict:
         # for inference the tensors stay in the memory-mapped file until copied into the model
-        return _read_mapped(path) if model_only else load_checkpoint(path)
+        where = self.pinned(path)
+        return _read_mapped(where, path) if model_only else load_checkpoint(where, shown=path)
 
     def check_model(self, trainer, state, path, cfg) -> None:
         check_model_fits(trainer, state, path, cfg)
@@ -73,34 +81,36 @@ class SingleFile(CheckpointFormat):
         return {name: state[name] for name in names if name in state}
 
 
-def _read_mapped(path: str) -> Dict:
+def _read_mapped(path: str, shown: str) -> Dict:
     """The checkpoint with its tensors left in the (memory-mapped) file. Anything
     else (an old-format file, a fairseq checkpoint, a damaged one) goes through
     load_checkpoint, which converts it or explains the problem."""
     try:
-        state = load_weights_only(path, path, mmap=True)
+        state = load_weights_only(path, shown, mmap=True)
     except Exception:  # noqa: BLE001 - load_checkpoint below gives the reason
         state = None
     ours = isinstance(state, dict) and "model" in state and "cfg" in state
     if not ours or fairseq_pickle.looks_like_fairseq(state):
-        return load_checkpoint(path, model_only=True)
+        return load_checkpoint(path, model_only=True, shown=shown)
     return state
 
 
-def load_checkpoint(path: str, model_only: bool = False) -> Dict:
+def load_checkpoint(path: str, model_only: bool = False, shown: Optional[str] = None) -> Dict:
     """Load one of our checkpoints without unpickling arbitrary objects.
 
     ``model_only``: the caller needs only the model and its config
     (inference, --finetune-from-model), so a fairseq transformer_lm checkpoint
     that loads as safely as ours is converted in memory; otherwise it is
-    refused with a pointer to ``shard-import-fairseq``.
+    refused with a pointer to ``shard-import-fairseq``. ``shown``: the checkpoint's name for messages,
+    when ``path`` is where it is pinned (formats.Pin).
     """
-    if not os.path.isfile(path):
+    where, path = path, shown or path
+    if not os.path.isfile(where):
         raise CheckpointError(f"Checkpoint {path!r} does not exist. Check --path / --restore-file.")
     try:
-        state = load_weights_only(path, path)
+        state = load_weights_only(where, path)
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
-        found = fairseq_pickle.fairseq_globals(path)
+        found = fairseq_pickle.fairseq_globals(where)
         if found:
             raise CheckpointError(
                 f"{path} is a fairseq checkpoint that pickles Python objects ({', '.join(sorted(found)[:3])}), "
@@ -110,8 +120,8 @@ def load_checkpoint(path: str, model_only: bool = False) -> Dict:
         if isinstance(e, CheckpointError):  # a pickled object outside the safe types
             raise
         raise CheckpointError(
-            f"Cannot load checkpoint {path!r} ({os.path.getsize(path)} bytes{torch_reason(e)}): it is truncated (a full "
-            "disk or an interrupted copy), corrupt, or not a checkpoint at all. Pass another checkpoint (fairseq "
+            f"Cannot load checkpoint {path!r} ({os.path.getsize(where)} bytes{torch_reason(e)}): it is truncated (a "
+            "full disk or an interrupted copy), corrupt, or not a checkpoint at all. Pass another checkpoint (fairseq "
             "checkpoints need `shard-import-fairseq`).") from None
     if fairseq_pickle.looks_like_fairseq(state):
         if model_only:

@@ -16,10 +16,11 @@ import re
 from typing import List, Optional
 
 from shardtrain.core.errors import CheckpointError
-from shardtrain.trainer.checkpoint.checksums import Damaged
+from shardtrain.trainer.checkpoint.checksums import Damaged, Outside
 
 logger = logging.getLogger(__name__)
-NO_CHECKSUMS = "no checksums (written before shardtrain recorded them)"
+NO_CHECKSUMS = ("no checksums (written before shardtrain recorded them): NOTHING WAS VERIFIED; it only reads as a "
+                "whole checkpoint, and a changed value inside it would go unnoticed")
 _CHECKPOINT_NAME = re.compile(r"checkpoint\w*(\.pt)?")
 # what each file of a checkpoint is, for the paragraph (a single file is "the checkpoint file")
 KINDS = ((".distcp", "a shard file"), (".metadata", "the shard index .metadata"), ("extra.pt", "its training state"),
@@ -66,6 +67,12 @@ def damaged_error(path: str, damage: Damaged) -> CheckpointError:
     others = earlier_checkpoints(path)
     listed = (f"the other checkpoints in {os.path.dirname(os.path.abspath(path))} are: {', '.join(others)}"
               if others else f"there is no other checkpoint in {os.path.dirname(os.path.abspath(path))}")
+    if isinstance(damage, Outside):  # not a fault of the storage: someone made or altered it
+        return CheckpointError(
+            f"Checkpoint {path} is refused: {damage.file} {damage.detail}. Every file a checkpoint refers to lies "
+            "inside its directory and is checksummed; shardtrain never writes anything else, so this one was made "
+            f"by another program or altered. Nothing was read from it and nothing was written; {listed}. Use a "
+            "checkpoint from a source you trust (to resume: --restore-file NAME).")
     return CheckpointError(
         f"Checkpoint {path} is damaged ({_kind(damage.file)} is missing or damaged): {damage.file} {damage.detail}. "
         f"Nothing was loaded from it and nothing was written. "
