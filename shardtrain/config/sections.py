@@ -166,7 +166,8 @@ class CheckpointConfig:
     keep_best_checkpoints: int = field(-1, help="keep the best N checkpoints by --best-checkpoint-metric, named "
                                        "checkpoint.best_{metric}_{value}.pt as fairseq names them (-1: none)")
     no_save: bool = field(False, help="do not save any checkpoints")
-    no_epoch_checkpoints: bool = field(False, help="only keep checkpoint_last and checkpoint_best")
+    no_epoch_checkpoints: bool = field(False, help="do not write checkpoint{epoch}.pt (checkpoint_last, "
+                                       "checkpoint_best and --save-interval-updates' checkpoints are written)")
     no_last_checkpoints: bool = field(False, help="do not write checkpoint_last")
     no_save_optimizer_state: bool = field(False, help="don't save optimizer-state as part of checkpoint (resuming "
                                           "from it starts a fresh optimizer, with a notice)")

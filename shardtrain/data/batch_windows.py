@@ -7,7 +7,7 @@ so a run can be replayed without the batches an earlier run rolled back, or a pe
 data before a spike by hand, as the OPT and PaLM logbooks did.
 """
 import re
-from typing import Iterable, List, Tuple
+from typing import Iterable, List, Set, Tuple
 
 from shardtrain.core.errors import ConfigError
 
@@ -34,11 +34,67 @@ def format_windows(windows: Iterable[Window]) -> str:
     return ",".join(f"{e}:{a}-{b}" for e, a, b in windows)
 
 
+def format_batches(batches: List[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``"3-5,9"``."""
+    runs: List[List[int]] = []
+    for b in batches:
+        if runs and b == runs[-1][1] + 1:
+            runs[-1][1] = b
+        else:
+            runs.append([b, b])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
 class BatchWindows:
+    """The run's windows. Each batch a window names is passed over, and only those: with --update-freq
+    above 1 an update whose batches a window covers in part trains on the rest (a smaller update, as
+    an epoch's last one can be), and one it covers whole is skipped. A window that matches no batch is
+    named in a warning (at the end of its epoch, or of the run), and so is an epoch that trained nothing
+    because every batch of it was passed over: a typo in a window must not pass silently."""
+
     def __init__(self, windows: Iterable[Window]):
         self.windows = list(windows)
+        self._settled: Set[Window] = set()  # windows that matched, or were reported or lay before a resume
+        self._epoch_batches = self._epoch_skipped = 0
 
     def covers(self, epoch: int, first: int, last: int) -> bool:
-        """True when an update made of batches ``first..last`` of ``epoch`` touches a window
-        (the whole update is skipped: its batches are one step)."""
+        """True when batches ``first..last`` of ``epoch`` touch a window."""
         return any(e == epoch and a <= last and first <= b for e, a, b in self.windows)
+
+    def skip(self, epoch: int, first: int, last: int) -> List[int]:
+        """Which of batches ``first..last`` of ``epoch`` (one update's) a window names: to pass over."""
+        skipped = [batch for batch in range(first, last + 1) if self.covers(epoch, batch, batch)]
+        self._settled.update(w for w in self.windows if w[0] == epoch and w[1] <= last and first <= w[2])
+        self._epoch_batches += last - first + 1
+        self._epoch_skipped += len(skipped)
+        return skipped
+
+    def begin_epoch(self, epoch: int, start: int) -> None:
+        """Training enters ``epoch`` after ``start`` of its batches (more than 0 when resumed): windows
+        of earlier epochs, or before ``start``, were this run's to skip no more."""
+        self._settled.update(w for w in self.windows if w[0] < epoch or (w[0] == epoch and w[2] <= start))
+        self._epoch_batches = self._epoch_skipped = 0
+
+    def end_epoch(self, epoch: int, total: int) -> List[str]:
+        """Warnings at the end of ``epoch``, which has ``total`` batches on each rank."""
+        missed = [w for w in self.windows if w[0] == epoch and w not in self._settled]
+        self._settled.update(w for w in self.windows if w[0] == epoch)
+        warnings = []
+        if missed:
+            warnings.append(f"--skip-batches {format_windows(missed)} matched no batch: epoch {epoch} has {total} "
+                            "batches on each rank (counted from 1 within the epoch), so nothing was skipped for "
+                            f"{'it' if len(missed) == 1 else 'them'}. Check the window's epoch and numbers.")
+        if self._epoch_batches and self._epoch_skipped == self._epoch_batches:
+            named = format_windows(w for w in self.windows if w[0] == epoch)
+            warnings.append(f"epoch {epoch} trained nothing: --skip-batches {named} passed over every one of its "
+                            f"{self._epoch_batches} batches this run reached (on each rank).")
+        return warnings
+
+    def end_run(self, updates: int) -> List[str]:
+        """Warnings when training stops after ``updates`` updates: the windows it never reached."""
+        missed = [w for w in self.windows if w not in self._settled]
+        self._settled.update(missed)
+        if not missed:
+            return []
+        return [f"--skip-batches {format_windows(missed)} matched no batch: training stopped at update {updates} "
+                "before reaching them, so nothing was skipped for them."]

@@ -17,7 +17,7 @@ from shardtrain.config.epoch_lists import for_epoch
 from shardtrain.config.summary import config_summary
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_write_bytes
-from shardtrain.data.batch_windows import BatchWindows, parse_windows
+from shardtrain.data.batch_windows import BatchWindows, format_batches, parse_windows
 from shardtrain.trainer import build
 from shardtrain.trainer.parallel.backends import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
@@ -27,6 +27,7 @@ from shardtrain.trainer.checkpoint.finite import check_finite
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
 from shardtrain.trainer.metrics.meters import MetricsLogger
 from shardtrain.trainer.precision import build_precision, run_dtypes
+from shardtrain.core.host_oom import host_memory_for
 from shardtrain.trainer.launch.preemption import PreemptionWatcher, requeue_after_warning
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.checkpoint.resume import restore
@@ -71,10 +72,11 @@ class Run:
         precision = build_precision(cfg, self.backend, dtypes)
         d = cfg.distributed
         checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it
-        model = prepare_model(lambda: build.build_model(cfg, self.task), self.backend, seed=cfg.common.seed,
-                              param_dtype=precision.param_dtype, offload_activations=d.offload_activations,
-                              compile_blocks=d.compile,
-                              checkpoint_activations_every=d.checkpoint_activations_every if checkpointing else None)
+        with host_memory_for("building the model"):  # a paragraph naming the size, not the allocator's traceback
+            model = prepare_model(lambda: build.build_model(cfg, self.task), self.backend, seed=cfg.common.seed,
+                                  param_dtype=precision.param_dtype, offload_activations=d.offload_activations,
+                                  compile_blocks=d.compile, checkpoint_activations_every=(
+                                      d.checkpoint_activations_every if checkpointing else None))
         self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, precision)
         self.metrics = RunMetrics(ctx.device, self.trainer, utilisation=self._utilisation(cfg, model, dtypes))
         logger.info(f"rank {ctx.rank} holds {self.metrics.state_memory()} (parameters, gradients, optimizer state) "
@@ -152,6 +154,11 @@ def train(run: Run) -> Optional[float]:
         logger.info(f"nothing to train: the checkpoint is at update {run.trainer.num_updates} and --max-update is "
                     f"{max_update} (raise --max-update to train on)")
         return None
+    if cfg.checkpoint.patience > 0 and run.trainer.state.num_bad_validations >= cfg.checkpoint.patience:
+        # the checkpoint is where --patience stopped: one more update would change a finished model
+        logger.info(f"nothing to train: the checkpoint's last {run.trainer.state.num_bad_validations} validations "
+                    f"did not improve on the best, and --patience is {cfg.checkpoint.patience} (raise it to train on)")
+        return None
     max_epoch = cfg.optimization.max_epoch or float("inf")
     valid_loss, lr = None, run.trainer.get_lr()
     while epoch_itr.next_epoch_idx <= max_epoch:
@@ -166,15 +173,21 @@ def train(run: Run) -> Optional[float]:
                         f"{cfg.optimization.stop_min_lr:g}")
             break
         epoch_itr = run.batch_iterator(cfg.dataset.train_subset, epoch_itr.next_epoch_idx, shuffle=True)
+    for warning in run.skip_batches.end_run(run.trainer.num_updates):
+        logger.warning(warning)
     return valid_loss
 
 
 def train_or_skip(run: Run, samples, epoch: int, position: int) -> Optional[Dict]:
     """One update on ``samples``, the batches up to ``position`` of ``epoch``; None when it is skipped
     (--skip-batches) or rolled back (--spike-rollback)."""
-    if run.skip_batches.covers(epoch, position - len(samples) + 1, position):
-        logger.info(f"skipped batches {position - len(samples) + 1}-{position} of epoch {epoch} (--skip-batches)")
-        return None
+    first = position - len(samples) + 1
+    skipped = run.skip_batches.skip(epoch, first, position)
+    if skipped:  # only the batches named: an update keeps the rest of its --update-freq batches
+        logger.info(f"skipped batches {format_batches(skipped)} of epoch {epoch} (--skip-batches)")
+        samples = [sample for batch, sample in enumerate(samples, first) if batch not in skipped]
+        if not samples:
+            return None
     run.metrics.begin_update()
     out = run.trainer.train_step(samples)
     run.metrics.end_update()
@@ -196,6 +209,7 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
     valid_loss, should_stop = None, False
     if run.spikes is not None:  # the state to roll back to until the first interval's snapshot
         run.spikes.begin_epoch(trainer, epoch_itr.epoch, itr.n)
+    run.skip_batches.begin_epoch(epoch_itr.epoch, itr.n)
     batches = iter(progress)
     for samples in iter(lambda: list(itertools.islice(batches, update_freq)), []):
         out = train_or_skip(run, samples, epoch_itr.epoch, itr.n)
@@ -213,6 +227,8 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
         valid_loss, should_stop = validate_and_save(run, epoch_itr, end_of_epoch)
         if should_stop:
             break
+    for warning in run.skip_batches.end_epoch(epoch_itr.epoch, len(itr)) if not itr.has_next() else []:
+        logger.warning(warning)
     progress.print(run.metrics.stats(run.metrics.epoch, trainer.num_updates, "train"), "train", trainer.num_updates)
     progress.close()
     run.metrics.epoch.reset()
@@ -233,18 +249,21 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
         reason = f"--stop-time-hours {opt.stop_time_hours} elapsed" if time_up else "SIGTERM/SIGUSR1 received"
         run.stopped_by_signal = not time_up and not (opt.max_update > 0 and updates >= opt.max_update)
         logger.info(f"stopping training at update {updates}: {reason}; saving checkpoint_last")
-    on_interval = ck.save_interval_updates > 0 and updates % ck.save_interval_updates == 0
+    # update 0 (an epoch whose every batch was skipped) is no multiple of an interval, as in fairseq
+    on_interval = ck.save_interval_updates > 0 and updates > 0 and updates % ck.save_interval_updates == 0
+    on_valid_interval = ds.validate_interval_updates > 0 and updates > 0 and updates % ds.validate_interval_updates == 0
     do_save = ((end_of_epoch and epoch % ck.save_interval == 0) or should_stop
                or (on_interval and updates >= ds.validate_after_updates))
     do_validate = (((not end_of_epoch and do_save) or (end_of_epoch and epoch % ds.validate_interval == 0)
-                    or should_stop
-                    or (ds.validate_interval_updates > 0 and updates % ds.validate_interval_updates == 0))
+                    or should_stop or on_valid_interval)
                    and not ds.disable_validation and updates >= ds.validate_after_updates)
     valid_loss = validate(run, epoch_itr.epoch)[0] if do_validate else None
     is_best = valid_loss is not None and _is_better(valid_loss, state.best, ck.maximize_best_checkpoint_metric)
     if valid_loss is not None:
         state.num_bad_validations = 0 if is_best else state.num_bad_validations + 1
         state.best = valid_loss if is_best else state.best
+        if _out_of_patience(ck.patience, state):
+            should_stop = do_save = True  # as fairseq: the updates since the last save are kept
     if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule
         run.trainer.lr_step(epoch, valid_loss)
     if do_save and not ck.no_save:
@@ -258,10 +277,15 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
             write_config(cfg, ck.save_dir)
         logger.info(f"saved checkpoint {paths[0] if paths else '-'} (epoch {epoch} @ {updates} updates, "
                     f"score {valid_loss}) (writing took {time.time() - start:.2f} seconds)")
-    if ck.patience > 0 and state.num_bad_validations >= ck.patience:
-        logger.info(f"early stop since valid performance hasn't improved for last {ck.patience} runs")
-        should_stop = True
     return valid_loss, should_stop
+
+
+def _out_of_patience(patience: int, state) -> bool:
+    """--patience N: after a validation, whether the last N did not improve on the best."""
+    if patience <= 0 or state.num_bad_validations < patience:
+        return False
+    logger.info(f"early stop since valid performance hasn't improved for last {patience} runs")
+    return True
 
 
 def validate(run: Run, epoch: int) -> List[Optional[float]]:

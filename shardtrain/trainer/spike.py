@@ -1,9 +1,17 @@
 """``--spike-rollback``: a long run that heals itself from a loss spike.
 
 A spike is a loss far above its recent history (``--spike-factor`` x the median of the last
-``--spike-window`` accepted updates) or a NaN/inf one. The loss judged is the update's mean over
-every rank (its logs are summed across ranks), so every rank sees the same spike at the same
-update and rolls back together, without a collective of its own.
+``--spike-window`` accepted updates) or a NaN/inf one. The loss judged is the one the run logs for
+the update: its summed loss over every batch and rank divided by their summed sample size (the
+sample-size-weighted mean, in base 2, as fairseq's ``loss``), so every rank sees the same spike at
+the same update and rolls back together, without a collective of its own.
+
+The rule's history holds only accepted values: nothing is judged until it holds ``--spike-window``
+of them, a spike never joins it, and a rollback puts back the history as it was at the snapshot (the
+undone updates' values are forgotten), which is the history of a run given the skipped windows as
+``--skip-batches``; so the run judges on exactly as that run would. More than
+``--spike-max-rollbacks`` rollbacks within the horizon (``10 x --spike-window`` updates: the spike
+at update ``u`` counts every earlier rollback at an update above ``u - horizon``) stop the run.
 
 Rolling back restores this rank's state as it was after the last snapshot (``--spike-snapshot-
 interval`` updates apart): its own parameter shards and buffers, its optimizer state, the lr
@@ -33,11 +41,14 @@ from shardtrain.trainer.precision import TrainingDivergedError
 from shardtrain.trainer.rng import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
+LN2 = math.log(2)  # the criterions log losses in base 2 (fairseq's convention): judged in that unit
 
 
 class SpikeRule:
     """Judges each update's value (its loss, or its gradient norm) against the median of the last
-    ``window`` accepted ones."""
+    ``window`` accepted ones: until ``window`` values are accepted only NaN/inf is a spike; then a
+    value strictly above ``factor`` x their median (the mean of the middle two for an even window) is.
+    A value judged a spike does not join the history."""
 
     def __init__(self, factor: float, window: int, what: str = "loss", flag: str = "--spike-factor"):
         self.factor, self.history = factor, collections.deque(maxlen=window)
@@ -116,6 +127,13 @@ class Snapshot:
         set_rng_state(self.rng)
 
 
+def logged_loss(out: Dict) -> float:
+    """The update's loss as the run logs it: summed over batches and ranks, divided by the summed
+    sample size (criterions.Criterion.reduce_metrics), in base 2."""
+    logs = out["logs"][0] if out["logs"] else {}
+    return logs.get("loss", 0.0) / max(out["sample_size"], 1.0) / LN2
+
+
 def _parts(trainer) -> Dict:
     return {"lr_scheduler": trainer.lr_scheduler, "precision": trainer.precision, "train_state": trainer.state}
 
@@ -148,8 +166,7 @@ class SpikeGuard:
     def after_update(self, trainer, out: Dict, epoch: int, position: int) -> bool:
         """Judge the update ``out`` reports, after which ``position`` batches of ``epoch`` are consumed;
         True when it rolled back (the update is undone and its batches skipped)."""
-        logs = out["logs"][0] if out["logs"] else {}
-        values = [logs.get("loss", 0.0) / max(out["sample_size"], 1.0), out["gnorm"]]
+        values = [logged_loss(out), out["gnorm"]]
         reasons = [rule.judge(value) for rule, value in zip(self.rules, values)
                    if rule.what == "loss" or out["stepped"]]  # an fp16 overflow's norm is no spike
         reason = next((r for r in reasons if r is not None), None)
@@ -188,11 +205,14 @@ class SpikeGuard:
     def state_dict(self) -> Dict:
         """What a checkpoint keeps: the values judged against, the recent rollbacks and every window
         skipped (the learning-rate scale is the schedule's state)."""
-        return {"histories": [list(r.history) for r in self.rules],
+        return {"histories": [list(r.history) for r in self.rules], "loss_base": 2,
                 "rollbacks": list(self.rollbacks), "skipped": [list(w) for w in self.skipped]}
 
     def load_state_dict(self, state: Dict) -> None:
-        for rule, history in zip(self.rules, state["histories"]):
+        histories = [list(h) for h in state["histories"]]
+        if state.get("loss_base") != 2 and histories:  # saved before the loss was judged in base 2: nats
+            histories[0] = [value / LN2 for value in histories[0]]
+        for rule, history in zip(self.rules, histories):
             rule.history.clear()
             rule.history.extend(history)
         self.rollbacks = list(state["rollbacks"])
