@@ -66,6 +66,6 @@ MUTANTS = [
            "        summed, steps = summed.repeat(beam), [[] for _ in range(beam)]\n",
            (f"{GEN_TESTS}::test_beam_search_finds_distinct_hypotheses_best_first",)),
     Mutant("interactive_stops_at_a_bad_line", "shard-interactive reports a line it cannot answer and reads on",
-           "shardtrain/cli/interactive.py", "                continue\n", "                raise\n",
+           "shardtrain/cli/interactive.py", "            continue\n", "            raise\n",
            (f"{GEN_TESTS}::test_interactive_answers_each_line_of_stdin",)),
 ]

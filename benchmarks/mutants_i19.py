@@ -61,7 +61,7 @@ MUTANTS += [
     Mutant("plan_runtime_dropped", "the plan counts the kernels' own buffers",
            EST, "peak += extra + runtime", "peak += extra", (DECISIONS + "test_the_kernels_own_buffers_are_counted",)),
     Mutant("plan_trace_unsharded", "the trace shards over the run's world size",
-           "shardtrain/plan/trace.py", "types.SimpleNamespace(world_size=world_size,", "types.SimpleNamespace(world_size=1,",
+           "shardtrain/plan/trace.py", "types.SimpleNamespace(world_size=sizes.world,", "types.SimpleNamespace(world_size=1,",
            (DECISIONS + "test_the_trace_shards_checkpoints_and_extrapolates",)),
     Mutant("plan_trace_not_checkpointed", "the trace applies activation checkpointing",
            "shardtrain/plan/trace.py", "apply_activation_checkpointing(model, d.checkpoint_activations_every, False, CPU)",

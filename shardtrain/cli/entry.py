@@ -7,8 +7,10 @@ then imports the command and runs its ``main`` (whose ``cli_entry`` answers from
 """
 import functools
 import importlib
+import sys
 
-from shardtrain.cli.errors import answering_signals
+from shardtrain.cli import memory_floor
+from shardtrain.cli.errors import EXIT_USER_ERROR, answering_signals
 
 COMMANDS = {
     "shard-preprocess": "shardtrain.cli.preprocess",
@@ -28,6 +30,10 @@ COMMANDS = {
 
 
 def run(prog: str):
+    too_low = memory_floor.refusal()  # before torch: below this limit its import aborts in native code
+    if too_low:
+        print(f"{prog}: error: {too_low}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
     with answering_signals(prog):
         main = importlib.import_module(COMMANDS[prog]).main
     return main()

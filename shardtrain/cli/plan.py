@@ -11,6 +11,7 @@ for a few updates here and prints the measured peak beside the prediction.
 """
 import argparse
 import logging
+import math
 from typing import List
 
 from shardtrain.cli.errors import cli_entry
@@ -50,8 +51,10 @@ def _own_parser(add_help: bool) -> argparse.ArgumentParser:
 def _check(args) -> None:
     for name in ("gpu_memory", "host_memory", "network_gbps", "pcie_gbps", "gpus_per_node", "nodes"):
         value = getattr(args, name)
-        if value is not None and not value > 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number (got {value}).")
+        # "inf" and "nan" parse as floats; inf passed "> 0" and then failed deep in the plan (int(inf))
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, finite (not inf or nan); "
+                              f"got {value}.")
     if not 0 <= args.headroom < 1:
         raise ConfigError(f"--headroom is the fraction of memory left free, in [0, 1) (got {args.headroom}).")
 

@@ -6,6 +6,7 @@ validation dashed. By default the panels are loss, ppl, lr, gnorm, loss_scale, w
 or gb_peak_alloc on a GPU), those the runs have; ``--metrics`` picks any recorded stat.
 """
 import argparse
+import sys
 from typing import List
 
 from shardtrain.cli.errors import cli_entry
@@ -42,6 +43,8 @@ def main(argv):
                           "comma-separated, or leave it out.")
     runs = [read_run(path, name) for path, name in zip(args.runs, names)]
     metrics = choose_metrics(runs, args.metrics)
+    for note in nonfinite_notes(runs, metrics, args.metrics):
+        print(f"shard-plot: note: {note}", file=sys.stderr)
     try:
         atomic_write_bytes(args.output, svg.render(runs, metrics).encode("utf-8"))
     except OSError as e:
@@ -49,6 +52,26 @@ def main(argv):
                           "writable directory.") from None
     print(f"wrote {args.output} ({', '.join(metrics)} of {len(runs)} run(s))")
     return args.output
+
+
+def nonfinite_notes(runs, drawn: List[str], wanted: str) -> List[str]:
+    """What is not drawn because its values are nan or inf: a panel left out (one of the default
+    panels, or one --metrics asked for) and a run's curve missing from a panel drawn."""
+    asked = [m.strip() for m in wanted.split(",") if m.strip()] if wanted else list(DEFAULT_METRICS)
+    notes = []
+    for metric in asked:
+        bad = {run.name: run.nonfinite[metric] for run in runs
+               if run.nonfinite.get(metric) and metric not in run.metrics()}
+        if not bad:
+            continue
+        values = ", ".join(f"{count} in {name}" for name, count in bad.items())
+        if metric in drawn:
+            notes.append(f"the {metric} panel has no curve for {', '.join(bad)}: every {metric} value recorded "
+                         f"there ({values}) is nan or inf.")
+        else:
+            notes.append(f"no {metric} panel: every {metric} value recorded ({values}) is nan or inf, which "
+                         "cannot be drawn (a run that diverged logs nan).")
+    return notes
 
 
 def choose_metrics(runs, wanted: str) -> List[str]:
@@ -59,6 +82,12 @@ def choose_metrics(runs, wanted: str) -> List[str]:
             chosen.remove("gb_rss")
         return chosen or found
     chosen = [m.strip() for m in wanted.split(",") if m.strip()]
+    # a metric recorded only as nan/inf has no panel; nonfinite_notes says so
+    drawable = [m for m in chosen if m in found or not any(run.nonfinite.get(m) for run in runs)]
+    if not drawable:
+        raise ConfigError(f"--metrics {', '.join(chosen)}: every value recorded is nan or inf, so there is nothing "
+                          f"to draw. Recorded with finite values: {', '.join(found)}.")
+    chosen = drawable
     unknown = [m for m in chosen if m not in found]
     if unknown:
         where = "this run" if len(runs) == 1 else "these runs"

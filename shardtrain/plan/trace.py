@@ -2,7 +2,8 @@
 
 The run's own pieces are set up as shard-train sets them up (the model built on the meta device,
 activation checkpointing, the storage dtype, FSDP2 with the run's mixed precision, offload policy
-and mesh over a fake process group of the run's world size, the run's optimizer), then two updates
+and mesh over a fake process group of the run's world size (beyond
+many_ranks.TRACE_RANKS, two smaller ones, scaled), the run's optimizer), then two updates
 of --update-freq micro-batches of the run's shape run on fake tensors (no memory, no compute)
 under torch's memory tracker; the second update's peak is kept (the first also creates the
 optimizer state). The tracker follows one forward per update, so the trace runs one micro-batch;
@@ -26,6 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from shardtrain.config.components import resolve
 from shardtrain.core.torch_private import init_fake_process_group, memory_tracker
+from shardtrain.plan import many_ranks
 from shardtrain.trainer import build
 from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
 from shardtrain.trainer.parallel.fsdp_wrap import apply_fsdp, build_mesh, offload_policy, reshards_after_forward
@@ -88,19 +90,30 @@ def _quiet():
 
 
 def _trace(cfg, task, world_size: int) -> Dict[str, int]:
+    # Many ranks are traced on few and scaled (many_ranks): the trace's cost would grow with the ranks.
+    sharded = cfg.distributed.ddp_backend in FSDP_BACKENDS
+    worlds = (many_ranks.trace_sizes(cfg.distributed, world_size) if sharded
+              else [many_ranks.TraceSizes(1, None, 1, 1)])
+    traced = [_trace_on(cfg, task, sizes) for sizes in worlds]
+    return many_ranks.combine([(sizes, kinds) for sizes, (kinds, _) in zip(worlds, traced)], traced[0][1])
+
+
+def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
+    """The kinds at one rank's peak on ``sizes.world`` fake ranks, and the parameters' shard_rows."""
     d, dtypes = cfg.distributed, run_dtypes(cfg)
     sharded = d.ddp_backend in FSDP_BACKENDS
     criterion = build.build_criterion(cfg, task)
-    with _fake_group(world_size if sharded else 1):
+    with _fake_group(sizes.world):
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
             model = build.build_model(cfg, task)
+        rows = many_ranks.shard_rows(model)
         if d.checkpoint_activations or d.offload_activations:
             apply_activation_checkpointing(model, d.checkpoint_activations_every, False, CPU)
         if dtypes.storage is not None:
             model = model.to(dtypes.storage)
         if sharded:
-            mesh = build_mesh(types.SimpleNamespace(world_size=world_size, device=CPU), d.fsdp_sharding_strategy,
-                              d.shard_group_size)
+            mesh = build_mesh(types.SimpleNamespace(world_size=sizes.world, device=CPU), d.fsdp_sharding_strategy,
+                              sizes.group)
             apply_fsdp(model, mesh, mixed_precision(dtypes.compute, d.reduce_in_low_precision),
                        reshard_after_forward=reshards_after_forward(d),
                        offload=offload_policy(d.cpu_offload, CPU), min_params_to_wrap=d.min_params_to_wrap)
@@ -126,7 +139,7 @@ def _trace(cfg, task, world_size: int) -> Dict[str, int]:
     for kind, size in peak.items():
         if kind != "Total":
             out[KINDS[kind.value]] += size
-    return out
+    return out, rows
 
 
 def _unsharded_optimizer(cfg):

@@ -14,6 +14,7 @@ The record's name column is its tag: ``train_inner`` holds the training curve, a
 """
 import dataclasses
 import json
+import math
 import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -28,9 +29,11 @@ _EVENTS = "events.out.tfevents"
 
 @dataclasses.dataclass
 class Run:
-    """One run's curves: ``series[(tag, metric)]`` = [(num_updates, value)], sorted by num_updates."""
+    """One run's curves: ``series[(tag, metric)]`` = [(num_updates, value)], sorted by num_updates;
+    ``nonfinite[metric]``: how many of its values were nan or inf (not drawable, so not in series)."""
     name: str
     series: Dict[Tuple[str, str], List[Tuple[float, float]]]
+    nonfinite: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     def metrics(self) -> List[str]:
         return sorted({metric for _, metric in self.series})
@@ -48,20 +51,32 @@ def read_run(path: str, name: Optional[str] = None) -> Run:
     else:
         points = _log_points(path)
         what = "training records"
-    series = _series(points)
+    series, nonfinite = _series(points)
+    if not series and nonfinite:
+        raise ConfigError(f"{path}: every value it records ({', '.join(sorted(nonfinite))}) is nan or inf, so there "
+                          "is nothing to draw (a run that diverged logs nan). Pass a run with finite records.")
     if not series:
         raise ConfigError(f"{path} holds no {what} with num_updates: shard-plot draws what shard-train writes "
                           "with --log-file (any --log-format but none) or --tensorboard-logdir. Pass such a file "
                           "or directory.")
-    return Run(name, series)
+    return Run(name, series, nonfinite)
 
 
 def _series(points: Iterable[Tuple[str, str, float, float]]):
-    """Points grouped per (tag, metric); a resumed run that repeats an update keeps the later value."""
+    """Points grouped per (tag, metric); a resumed run that repeats an update keeps the later value.
+    Also the count of nan/inf values per metric, which are left out (a diverged run logs loss nan)."""
     grouped: Dict[Tuple[str, str], Dict[float, float]] = {}
     for tag, metric, x, y in points:
         grouped.setdefault((tag, metric), {})[x] = y
-    return {key: sorted(values.items()) for key, values in grouped.items()}
+    nonfinite: Dict[str, int] = {}
+    series = {}
+    for key, values in grouped.items():
+        finite = sorted((x, y) for x, y in values.items() if math.isfinite(y))
+        if len(finite) < len(values):
+            nonfinite[key[1]] = nonfinite.get(key[1], 0) + len(values) - len(finite)
+        if finite:
+            series[key] = finite
+    return series, nonfinite
 
 
 def _log_points(path: str):
@@ -95,7 +110,7 @@ def parse_record(tag: str, body: str) -> Dict[str, float]:
 
 def _points(tag: str, stats: Dict[str, float]):
     x = stats.get("num_updates")
-    if x is not None:
+    if x is not None and math.isfinite(x):
         for metric, y in stats.items():
             if metric != "num_updates":
                 yield tag, metric, x, y
@@ -103,10 +118,9 @@ def _points(tag: str, stats: Dict[str, float]):
 
 def _number(value) -> Optional[float]:
     try:
-        number = float(value)
+        return float(value)  # nan and inf too: _series counts them
     except (TypeError, ValueError):
         return None
-    return number if number == number and abs(number) != float("inf") else None
 
 
 def _tensorboard_points(logdir: str):

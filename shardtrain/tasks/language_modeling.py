@@ -10,6 +10,7 @@ from shardtrain.data.indexed_dataset import MMapIndexedDataset
 from shardtrain.data.manifest import log_state_at_start
 from shardtrain.data.token_block import TokenBlockDataset
 from shardtrain.core.errors import DataError
+from shardtrain.core.host_oom import host_memory_for
 from shardtrain.tasks.base import Task
 from shardtrain.tasks.registry import register_task
 
@@ -50,7 +51,8 @@ class LanguageModelingTask(Task):
             raise DataError(f"{data_dir!r} has no dict.txt, so it is not a data-bin directory. "
                             "Point to the --destdir of shard-preprocess (or fairseq-preprocess).")
         log_state_at_start(data_dir)  # before any file is read: a mixed or damaged data-bin must not train
-        return Dictionary.load(path)
+        with host_memory_for(f"loading the dictionary {path}", size=os.path.getsize(path)):
+            return Dictionary.load(path)
 
     @property
     def source_dictionary(self) -> Dictionary:

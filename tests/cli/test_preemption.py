@@ -8,8 +8,9 @@ import time
 import pytest
 import torch
 
-from shardtrain.trainer.launch.preemption import PreemptionWatcher, requeue_after_warning, slurm_job_id
-from st_testutils import last_checkpoint_state, make_space_data_bin
+from shardtrain.trainer.launch.preemption import (PreemptionWatcher, RequeueFailed, requeue_after_warning,
+                                                  slurm_job_id)
+from st_testutils import last_checkpoint_state, make_space_data_bin, scaled, tiny_model_flags
 
 
 @pytest.mark.parametrize("sig,ranks,slurm", [(signal.SIGTERM, 1, True), (signal.SIGUSR1, 2, True)])
@@ -85,3 +86,52 @@ def test_a_stop_on_one_rank_is_agreed_by_every_rank():
         assert watcher.agreed(TwoRanks(others=0.0))
     finally:
         watcher.close()
+
+
+def fake_scontrol(bin_dir, script: str) -> dict:
+    """An environment in a SLURM job whose PATH holds only ``bin_dir`` (with ``scontrol`` running
+    ``script``, unless it is empty) before the usual PATH."""
+    bin_dir.mkdir(exist_ok=True)
+    if script:
+        (bin_dir / "scontrol").write_text(f"#!/bin/sh\n{script}\n")
+        (bin_dir / "scontrol").chmod(0o755)
+    return {"SLURM_JOB_ID": "4242", "PATH": str(bin_dir)}
+
+
+@pytest.mark.parametrize("script,why", [
+    ("", "scontrol is not on PATH"),
+    ("echo 'scontrol: error: Requeue not allowed for job 4242' >&2; exit 1",
+     "`scontrol requeue 4242` failed with exit code 1: scontrol: error: Requeue not allowed for job 4242"),
+])
+def test_a_requeue_that_does_not_happen_is_an_error_naming_the_command(script, why, tmp_path, monkeypatch):
+    """The scheduler must see a failure: a warning and exit 0 made SLURM record the job as COMPLETED."""
+    env = fake_scontrol(tmp_path / "bin", script)
+    monkeypatch.setenv("PATH", env["PATH"])  # shutil.which looks there
+    with pytest.raises(RequeueFailed) as info:
+        requeue_after_warning({signal.SIGUSR1}, env)
+    message = str(info.value)
+    assert f"job was not requeued: {why}. Run `scontrol requeue 4242` by hand" in message
+    assert "checkpoint_last is saved" in message and "\n" not in message
+    assert not requeue_after_warning({signal.SIGTERM}, env)  # SIGTERM is not ours to requeue: no error
+
+
+def test_a_failed_requeue_exits_non_zero_after_saving(tmp_path):
+    """End to end, one rank: SIGUSR1, checkpoint_last saved, scontrol fails, exit 2 with the paragraph."""
+    data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=20000, valid_tokens=200, line_len=40)
+    env = dict(os.environ)
+    fake = fake_scontrol(tmp_path / "bin", "echo 'Requeue not allowed' >&2; exit 1")
+    env.update(SLURM_JOB_ID=fake["SLURM_JOB_ID"], PATH=f"{fake['PATH']}{os.pathsep}{env['PATH']}")
+    save = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, "-m", "shardtrain.cli.train", data, *tiny_model_flags(),
+                             "--disable-validation", "--max-update", "100000", "--cpu", "--save-dir", str(save)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + scaled(60)
+    for line in proc.stdout:  # wait until training is under way
+        if '"num_updates": "3"' in line or time.time() > deadline:
+            break
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=scaled(60))
+    assert proc.returncode == 2, err[-2000:]
+    assert updates_in(save) >= 3  # saved before the requeue was tried
+    assert "shard-train: error: SIGUSR1 (SLURM's warning before the time limit) reached job 4242" in err
+    assert "`scontrol requeue 4242` failed with exit code 1: Requeue not allowed" in err and "Traceback" not in err

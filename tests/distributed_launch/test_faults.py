@@ -148,6 +148,7 @@ def test_nan_loss_stops_naming_the_update_and_keeps_checkpoint_last(data, tmp_pa
     assert not math.isclose(sum(float(w.float().abs().sum()) for w in weights), 0.0)
 
 
+@pytest.mark.flag_effect("--heartbeat-timeout")
 def test_hung_rank_ends_the_run_after_the_heartbeat_timeout(data, tmp_path):
     """A rank that stops responding (SIGSTOP: alive, holding its sockets, not
     computing) must not hang the job: the others give up after
@@ -163,6 +164,7 @@ def test_hung_rank_ends_the_run_after_the_heartbeat_timeout(data, tmp_path):
     assert not left_behind  # the stopped rank was ended too
 
 
+@pytest.mark.flag_effect("--skip-nan-updates")
 def test_skip_nan_updates_passes_over_bad_steps_and_stops_when_they_persist(data, tmp_path):
     nan = ["--user-dir", NAN_PLUGIN, "--criterion", "nan_cross_entropy", "--nan-at-update", "5", "--nan-rank", "1"]
     # two NaN steps in a row on rank 1, two allowed: both ranks skip them and train on to --max-update

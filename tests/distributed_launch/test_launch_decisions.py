@@ -36,6 +36,7 @@ def test_world_size_below_one_is_an_error(requested):
         resolve_world_size(requested, use_cuda=False, gpu_count=0)
 
 
+@pytest.mark.flag_effect("--distributed-backend")
 def test_backend(monkeypatch):
     assert resolve_backend(None, use_cuda=False) == "gloo"
     assert resolve_backend("gloo", use_cuda=False) == "gloo"

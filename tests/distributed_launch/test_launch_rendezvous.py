@@ -45,6 +45,7 @@ def test_bad_torchrun_values_are_errors(changes, named):
         from_environment({**TORCHRUN, **changes})
 
 
+@pytest.mark.flag_effect("--distributed-init-method")
 def test_slurm_environment():
     port = 10000 + 123456 % 20000
     assert from_environment(SLURM, hostnames=expand_hostlist) == LaunchedRank(

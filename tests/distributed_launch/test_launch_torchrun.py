@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import launch_mains
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,6 +46,7 @@ def test_torchrun_ranks_join_one_group_of_two(tmp_path):
     assert len(pids) == 2
 
 
+@pytest.mark.flag_effect("--threads")
 def test_torchrun_ranks_share_the_cores_unless_threads_is_given(tmp_path):
     # torchrun sets OMP_NUM_THREADS=1 for 2 local ranks (its warning is in the output); each
     # rank must still get its share of the cores: the --cpu-offload optimizer runs on them.

@@ -5,7 +5,8 @@ exits 0, so relaunching the same command resumes where it stopped.
 
 Under SLURM, SIGUSR1 is the warning a job asks for (``sbatch --signal=USR1@90``)
 before its time limit: after the save, rank 0 requeues the job (``scontrol requeue``,
-as Lightning and submitit do), so it resumes by itself when it runs again. A job
+as Lightning and submitit do), so it resumes by itself when it runs again; if it cannot, the
+command exits non-zero with the command to run by hand. A job
 that exits 0 after the warning would otherwise end COMPLETED, and nobody restarts
 it. SIGTERM (scancel, or a preemption SLURM requeues itself) is not requeued by us.
 """
@@ -19,6 +20,8 @@ import threading
 from typing import Mapping, Optional
 
 import torch
+
+from shardtrain.core.errors import ShardtrainError
 
 logger = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -60,26 +63,35 @@ def slurm_job_id(env: Mapping[str, str]) -> Optional[str]:
     return env.get("SLURM_JOB_ID") or None
 
 
+class RequeueFailed(ShardtrainError):
+    """SIGUSR1 asked for a requeue that did not happen: the command exits non-zero, so that SLURM
+    records the job as failed (not COMPLETED) and whoever watches it resubmits."""
+
+
 def requeue_after_warning(received, env: Mapping[str, str] = os.environ) -> bool:
     """On rank 0, after checkpoint_last is on disk: requeue the SLURM job that SIGUSR1 warned.
-    True when it was requeued; a failure is logged with the command to run by hand."""
+    True when it was requeued, False when there was nothing to requeue; raises RequeueFailed (with
+    the command to run by hand) when scontrol is missing or fails."""
     job = slurm_job_id(env)
     if signal.SIGUSR1 not in received or job is None:
         return False
     scontrol = shutil.which("scontrol")
     command = f"scontrol requeue {job}"
     if scontrol is None:
-        logger.warning(f"SIGUSR1 in SLURM job {job}, but scontrol is not on PATH: the job was not requeued. "
-                       f"checkpoint_last is saved; run `{command}` or resubmit the job to resume.")
-        return False
+        raise RequeueFailed(_not_requeued(job, "scontrol is not on PATH", command))
     done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True)
     if done.returncode != 0:
-        logger.warning(f"`{command}` failed ({(done.stderr or done.stdout).strip()}): the job was not requeued. "
-                       "checkpoint_last is saved; resubmit the job to resume (sbatch --requeue lets a job be "
-                       "requeued).")
-        return False
+        why = f"`{command}` failed with exit code {done.returncode}: {(done.stderr or done.stdout).strip()}"
+        raise RequeueFailed(_not_requeued(job, why, command))
     logger.info(f"requeued SLURM job {job} ({command}): it resumes from checkpoint_last when it runs again")
     return True
+
+
+def _not_requeued(job: str, why: str, command: str) -> str:
+    return (f"SIGUSR1 (SLURM's warning before the time limit) reached job {job}; checkpoint_last is saved, but the "
+            f"job was not requeued: {why}. Run `{command}` by hand (a job submitted without --requeue cannot be "
+            "requeued: resubmit it instead); the same command resumes from checkpoint_last. This exit is non-zero "
+            "so that SLURM does not record the job as completed.")
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from shardtrain.core.errors import ConfigError, ShardtrainError
 from shardtrain.core.fileio import atomic_write_bytes, remove_quietly
 from shardtrain.trainer.launch import rendezvous
 from shardtrain.trainer.launch import threads
+from shardtrain.trainer.launch import peer_lost
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.launch.preemption import forwarding_signals
 
@@ -151,11 +152,12 @@ def _run_rank(cfg, main, ctx: DistributedContext, init_method: str, launcher: Op
         raise missing from None
     try:
         result = main(cfg, ctx)
-    except RuntimeError as e:
+    except Exception as e:  # a peer's loss may come wrapped (a checkpoint writer's own exception)
         timeout = rendezvous.as_timeout_error(e, cfg.distributed.heartbeat_timeout)
-        if timeout is None:
+        lost = peer_lost.as_peer_lost_error(e, ctx.rank, ctx.world_size)  # another rank died
+        if timeout is None and lost is None:
             raise
-        raise timeout from None
+        raise (timeout or lost) from None
     # Only on success: after a failure the process is ending anyway, and shutting
     # down a group whose peers still wait in a collective can block. Every rank past its last
     # collective first: a gloo rank that tore its connections down while a peer still received
