@@ -54,6 +54,7 @@ def test_resume_mid_epoch_is_exact(data_bin, tmp_path):
     assert state["train_iterator"]["iterations_in_epoch"] == 16 and state["train_iterator"]["epoch"] == 1
 
 
+@pytest.mark.flag_effect("--save-dir")
 def test_checkpoint_names_keep_policy_and_validate_generate(data_bin, tmp_path, capsys):
     save = str(tmp_path / "ck")
     log = run_train(data_bin, save, "--max-epoch", "2", "--save-interval-updates", "5",
@@ -112,6 +113,8 @@ def test_console_entry_points_exit_cleanly_on_bad_input(tmp_path):
     assert not (tmp_path / "ck").exists() or not os.listdir(tmp_path / "ck")
 
 
+@pytest.mark.flag_effect("--finetune-from-model", "--reset-optimizer", "--reset-dataloader", "--max-update",
+                         "--tensorboard-logdir")
 def test_finetune_reset_flags_and_tensorboard(data_bin, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -143,6 +146,7 @@ def test_finetune_reset_flags_and_tensorboard(data_bin, tmp_path):
     assert state["train_iterator"]["iterations_in_epoch"] == 2  # the data restarted at the epoch's start
 
 
+@pytest.mark.flag_effect("--patience", "--stop-time-hours")
 def test_patience_and_stop_time_end_training_early(data_bin, tmp_path):
     # a negligible lr keeps the valid loss flat: the first validation sets the best, two more do not beat it
     log = run_train(data_bin, str(tmp_path / "p"), "--max-update", "50", "--lr", "1e-12", "--patience", "2",

@@ -106,6 +106,7 @@ def tensors(path) -> dict:
     return found
 
 
+@pytest.mark.flag_effect("--async-save")
 def test_a_rollback_during_an_async_write_leaves_the_checkpoint_whole(data_bin, tmp_path, monkeypatch, caplog):
     reference, synced = run_keeping_first_save(data_bin, tmp_path / "sync", monkeypatch)
     write_data = FileSystemWriter.write_data

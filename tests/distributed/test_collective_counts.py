@@ -68,6 +68,7 @@ def gradient_collectives(phase: dict) -> dict:
     return {kind: n for kind, n in phase.items() if kind in GRADIENT_KINDS}
 
 
+@pytest.mark.flag_effect("--ddp-backend", "--fsdp-unsharded-accumulation", "--fsdp-sharding-strategy", "--shard-group-size")
 @pytest.mark.parametrize("update_freq", UPDATE_FREQS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gradient_collectives_per_micro_batch(counts, backend, update_freq):

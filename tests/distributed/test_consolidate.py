@@ -37,6 +37,7 @@ def test_model_only_file_loads_into_a_plain_module(trained, tmp_path):
     assert from_dir["valid"]["loss"] == from_file["valid"]["loss"]
 
 
+@pytest.mark.flag_effect("--restore-file")
 def test_full_state_round_trip_resumes_like_the_original(trained, tmp_path):
     data, ck, _ = trained
     full = tmp_path / "full.pt"

@@ -83,6 +83,7 @@ def assert_same(result, reference, updates=slice(None)):
         np.testing.assert_allclose(v, reference["weights"][k], rtol=1e-6, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.flag_effect("--zero-sharding")
 def test_sharded_state_trains_as_the_plain_optimizer(two_ranks, one_process, dirs):
     runs, _ = two_ranks
     plain = runs["plain"]

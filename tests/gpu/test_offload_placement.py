@@ -16,6 +16,7 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+@pytest.mark.flag_effect("--cpu-offload")
 @needs_gpus(1)
 @pytest.mark.parametrize("precision", ["--fp16", "--bf16"])
 def test_offload_places_state_on_pinned_cpu_and_buffers_on_the_gpu(tmp_path, precision):

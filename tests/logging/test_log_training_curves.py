@@ -1,12 +1,14 @@
 """What `shard-train --tensorboard-logdir` plots, through the real CLI, and sane first-record speeds."""
 import os
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from shardtrain.cli import train
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 
 
+@pytest.mark.flag_effect("--tensorboard-logdir", "--fp16")
 def test_fp16_run_writes_every_curve_and_an_honest_first_speed(tmp_path):
     data_bin = make_space_data_bin(str(tmp_path / "data"))
     tb, log = str(tmp_path / "tb"), str(tmp_path / "train.log")

@@ -80,6 +80,8 @@ OPTIONS = {
 }
 
 
+@pytest.mark.flag_effect("--adafactor-eps", "--clip-threshold", "--decay-rate", "--beta1", "--weight-decay",
+                         "--scale-parameter", "--relative-step", "--warmup-init")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("option", sorted(OPTIONS))
 def test_equals_fairseqs_formulas(option, device):

@@ -29,6 +29,7 @@ def test_defaults_are_fairseqs():
     assert (cfg.use_old_adam, cfg.fp16_adam_stats) == (False, False)
 
 
+@pytest.mark.flag_effect("--use-old-adam")
 def test_use_old_adam_is_the_plain_implementation_with_the_same_update():
     spec = build("--use-old-adam")
     assert spec.cls is torch.optim.AdamW and spec.kwargs.get("foreach") and not spec.kwargs.get("fused")
@@ -36,6 +37,7 @@ def test_use_old_adam_is_the_plain_implementation_with_the_same_update():
     torch.testing.assert_close(steps(spec)[0], steps(build())[0], rtol=0, atol=1e-6)
 
 
+@pytest.mark.flag_effect("--fp16-adam-stats")
 def test_fp16_adam_stats_keeps_fp16_moments_on_the_cpu():
     spec = build("--fp16-adam-stats", "--weight-decay", "0.1")
     assert spec.cls is CPUAdam and spec.kwargs["fp16_adam_stats"] and spec.kwargs["weight_decay"] == 0.1

@@ -11,6 +11,7 @@ from shardtrain.trainer.precision import build_scaler, run_dtypes
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
 
+@pytest.mark.flag_effect("--amp", "--amp-init-scale", "--amp-scale-window")
 def test_amp_is_fp16_compute_with_fp32_weights_and_its_own_scale_flags():
     cfg = parse_train_args(["data-bin", "--amp"])
     assert (cfg.common.amp_batch_retries, cfg.common.amp_init_scale, cfg.common.amp_scale_window) == (2, 128, None)
@@ -49,6 +50,7 @@ BACKENDS = {
 }
 
 
+@pytest.mark.flag_effect("--amp", "--amp-init-scale", "--amp-scale-window")
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_amp_trains_as_fp16_with_the_same_scale(data_bin, tmp_path, backend):
     # a huge initial scale overflows: the first updates are skipped and the scale halves, in both runs

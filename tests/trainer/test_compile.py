@@ -37,6 +37,7 @@ def _weights(state):
     return {k: v for k, v in state.get("model", {}).items() if torch.is_tensor(v)}
 
 
+@pytest.mark.flag_effect("--compile")
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_compiled_training_equals_eager(data_bin, tmp_path, backend):
     torch._dynamo.reset()

@@ -46,6 +46,7 @@ class TwoBlocks(nn.Module):
             block.reset_parameters()
 
 
+@pytest.mark.flag_effect("--cpu")
 def test_a_cpu_run_wraps_with_unpinned_shards_on_a_gpu_machine(gpu_machine, tmp_path):
     # Pinning on this CPU-only torch raises, so this also fails if the backend pins.
     cfg = parse_train_args([str(tmp_path), "--cpu", "--ddp-backend", "fully_sharded", "--cpu-offload"])

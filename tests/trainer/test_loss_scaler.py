@@ -101,6 +101,7 @@ def _poison_loss(trainer):
     return criterion
 
 
+@pytest.mark.flag_effect("--fp16", "--fp16-init-scale", "--fp16-scale-window")
 def test_overflow_skips_the_update_and_leaves_the_weights(data_bin):
     trainer, task = make_trainer(data_bin, "--fp16", "--fp16-init-scale", "1024", "--fp16-scale-window", "2")
     batch = collate(blocks(task, range(4)), task.dictionary.pad())
@@ -133,6 +134,7 @@ def test_fp16_norm_and_clipping_are_of_the_unscaled_gradient(data_bin):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-3)
 
 
+@pytest.mark.flag_effect("--min-loss-scale", "--fp16-no-stop-at-min-scale")
 def test_minimum_scale_in_the_trainer(data_bin):
     trainer, task = make_trainer(data_bin, "--fp16", "--fp16-init-scale", "4", "--min-loss-scale", "1")
     batch = collate(blocks(task, range(4)), task.dictionary.pad())
@@ -159,6 +161,7 @@ def test_loss_scale_is_checkpointed(data_bin):
     assert fresh.precision.metrics()["loss_scale"] == 32
 
 
+@pytest.mark.flag_effect("--memory-efficient-fp16")
 def test_memory_efficient_fp16_stores_fp16_and_tracks_fp32(data_bin):
     """Parameters and gradients in fp16, cpu_adam's state in fp32; training follows the fp32 run."""
     # lr 1e-2: steps well above fp16's spacing near these weights (2**-12 at 0.4), which rounds smaller ones

@@ -74,6 +74,7 @@ def test_a_measured_cpu_peak_is_what_a_matmul_reaches():
     assert 0 < achieved < 3 * peak  # the same order: a smaller matmul does not beat the peak by far
 
 
+@pytest.mark.flag_effect("--peak-tflops")
 def test_train_records_carry_per_device_speed_tflops_and_mfu(tmp_path):
     data = make_space_data_bin(str(tmp_path), n_words=20)
     log = os.path.join(tmp_path, "log.json")

@@ -30,6 +30,7 @@ def epoch_lrs(log):
     return {int(r["epoch"]): r["train_lr"] for r in json_records(log, "train")}
 
 
+@pytest.mark.flag_effect("--max-epoch", "--lr-patience", "--lr-shrink", "--maximize-best-checkpoint-metric")
 def test_plateau_steps_on_validation_and_resumes_exactly(data_bin, tmp_path):
     straight = run(data_bin, str(tmp_path / "straight"), str(tmp_path / "straight.log"), 5)
     lrs = epoch_lrs(straight)

@@ -56,6 +56,7 @@ def test_accumulation_equals_one_big_batch(data_bin):
         torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.flag_effect("--clip-norm")
 def test_gnorm_is_the_true_norm_and_clipping_scales_to_clip_norm(data_bin):
     trainer, task = make_trainer(data_bin, "--clip-norm", "0.01")
     batch = collate(blocks(task, range(4)), task.dictionary.pad())

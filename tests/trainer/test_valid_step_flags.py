@@ -20,6 +20,7 @@ def _run(data_bin, tmp_path, name, *extra):
     return json_records(log, "train_inner"), json_records(log, "valid")
 
 
+@pytest.mark.flag_effect("--max-valid-steps")
 def test_max_valid_steps_limits_the_batches(data_bin, tmp_path):
     _, full = _run(data_bin, tmp_path, "full")
     _, one = _run(data_bin, tmp_path, "one", "--max-valid-steps", "1")
