@@ -65,20 +65,27 @@ class Report:
     problems: List[str]  # markers that do not count, and why
 
 
+def _built_in(obj) -> bool:
+    """A component shardtrain itself ships: the coverage is of shard-train's flags, not of plugins that
+    tests (or a --user-dir imported earlier in this process) registered."""
+    return getattr(obj, "__module__", "").startswith("shardtrain.")
+
+
 def _selections() -> List[List[str]]:
-    """One command line per registered component (models once, through one of their archs)."""
+    """One command line per built-in component (models once, through one of their archs)."""
     from shardtrain.config.components import registries
     regs = registries()
     out = [[]]
-    out += [["--task", name] for name in regs["task"].names()]
+    out += [["--task", name] for name in regs["task"].names() if _built_in(regs["task"].get(name).obj)]
     archs = regs["model"][1]
     first_arch = {}
     for name in archs.names():
-        first_arch.setdefault(archs.get(name).obj.model, name)
+        if _built_in(archs.get(name).obj.model):
+            first_arch.setdefault(archs.get(name).obj.model, name)
     out += [["--arch", arch] for arch in first_arch.values()]
     for flag, slot in (("--criterion", "criterion"), ("--optimizer", "optimizer"),
                        ("--lr-scheduler", "lr_scheduler")):
-        out += [[flag, name] for name in regs[slot].names()]
+        out += [[flag, name] for name in regs[slot].names() if _built_in(regs[slot].get(name).obj)]
     return out
 
 
