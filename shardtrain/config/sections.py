@@ -109,7 +109,8 @@ class DatasetConfig:
     max_valid_steps: Optional[int] = field(None, help="validate on at most this many batches of each subset "
                                            "(default: all)", aliases=("--nval",))
     skip_batches: str = field("", help="pass over these batches of training: EPOCH:FIRST-LAST[,...], counted from 1 "
-                                       "within the epoch on each rank (what a --spike-rollback log names as skipped)")
+                                       "within the epoch on each rank (what a --spike-rollback log names as skipped); with "
+                                       "--update-freq above 1 an update keeps its batches no window names")
     fixed_validation_seed: Optional[int] = field(
         None, help="seed the random generators with this during validation (training's own random state is "
                    "left as it was)")
