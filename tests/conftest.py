@@ -14,6 +14,17 @@ def pytest_configure(config):
         "the effect; benchmarks/flag_coverage.py lists them")
 
 
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real 1-rank gloo process group for the test (its 1-device CPU mesh is the value)."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+                                         world_size=1)
+    try:
+        yield torch.distributed.device_mesh.init_device_mesh("cpu", (1,))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 @pytest.fixture(autouse=True)
 def _hygiene():
     env = dict(os.environ)

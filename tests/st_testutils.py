@@ -3,6 +3,7 @@ import json
 import os
 
 import numpy as np
+import torch
 
 
 def load_factor() -> float:
@@ -165,3 +166,33 @@ def spawn_ranks(fn, args: tuple, nprocs: int = 2, timeout: float = 120.0) -> Non
             for process in context.processes:
                 process.terminate()
             pytest.fail(f"{nprocs} spawned ranks timed out after {scaled(timeout):.0f} s")
+
+
+class TwoBlocks(torch.nn.Module):
+    """Two 8x8 linear blocks with the init_weights() hook shardtrain's preparation calls: the smallest model
+    that FSDP wraps as two units plus a root."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+    def init_weights(self):
+        for block in self.blocks:
+            block.reset_parameters()
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def shard_verify_output(path, capsys):
+    """(exit status, standard output) of ``shard-verify path``."""
+    from shardtrain.cli import verify as verify_cli
+
+    try:
+        verify_cli.main([str(path)])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().out

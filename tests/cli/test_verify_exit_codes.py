@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from shardtrain.cli import train
-from shardtrain.cli import verify as verify_cli
-from st_testutils import make_space_data_bin, tiny_model_flags
+from st_testutils import make_space_data_bin, shard_verify_output, tiny_model_flags
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +27,7 @@ def saved(tmp_path_factory):
 
 def shard_verify(path, capsys):
     """(exit status, what it printed for ``path``)."""
-    try:
-        verify_cli.main([str(path)])
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr().out
+    code, out = shard_verify_output(path, capsys)
     assert out.startswith(f"{path}: ") and out.count("\n") == 1, out  # one paragraph, on one line
     return code, out[len(f"{path}: "):]
 

@@ -20,7 +20,7 @@ from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from shardtrain.trainer.checkpoint.verify import NO_CHECKSUMS, verify_checkpoint
 from shardtrain.trainer.launch.start import call_main
 from equivalence_mains import train_and_record
-from st_testutils import make_space_data_bin
+from st_testutils import make_space_data_bin, shard_verify_output
 
 MODEL = ["--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "16",
          "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "16"]
@@ -207,12 +207,7 @@ def test_a_peer_lost_while_loading_is_not_called_damage():
 
 def shard_verify(path, capsys):
     """(exit status, {name: state}) of ``shard-verify path``."""
-    try:
-        verify_cli.main([str(path)])
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr().out
+    code, out = shard_verify_output(path, capsys)
     return code, {os.path.basename(line.split(": ", 1)[0]): line.split(": ", 1)[1] for line in out.splitlines()}
 
 

@@ -5,11 +5,9 @@ import io
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
 )
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
@@ -248,15 +246,6 @@ def test_distributed_checkpoint_state_dict_round_trip(fp16_stats):
     expected = train_model(model, optimizer, steps=5, start=5)
     got = train_model(model2, resumed, steps=5, start=5)
     assert all(torch.equal(g, e) for g, e in zip(got, expected))
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fsdp2_cpu_offload_equals_plain_adamw(one_rank_group):

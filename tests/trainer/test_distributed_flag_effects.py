@@ -6,7 +6,6 @@ On one rank DDP puts every gradient in one bucket whatever --bucket-cap-mb says,
 as the cap DDP was given; the others change what one rank can see."""
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
@@ -16,19 +15,11 @@ from shardtrain.trainer.parallel.backends import build_backend
 from shardtrain.trainer.parallel.ddp import DDPBackend
 from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.precision import run_dtypes
+from st_testutils import TwoBlocks
 
 
 def one_rank():
     return make_context(0, 0, 1, use_cuda=False, backend=None)
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def ddp(model, *flags):
@@ -78,21 +69,6 @@ class Flat(nn.Module):
 
     def forward(self, x):
         return self.c(self.b(self.a(x)))
-
-
-class TwoBlocks(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
-
-    def init_weights(self):
-        for block in self.blocks:
-            block.reset_parameters()
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 def fully_sharded(model_cls, check, *flags):

@@ -3,7 +3,6 @@ never on whether the machine has a GPU (tests/gpu/test_cpu_flag_no_cuda.py check
 the CUDA context itself on a GPU machine)."""
 import pytest
 import torch
-from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy
 
 from shardtrain.config.build import parse_train_args
@@ -12,6 +11,7 @@ from shardtrain.trainer.parallel.fsdp_wrap import offload_policy, shard_group_si
 from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.precision import run_dtypes
 from shardtrain.trainer.launch.start import make_context
+from st_testutils import TwoBlocks
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -34,16 +34,6 @@ def test_hybrid_shard_group_counts_gpus_only_for_a_cuda_run(gpu_machine):
     assert shard_group_size(16, None, CPU) == 16  # all ranks of a --cpu run: the GPUs are not its ranks
     assert shard_group_size(16, None, GPU) == 8
     assert shard_group_size(16, 4, CPU) == 4
-
-
-class TwoBlocks(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
-
-    def init_weights(self):
-        for block in self.blocks:
-            block.reset_parameters()
 
 
 @pytest.mark.flag_effect("--cpu")

@@ -4,7 +4,6 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from shardtrain.config.build import parse_train_args
@@ -52,15 +51,6 @@ def test_one_process_keeps_the_plain_optimizer():
     cfg = parse("--zero-sharding", "os", "--optimizer", "adam", "--weight-decay", "0.1")
     optimizer = build.build_optimizer(cfg, [torch.nn.Parameter(torch.ones(3))], torch.device("cpu"))
     assert type(optimizer) is torch.optim.AdamW
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def model_and_steps(optimizer_factory, steps=3):
