@@ -4,14 +4,13 @@ import pytest
 import torch
 
 from shardtrain.cli import plan as plan_cli
-from shardtrain.config.build import parse_train_args
 from shardtrain.plan import estimate as est_mod
 from shardtrain.plan.estimate import Machine, estimate
 from shardtrain.plan.options import alternatives, flags_to_add
 from shardtrain.plan.planner import plan
 from shardtrain.plan.trace import _traced, traced_peak
 from shardtrain.trainer import build
-from st_testutils import cli_refusal, make_space_data_bin
+from st_testutils import cli_refusal, make_space_data_bin, tiny_plan_cfg
 
 MIB = 2 ** 20
 COUNT = 1_000_000  # parameters
@@ -31,10 +30,7 @@ def data(tmp_path_factory):
     return make_space_data_bin(str(tmp_path_factory.mktemp("plan")), n_words=50)
 
 
-def cfg_of(data, *flags):
-    return parse_train_args([data, "--arch", "transformer_lm", "--decoder-layers", "4", "--decoder-embed-dim", "32",
-                             "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
-                             "--tokens-per-sample", "32", "--batch-size", "4", *flags])
+cfg_of = tiny_plan_cfg
 
 
 def peak(data, *flags, world=2, kinds=KINDS, device="cpu"):

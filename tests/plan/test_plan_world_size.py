@@ -2,12 +2,11 @@
 at most TRACE_RANKS fake ranks, and one rank's share of a larger run is scaled from parameter shapes."""
 import pytest
 
-from shardtrain.config.build import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.plan import many_ranks, trace
 from shardtrain.plan.many_ranks import TraceSizes, combine, trace_sizes
 from shardtrain.trainer import build
-from st_testutils import make_space_data_bin
+from st_testutils import make_space_data_bin, tiny_plan_cfg
 
 
 @pytest.fixture(scope="module")
@@ -16,10 +15,7 @@ def data(tmp_path_factory):
 
 
 def fsdp_cfg(data, *flags):
-    return parse_train_args([data, "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "32",
-                             "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
-                             "--tokens-per-sample", "32", "--batch-size", "4", "--ddp-backend", "fully_sharded",
-                             *flags])
+    return tiny_plan_cfg(data, "--decoder-layers", "2", "--ddp-backend", "fully_sharded", *flags)
 
 
 def test_the_trace_runs_on_as_many_fake_ranks_for_16384_as_for_1024(data, monkeypatch):
