@@ -206,3 +206,23 @@ def tiny_plan_cfg(data: str, *flags: str):
     return parse_train_args([data, "--arch", "transformer_lm", "--decoder-layers", "4", "--decoder-embed-dim", "32",
                              "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
                              "--tokens-per-sample", "32", "--batch-size", "4", *flags])
+
+
+BOTH_FORMS = ("pytorch_ddp", "fully_sharded")  # single-file checkpoints, and sharded directories
+
+
+def small_data_bin(directory: str) -> str:
+    """The 6-word data-bin the checkpoint-format tests train on (a few updates in seconds)."""
+    return make_space_data_bin(directory, n_words=6, train_tokens=3000, valid_tokens=300, line_len=30, seed=3)
+
+
+def train_both_forms(data_bin: str, root, *flags: str) -> dict:
+    """{backend: save dir} after a tiny --cpu run under each of BOTH_FORMS, with ``flags`` appended."""
+    from shardtrain.cli import train
+
+    out = {}
+    for backend in BOTH_FORMS:
+        out[backend] = os.path.join(str(root), backend)
+        train.main([data_bin, *tiny_model_flags(), "--cpu", "--ddp-backend", backend, "--save-dir", out[backend],
+                    "--log-format", "none", *flags])
+    return out

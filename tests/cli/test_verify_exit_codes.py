@@ -10,18 +10,14 @@ import shutil
 import pytest
 import torch
 
-from shardtrain.cli import train
-from st_testutils import make_space_data_bin, shard_verify_output, tiny_model_flags
+from st_testutils import shard_verify_output, small_data_bin, train_both_forms
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """{"file": checkpoint_last.pt of one update (pytorch_ddp), "dir": checkpoint_last (fully_sharded)}."""
     root = tmp_path_factory.mktemp("verify")
-    data = make_space_data_bin(str(root), n_words=6, train_tokens=3000, valid_tokens=300, line_len=30, seed=3)
-    for backend in ("pytorch_ddp", "fully_sharded"):
-        train.main([data, *tiny_model_flags(), "--cpu", "--ddp-backend", backend, "--max-update", "1",
-                    "--save-dir", str(root / backend), "--log-format", "none"])
+    train_both_forms(small_data_bin(str(root)), root, "--max-update", "1")
     return {"file": root / "pytorch_ddp" / "checkpoint_last.pt", "dir": root / "fully_sharded" / "checkpoint_last"}
 
 

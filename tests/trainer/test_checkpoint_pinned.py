@@ -10,24 +10,19 @@ import torch
 from shardtrain.cli import consolidate, train
 from shardtrain.trainer.checkpoint.sharded import ShardedDirectory
 from shardtrain.trainer.checkpoint.single_file import SingleFile
-from st_testutils import make_space_data_bin, tiny_model_flags
+from st_testutils import small_data_bin, tiny_model_flags, train_both_forms
 
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):
-    return make_space_data_bin(str(tmp_path_factory.mktemp("pinned")), n_words=6, train_tokens=3000,
-                               valid_tokens=300, line_len=30, seed=3)
+    return small_data_bin(str(tmp_path_factory.mktemp("pinned")))
 
 
 @pytest.fixture(scope="module")
 def saves(data_bin, tmp_path_factory):
     """{backend: save dir with checkpoints at updates 2 and 4, checkpoint_last the second}."""
-    out = {}
-    for backend in ("pytorch_ddp", "fully_sharded"):
-        out[backend] = tmp_path_factory.mktemp(backend)
-        train.main([data_bin, *tiny_model_flags(), "--cpu", "--ddp-backend", backend, "--max-update", "4",
-                    "--save-interval-updates", "2", "--save-dir", str(out[backend]), "--log-format", "none"])
-    return out
+    return train_both_forms(data_bin, tmp_path_factory.mktemp("saves"), "--max-update", "4",
+                            "--save-interval-updates", "2")
 
 
 def swap_after(monkeypatch, fmt, method, swap):

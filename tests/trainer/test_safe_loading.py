@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from shardtrain.cli import consolidate, train, validate
 from shardtrain.trainer.checkpoint.checksums import MANIFEST, file_entry, manifest_bytes, read_manifest
 from shardtrain.trainer.checkpoint.safe_loading import METADATA_GLOBALS
-from st_testutils import cli_refusal, make_space_data_bin, tiny_model_flags
+from st_testutils import cli_refusal, small_data_bin, tiny_model_flags, train_both_forms
 
 
 class Payload:
@@ -31,20 +31,15 @@ class Payload:
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):
-    return make_space_data_bin(str(tmp_path_factory.mktemp("safe")), n_words=6, train_tokens=3000,
-                               valid_tokens=300, line_len=30, seed=3)
+    return small_data_bin(str(tmp_path_factory.mktemp("safe")))
 
 
 @pytest.fixture(scope="module")
 def saved(data_bin, tmp_path_factory):
     """checkpoint_last of one update: single file (pytorch_ddp) and sharded (fully_sharded)."""
-    out = {}
-    for backend in ("pytorch_ddp", "fully_sharded"):
-        save = str(tmp_path_factory.mktemp(backend))
-        train.main([data_bin, *tiny_model_flags(), "--cpu", "--ddp-backend", backend, "--max-update", "1",
-                    "--save-dir", save])
-        out[backend] = os.path.join(save, "checkpoint_last" + (".pt" if backend == "pytorch_ddp" else ""))
-    return out
+    saves = train_both_forms(data_bin, tmp_path_factory.mktemp("saves"), "--max-update", "1")
+    return {backend: os.path.join(save, "checkpoint_last" + (".pt" if backend == "pytorch_ddp" else ""))
+            for backend, save in saves.items()}
 
 
 def refused(main, argv, capsys) -> str:
