@@ -1,4 +1,4 @@
-"""The shape of one mutant (benchmarks/mutants.py and mutants_integrity.py list them)."""
+"""The shape of one mutant (benchmarks/mutants_<area>.py list them; benchmarks/mutants.py gathers them)."""
 import dataclasses
 from typing import Tuple
 

@@ -1,5 +1,7 @@
-"""Issue 29 (red-team items 2-5, part of 9): reading checkpoints. Each mutant was seen to fail its tests."""
-from mutant_spec import Mutant
+"""Mutants of shardtrain/trainer/checkpoint/'s reading side: loading safely, resuming, the data position and
+the errors of a damaged or incomplete checkpoint (issue 29's red-team items 2-5 and part of 9, and older ones).
+Each mutant was seen to fail its tests."""
+from mutant_spec import T, Mutant
 
 C = "shardtrain/trainer/checkpoint/"
 NEWER = "tests/trainer/test_resume_newer_form.py::"
@@ -10,6 +12,7 @@ REFUSED = PATHS + "test_a_checkpoint_that_refers_outside_itself_is_refused"
 PAYLOADS = "tests/trainer/test_refused_payloads.py::"
 CAUSES = "tests/trainer/test_save_failure_causes.py::"
 ADVICE = CAUSES + "test_each_cause_gets_its_own_advice"
+E2E_RESUME = "tests/cli/test_cli_end_to_end.py::test_resume_mid_epoch_is_exact"
 
 MUTANTS = [
     Mutant("restore_takes_the_file_form", "checkpoint_last in both forms: the one with more updates resumes",
@@ -102,4 +105,30 @@ MUTANTS = [
            C + "sharded.py", "{os.path.join(shown, EXTRA)}{torch_reason(e)}. The checkpoint is",
            "{os.path.join(shown, EXTRA)}: {e}. The checkpoint is",
            ("tests/distributed/test_checkpoint_checksums.py::test_a_damaged_old_checkpoint_never_echoes_torch_advice",)),
+    Mutant("data_position_not_restored", "a restart continues exactly (data-iterator position)",
+           T + "checkpoint/contents.py", "        self.epoch_itr.load_state_dict(state)\n", "        pass\n",
+           (E2E_RESUME,)),
+    Mutant("lost_peer_called_damage", "a rank lost while loading is not reported as a damaged checkpoint",
+           "shardtrain/trainer/checkpoint/dcp_errors.py",
+           "if _LOST_PEER.search(first) or isinstance(cause, dist.DistNetworkError):", "if False:",
+           ("tests/distributed/test_checkpoint_checksums.py::test_a_peer_lost_while_loading_is_not_called_damage",)),
+    Mutant("directory_read_as_file", "either form loads: a single file, or a sharded directory",
+           T + "checkpoint/formats.py", "return ShardedDirectory() if os.path.isdir(path) else SingleFile()",
+           "return SingleFile()",
+           ("tests/distributed/test_consolidate.py",)),
+    Mutant("no_optimizer_state_resume_fails", "resuming without saved optimizer state starts a fresh optimizer",
+           "shardtrain/trainer/checkpoint/resume.py", '        parts = without(parts, ["optimizer"])\n', "",
+           ("tests/checkpoint_flags/test_no_save_optimizer_state.py",)),
+    Mutant("weights_only_off", "checkpoints load with torch.load(weights_only=True)",
+           T + "checkpoint/safe_loading.py", 'torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)',
+           'torch.load(source, map_location="cpu", weights_only=False, mmap=mmap)',
+           ("tests/trainer/test_safe_loading.py",)),
+    Mutant("metadata_allowlist_bypassed", "a directory's .metadata is read by an allow-listed unpickler",
+           T + "checkpoint/safe_loading.py", '        raise UnsafeGlobal(f"{module}.{name}")\n',
+           "        return super().find_class(module, name)\n",
+           ("tests/trainer/test_safe_loading.py",)),
+    Mutant("incomplete_checkpoint_accepted", "naming an incomplete checkpoint directory is an error",
+           T + "checkpoint/sharded.py", "    if not os.path.isfile(os.path.join(path, COMPLETE)):\n",
+           "    if False:\n",
+           ("tests/distributed/test_checkpoint_atomicity.py::test_a_directory_without_complete_is_refused",)),
 ]

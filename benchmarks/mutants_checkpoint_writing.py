@@ -1,7 +1,8 @@
-"""Issue 28, item 4 (checkpoint writing): sharded saves of host state make no CUDA call, --async-save's
-staging buffers are shardtrain's own (reused by every save, pinned for GPU state), and a --spike-rollback
-waits for the background write of live tensors. Each mutant was seen to fail its tests."""
-from mutant_spec import Mutant
+"""Mutants of shardtrain/trainer/checkpoint/'s writing side: atomic saves, COMPLETE, consolidate,
+--no-save-optimizer-state, --async-save's gate; and issue 28, item 4: sharded saves of host state make no CUDA
+call, --async-save's staging buffers are shardtrain's own (reused by every save, pinned for GPU state), and a
+--spike-rollback waits for the background write of live tensors. Each mutant was seen to fail its tests."""
+from mutant_spec import T, Mutant
 
 CK = "shardtrain/trainer/checkpoint/"
 STAGING = CK + "async_staging.py"
@@ -42,4 +43,32 @@ MUTANTS = [
            STAGING, "        _HELD.add(self)\n", "",
            ("tests/distributed/test_async_save_rollback.py::"
             "test_a_rollback_during_an_async_write_leaves_the_checkpoint_whole",)),
+    Mutant("async_save_gate_missing", "--async-save: the next optimizer step waits until the write has landed",
+           T + "checkpoint/async_staging.py", "        self.waited += 1\n        self._released.wait()\n",
+           "        self.waited += 1\n",
+           ("tests/distributed/test_async_save_cpu.py",)),
+    Mutant("consolidate_drops_optimizer", "shard-consolidate without --model-only keeps the full training state",
+           T + "checkpoint/consolidate.py", 'keys = {"model"} if model_only else {"model", "optimizer"}',
+           'keys = {"model"}',
+           ("tests/distributed/test_consolidate.py",)),
+    Mutant("consolidate_overwrites", "an existing output is never replaced unless you pass --overwrite",
+           T + "checkpoint/consolidate.py", "    if not overwrite:\n        raise CheckpointError(f\"The output {path} exists;",
+           "    if False:\n        raise CheckpointError(f\"The output {path} exists;",
+           ("tests/distributed/test_consolidate.py::test_existing_outputs_are_refused_in_every_direction_unless_overwrite",)),
+    Mutant("no_save_optimizer_state_saves_it", "--no-save-optimizer-state: the checkpoint holds no optimizer state",
+           "shardtrain/trainer/checkpoint/manager.py", 'NO_OPTIMIZER_STATE: True}, without(parts, ["optimizer"])',
+           "NO_OPTIMIZER_STATE: True}, parts",
+           ("tests/checkpoint_flags/test_no_save_optimizer_state.py",)),
+    Mutant("sharded_rename_before_complete", "a directory appears under its name only when COMPLETE is written",
+           T + "checkpoint/sharded.py",
+           "    atomic_write_bytes(os.path.join(partial, COMPLETE), complete)\n"
+           "    fsync_dir(partial)\n    replace_dir(partial, final)\n",
+           "    replace_dir(partial, final)\n"
+           "    atomic_write_bytes(os.path.join(final, COMPLETE), complete)\n"
+           "    fsync_dir(final)\n",
+           ("tests/distributed/test_save_crash_phases.py",)),
+    Mutant("single_file_save_not_atomic", "checkpoints are written atomically (temporary file, fsync, rename)",
+           T + "checkpoint/single_file.py", "    with atomic_open(path) as f:\n        writer = _WriteErrors(f)\n",
+           '    with open(path, "wb") as f:\n        writer = _WriteErrors(f)\n',
+           ("tests/cli/test_full_disk.py", "tests/distributed/test_save_crash_phases.py")),
 ]

@@ -7,7 +7,7 @@ SUMS = "tests/distributed/test_checkpoint_checksums.py"
 FLIPS = "tests/trainer/test_checksum_flips.py"
 FULL_DISK_ASYNC = "tests/cli/test_full_disk.py::test_failed_async_save_on_two_ranks_is_as_clean_as_a_synchronous_one"
 
-INTEGRITY_MUTANTS = [
+MUTANTS = [
     # -- data-bin integrity (issue 16, red-team items 2 and 3) -------------------------------------------
     Mutant("data_bin_publish_unmarked", "a killed shard-preprocess leaves a data-bin that says it is incomplete",
            "shardtrain/data/publish.py", "    mark_incomplete(destdir)\n", "",

@@ -1,6 +1,7 @@
-"""Issue 29: keep policies, save schedules and the validation schedule at non-default values, in both
+"""Mutants of the checkpoint keep policies (shardtrain/trainer/checkpoint/formats.py, keep_best.py): keep policies
+(--keep-best-checkpoints too), save schedules and the validation schedule at non-default values, in both
 checkpoint formats. Each mutant was seen to fail its tests (in a copy of the tree)."""
-from mutant_spec import Mutant
+from mutant_spec import T, Mutant
 
 KEEP = "tests/checkpoint_flags/test_keep_policy_flags.py::"
 SCHEDULE = "tests/checkpoint_flags/test_validation_schedule_flags.py::"
@@ -84,4 +85,15 @@ MUTANTS = [
     Mutant("patience_relaunch_trains_on", "relaunching a run --patience stopped trains no more",
            LOOP, "if cfg.checkpoint.patience > 0 and run.trainer.state.num_bad_validations >= cfg.checkpoint.patience:",
            "if False:", (PATIENCE,)),
+    Mutant("keep_interval_prunes_newest", "fairseq's keep-policies (--keep-interval-updates)",
+           T + "checkpoint/formats.py", "return [p for _, p in sorted(found, reverse=True)]",
+           "return [p for _, p in sorted(found)]",
+           ("tests/cli/test_cli_end_to_end.py::test_checkpoint_names_keep_policy_and_validate_generate",)),
+    Mutant("keep_best_never_pruned", "--keep-best-checkpoints N keeps only the N best",
+           "shardtrain/trainer/checkpoint/keep_best.py", "        os.remove(path)", "        pass",
+           ("tests/checkpoint_flags/test_keep_best_checkpoints.py",)),
+    Mutant("keep_best_keeps_the_worst", "--keep-best-checkpoints keeps the best, not the worst",
+           "shardtrain/trainer/checkpoint/keep_best.py", "    if not checkpoint.maximize_best_checkpoint_metric:\n",
+           "    if checkpoint.maximize_best_checkpoint_metric:\n",
+           ("tests/checkpoint_flags/test_keep_best_checkpoints.py",)),
 ]

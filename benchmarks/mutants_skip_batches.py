@@ -1,11 +1,13 @@
-"""Issue 29: --skip-batches with --update-freq above 1 passes over exactly the batches named, and windows that
-match nothing (or an epoch left with nothing to train) are named. Each mutant was seen to fail its tests."""
+"""Mutants of --skip-batches (shardtrain/data/batch_windows.py and the loop): applied, inclusive at both ends, with
+--update-freq above 1 passes over exactly the batches named, and windows that match nothing (or an epoch left
+with nothing to train) are named. Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
 LOOP = "shardtrain/trainer/loop.py"
 WINDOWS = "shardtrain/data/batch_windows.py"
 SKIP = "tests/trainer/test_skip_batches.py::"
 EXACT = SKIP + "test_update_freq_2_passes_over_exactly_the_batches_named"
+SPIKE = "tests/trainer/test_spike_rollback.py::"
 
 MUTANTS = [
     Mutant("skip_whole_update", "an update a window covers in part trains on its other batches",
@@ -31,4 +33,12 @@ MUTANTS = [
     Mutant("skip_mid_epoch_stop_called_epoch_end", "a run stopped mid-epoch names its later windows as not reached",
            LOOP, "if not itr.has_next() else []:", "if True else []:",
            (SKIP + "test_a_window_after_where_training_stopped_is_named_as_not_reached",)),
+    Mutant("skip_batches_ignored", "--skip-batches passes over its windows",
+           "shardtrain/data/batch_windows.py", "return any(e == epoch and a <= last and first <= b",
+           "return False and any(e == epoch and a <= last and first <= b",
+           (SPIKE + "test_skip_batches_equals_skipping_those_updates",)),
+    Mutant("skip_batches_off_by_one", "--skip-batches' windows are inclusive at both ends",
+           "shardtrain/data/batch_windows.py", "return any(e == epoch and a <= last and first <= b",
+           "return any(e == epoch and a <= last and first < b",
+           (SPIKE + "test_skip_batches_equals_skipping_those_updates",)),
 ]

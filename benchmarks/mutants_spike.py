@@ -1,5 +1,6 @@
-"""Issue 29: --spike-rollback's rule, histories and counting, by value (tests/trainer/test_spike_rule.py), and the
-rollback that waits for an --async-save's write of the live tensors. Each mutant was seen to fail its tests."""
+"""Mutants of --spike-rollback (shardtrain/trainer/spike.py): the snapshot restored and checkpointed, and its rule,
+histories and counting, by value (tests/trainer/test_spike_rule.py), and the rollback that waits for an
+--async-save's write of the live tensors. Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
 GUARD = "shardtrain/trainer/spike.py"
@@ -11,6 +12,8 @@ REPLAY = RULE + "test_a_rollback_leaves_the_histories_of_a_run_without_the_skipp
 INSIDE = RULE + "test_two_spikes_inside_the_horizon_stop_the_run"
 OUTSIDE = RULE + "test_a_spike_outside_the_horizon_is_counted_alone"
 GNORM = RULE + "test_the_gradient_norm_rule_and_the_lr_scale_after_two_rollbacks"
+SPIKE = "tests/trainer/test_spike_rollback.py::"
+EXACT = SPIKE + "test_a_rolled_back_spike_ends_as_if_its_batches_were_never_there"
 
 MUTANTS = [
     Mutant("spike_judged_before_window_full", "nothing but NaN/inf is judged until --spike-window values are in",
@@ -60,4 +63,28 @@ MUTANTS = [
            (RULE + "test_a_rollback_restores_only_after_a_background_write_of_the_live_tensors_landed",
             "tests/distributed/test_async_save_rollback.py::"
             "test_a_rollback_during_an_async_write_leaves_the_checkpoint_whole")),
+    Mutant("spike_guard_not_saved", "a checkpoint keeps the guard's history and rollbacks",
+           "shardtrain/trainer/checkpoint/contents.py",
+           '**({"spike_guard": run.spikes} if getattr(run, "spikes", None) is not None else {})}', "}",
+           (SPIKE + "test_a_sharded_checkpoint_after_a_rollback_resumes_exactly",)),
+    Mutant("spike_rng_not_restored", "a rollback restores the random generators (dropout draws as before)",
+           GUARD, "        set_rng_state(self.rng)", "        pass", (EXACT,)),
+    Mutant("spike_optimizer_not_restored", "a rollback restores the optimizer state, DTensor shards included",
+           GUARD, "                    _local(live[key]).copy_(value)", "                    pass", (EXACT,)),
+    Mutant("spike_schedule_not_restored", "a rollback restores the lr schedule, loss scale and update count",
+           GUARD, "            part.load_state_dict(_copy(self.parts[name]))", "            pass", (EXACT,)),
+    Mutant("spike_max_rollbacks_ignored", "too many rollbacks stop the run",
+           GUARD, "if len(self.rollbacks) > self.max_rollbacks:", "if False:",
+           (SPIKE + "test_too_many_rollbacks_stop_the_run",)),
+    Mutant("spike_window_not_recorded", "a rollback records the window it skipped (what --skip-batches replays)",
+           GUARD, "        self.skipped.append(window)", "        pass", (EXACT,)),
+    Mutant("spike_gnorm_rule_off", "--spike-gnorm-factor judges the gradient norm",
+           GUARD, "if o.spike_gnorm_factor > 0:", "if False:",
+           (SPIKE + "test_the_gradient_norm_rule_and_the_lr_scale",)),
+    Mutant("spike_lr_scale_not_applied", "a rollback scales the learning rate by --spike-lr-scale",
+           GUARD, "        trainer.lr_scheduler.set_lr_scale(scale)", "        pass",
+           (SPIKE + "test_the_gradient_norm_rule_and_the_lr_scale",)),
+    Mutant("spike_no_epoch_snapshot", "a rollback never reaches back into the previous epoch",
+           GUARD, "if self.snapshot is None or self.snapshot.position[0] != epoch:", "if self.snapshot is None:",
+           (SPIKE + "test_a_rollback_never_reaches_back_into_the_previous_epoch",)),
 ]

@@ -1,6 +1,6 @@
 """Mutation score: does the test suite catch small, realistic bugs against README's claims?
 
-Each mutant (benchmarks/mutants.py) is one exact, unique ``old`` -> ``new``
+Each mutant (benchmarks/mutants_<area>.py, gathered by mutants.py) is one exact, unique ``old`` -> ``new``
 replacement in one file. For every run the committed HEAD is exported into a
 temporary directory (``git archive HEAD``): the working tree is never touched,
 so this runs beside people and helpers who edit and test it. Each mutant is
@@ -86,7 +86,7 @@ def apply(root: str, m: Mutant) -> Tuple[str, str]:
     count = text.count(m.old)
     if count != 1:
         raise SystemExit(f"mutant {m.name} no longer applies: its `old` snippet occurs {count} times "
-                         f"in {m.file} (must be exactly once); update it in benchmarks/mutants.py")
+                         f"in {m.file} (must be exactly once); update it in its benchmarks/mutants_<area>.py")
     _write(path, text.replace(m.old, m.new))
     return path, text
 

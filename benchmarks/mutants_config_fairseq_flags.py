@@ -1,4 +1,6 @@
-"""Issue 17, helper A: the fairseq flag table. Each mutant was seen to fail its tests."""
+"""Mutants of shardtrain/config/fairseq_flags.py and fairseq_compat.py (the table of fairseq 0.12.2 flags, their
+notices and refusals), the generators under tests/fairseq_flags/ and the default-schedule notice. Each mutant
+was seen to fail its tests."""
 from mutant_spec import Mutant
 
 FT = "tests/config/test_fairseq_flag_table.py::"
@@ -8,21 +10,9 @@ TABLE = "shardtrain/config/fairseq_flags.py"
 COMPAT = "shardtrain/config/fairseq_compat.py"
 
 MUTANTS = [
-    Mutant("fairseq_flag_without_state", "every fairseq 0.12.2 flag has one state: works, accepted or refused",
-           TABLE, '    accept("--num-workers", "batches are read in the training process from memory-mapped '
-           'files; there are no "\n           "loader workers"),\n', "",
-           (FT + "test_every_fairseq_flag_has_exactly_one_state",)),
-    Mutant("fairseq_flag_works_and_listed", "a flag shard-train defines is not also in the table",
-           TABLE, "TABLE = (\n", 'TABLE = (\n    accept("--seed", "the seed is ignored"),\n',
-           (FT + "test_every_fairseq_flag_has_exactly_one_state",)),
     Mutant("fairseq_flag_arity_lost", "accepted flags parse with fairseq's arity (store_true takes no value)",
            COMPAT, '_NARGS = {"store_true": 0,', '_NARGS = {"store_true": None,',
            (FT + "test_accepted_flags_parse_and_say_their_notice_once",)),
-    Mutant("fairseq_table_arity_wrong", "the table's arity is fairseq's",
-           TABLE, '    accept("--use-sharded-state", "checkpoints of fully_sharded runs are always sharded '
-           'directories", FLAG),\n', '    accept("--use-sharded-state", "checkpoints of fully_sharded runs are '
-           'always sharded directories"),\n',
-           (FT + "test_every_table_entry_is_a_fairseq_flag_with_fairseqs_arity",)),
     Mutant("refused_fairseq_flag_ignored", "a refused fairseq flag exits 2 with its reason and nearest equivalent",
            COMPAT, 'if entry.state == "refused" or (', 'if False or (',
            (FT + "test_refused_flags_exit_2_with_their_paragraph",)),
@@ -41,9 +31,28 @@ MUTANTS = [
     Mutant("unselected_component_not_named", "a flag of an unselected component names the component owning it",
            COMPAT, "        components = flag_owners(name)\n", "        components = []\n",
            (FT + "test_a_flag_of_a_component_not_selected_names_that_component",)),
-    Mutant("works_flag_default_drift", "flags that work have fairseq's default",
-           "shardtrain/config/sections.py", 'keep_last_epochs: int = field(-1,', 'keep_last_epochs: int = field(-2,',
-           (FT + "test_works_flags_have_fairseqs_default",)),
+    Mutant("fairseq_flag_without_state", "every fairseq 0.12.2 flag has one state: works, accepted or refused",
+           TABLE, '    accept("--num-workers", "batches are read in the training process from memory-mapped '
+           'files; there are no "\n           "loader workers"),\n', "",
+           (FT + "test_every_fairseq_flag_has_exactly_one_state",)),
+    Mutant("fairseq_flag_works_and_listed", "a flag shard-train defines is not also in the table",
+           TABLE, "TABLE = (\n", 'TABLE = (\n    accept("--seed", "the seed is ignored"),\n',
+           (FT + "test_every_fairseq_flag_has_exactly_one_state",)),
+    Mutant("fairseq_table_arity_wrong", "the table's arity is fairseq's",
+           TABLE, '    accept("--use-sharded-state", "checkpoints of fully_sharded runs are always sharded '
+           'directories", FLAG),\n', '    accept("--use-sharded-state", "checkpoints of fully_sharded runs are '
+           'always sharded directories"),\n',
+           (FT + "test_every_table_entry_is_a_fairseq_flag_with_fairseqs_arity",)),
+    Mutant("readme_fairseq_column_flag_fails", "every flag README's fairseq column names is taken by shard-train",
+           TABLE, '    accept("--use-sharded-state", "checkpoints of fully_sharded runs are always sharded directories", FLAG),\n',
+           "", ("tests/cli/test_readme_fairseq_column.py",)),
+    Mutant("default_schedule_notice_on_explicit_scheduler", "the notice is only for commands that rely on the default",
+           "shardtrain/optim/fairseq_defaults.py", '    if _given(argv, "--lr-scheduler"):\n        return None\n', "",
+           ("tests/optim/test_optim_fairseq_defaults.py",)),
+    Mutant("readme_table_misses_works", "README's table shows every flag's state",
+           "tests/fairseq_flags/flag_table_markdown.py", '    return names | {"data"}  # the positional data '
+           'directory\n', '    return {"data"}\n',
+           (MD + "test_the_markdown_gives_every_flag_a_state",)),
     Mutant("fairseq_alias_not_generated", "the flag list names fairseq's aliases (--max-sentences, --local_rank)",
            GEN, '        if "argparse_alias" in meta:\n            entry["flags"].append(ast.literal_eval('
            'meta["argparse_alias"]))\n', "",
@@ -51,11 +60,4 @@ MUTANTS = [
     Mutant("fairseq_interpolated_field_listed", "fields fairseq fills from another group are not flags of this one",
            GEN, "            continue  # fairseq adds this flag from the group that owns it\n", "            pass\n",
            (FT + "test_the_checked_in_flag_list_is_what_fairseqs_source_gives",)),
-    Mutant("readme_table_misses_works", "README's table shows every flag's state",
-           "tests/fairseq_flags/flag_table_markdown.py", '    return names | {"data"}  # the positional data '
-           'directory\n', '    return {"data"}\n',
-           (MD + "test_the_markdown_gives_every_flag_a_state",)),
-    Mutant("readme_fairseq_column_flag_fails", "every flag README's fairseq column names is taken by shard-train",
-           TABLE, '    accept("--use-sharded-state", "checkpoints of fully_sharded runs are always sharded directories", FLAG),\n',
-           "", ("tests/cli/test_readme_fairseq_column.py",)),
 ]

@@ -1,0 +1,53 @@
+"""Mutants of shardtrain/config/: flags, sections, the combination checks, the Hydra store and keys. The fairseq
+flag table is in mutants_config_fairseq_flags.py, flag effects in mutants_flag_effects.py and
+mutants_flag_coverage.py. Each mutant was seen to fail its tests."""
+from mutant_spec import Mutant
+
+FT = "tests/config/test_fairseq_flag_table.py::"
+LISTS = "tests/optim/test_optim_epoch_lists.py"
+AMP = "tests/trainer/test_amp_flag.py"
+HYDRA = "tests/cli/test_hydra_train.py::"
+KEYS = "tests/config/test_hydra_keys.py::"
+
+MUTANTS = [
+    Mutant("epoch_lists_not_normalized", "one typed representation: --lr/--update-freq are lists in every config",
+           "shardtrain/config/build.py", "        epoch_lists.normalize(cfg.optimization)\n", "",
+           (LISTS + "::test_one_typed_list_from_flags_configs_and_hydra_style_values",)),
+    Mutant("refused_combination_accepted", "--zero-sharding os is refused with fully_sharded",
+           "shardtrain/config/checks.py",
+           'c.distributed.zero_sharding != "none" and _backend_has(c, "shards_parameters")',
+           'c.distributed.zero_sharding != "none" and False',
+           ("tests/trainer/test_zero_decisions.py",)),
+    Mutant("cpu_offload_without_fsdp_accepted", "--cpu-offload needs --ddp-backend fully_sharded",
+           "shardtrain/config/checks.py",
+           'c.distributed.cpu_offload and not _backend_has(c, "supports_cpu_offload")',
+           'c.distributed.cpu_offload and False',
+           ("tests/cli/test_bad_input.py::test_bad_train_input[cpu offload without fully_sharded]",)),
+    Mutant("flag_prefixes_accepted", "unknown flags are errors; prefixes are not accepted",
+           "shardtrain/config/flags.py", "allow_abbrev=False", "allow_abbrev=True",
+           ("tests/core/test_config.py",)),
+    Mutant("fairseq_aliases_dropped", "fairseq's alias flags (--max-sentences, --nval, --wd) work as their fields",
+           "shardtrain/config/flags.py", '            group.add_argument(flag_name(f.name), *f.metadata.get("aliases", ()), **kwargs)',
+           "            group.add_argument(flag_name(f.name), **kwargs)",
+           ("tests/config/test_fairseq_flag_table.py::test_every_fairseq_flag_has_exactly_one_state",)),
+    Mutant("hydra_bool_flag_bare", "a flag that takes no value becomes KEY=true",
+           "shardtrain/config/hydra_keys.py", 'out.append(f"{key}=true")', "out.append(key)",
+           (KEYS + "test_flags_become_keys",)),
+    Mutant("hydra_alias_unknown", "fairseq's alias flags are named as their keys too",
+           "shardtrain/config/hydra_keys.py", """for flag in (f"--{f.name.replace('_', '-')}", *f.metadata.get("aliases", ())):""",
+           """for flag in (f"--{f.name.replace('_', '-')}",):""", (KEYS + "test_flags_become_keys",)),
+    Mutant("builtin_config_not_found", "--config-name finds a built-in config with no --config-dir",
+           "shardtrain/config/hydra_store.py",
+           'if not os.path.isfile(os.path.join(cwd, name + ".yaml")) and name in builtin_config_names():',
+           'if False:', (HYDRA + "test_builtin_config_names_and_their_precedence",)),
+    Mutant("builtin_config_shadows_users", "a config file of the user's wins over a built-in of the same name",
+           "shardtrain/config/hydra_store.py",
+           'if not os.path.isfile(os.path.join(cwd, name + ".yaml")) and name in builtin_config_names():',
+           'if name in builtin_config_names():', (HYDRA + "test_builtin_config_names_and_their_precedence",)),
+    Mutant("works_flag_default_drift", "flags that work have fairseq's default",
+           "shardtrain/config/sections.py", 'keep_last_epochs: int = field(-1,', 'keep_last_epochs: int = field(-2,',
+           (FT + "test_works_flags_have_fairseqs_default",)),
+    Mutant("amp_ignored", "--amp trains in fp16 autocast with fp32 weights and a dynamic loss scale",
+           "shardtrain/config/sections.py", 'return "fp16" if common.fp16 or common.amp else "fp32"',
+           'return "fp16" if common.fp16 else "fp32"', (AMP,)),
+]

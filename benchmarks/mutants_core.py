@@ -1,0 +1,17 @@
+"""Mutants of shardtrain/core/: the file lock, the registry, step timing. Each mutant was seen to fail its tests."""
+from mutant_spec import Mutant
+
+DEMO = "tests/cli/test_demo.py::"
+
+MUTANTS = [
+    Mutant("save_dir_lock_not_taken", "one run per save dir: a second is refused",
+           "shardtrain/core/file_lock.py", "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass",
+           ("tests/cli/test_save_dir_lock.py",)),
+    Mutant("registry_accepts_duplicates", "every registry rejects duplicate names",
+           "shardtrain/core/registry.py", "        if name in self._entries:\n            raise ConfigError(",
+           "        if False:\n            raise ConfigError(",
+           ("tests/core/test_registry.py",)),
+    Mutant("slow_step_untimed", "a step that can take seconds says how long it took",
+           "shardtrain/core/timing.py", '    logger.info("%s: done in %.1f s", what, time.perf_counter() - start)\n',
+           "", (DEMO + "test_demo_runs_on_a_small_stdlib_corpus",)),
+]

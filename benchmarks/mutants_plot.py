@@ -1,0 +1,23 @@
+"""Mutants of shardtrain/plot/: shard-plot's records and SVG axes. Each mutant was seen to fail its tests."""
+from mutant_spec import Mutant
+
+PLOT = "tests/plot/test_plot.py::"
+
+MUTANTS = [
+    Mutant("plot_epoch_summaries_as_curve", "shard-plot draws train_inner records, not epoch summaries",
+           "shardtrain/plot/records.py", '_NOT_CURVES = {"train"}', "_NOT_CURVES = set()",
+           (PLOT + "test_every_log_format_reads_back",)),
+    Mutant("plot_resume_keeps_first", "a resumed run's repeated updates are drawn with their later values",
+           "shardtrain/plot/records.py", "grouped.setdefault((tag, metric), {})[x] = y",
+           "grouped.setdefault((tag, metric), {}).setdefault(x, y)",
+           (PLOT + "test_a_resumed_run_repeating_updates_keeps_the_later_values",)),
+    Mutant("plot_json_prefix_kept", "json summaries' tag prefix (valid_loss) is read as the metric (loss)",
+           "shardtrain/plot/records.py", 'prefix = f"{tag}_"', 'prefix = "\\0"',
+           (PLOT + "test_every_log_format_reads_back",)),
+    Mutant("plot_log_axis_unscaled", "ppl is drawn on a log axis consistently",
+           "shardtrain/plot/svg.py", "top + h - (_scale(y, log) - ymin) / (ymax - ymin) * h",
+           "top + h - (y - ymin) / (ymax - ymin) * h", (PLOT + "test_curves_are_drawn_where_their_values_are",)),
+    Mutant("plot_ticks_not_nearest", "axis ticks are round values about four to a panel",
+           "shardtrain/plot/svg.py", "step *= min((1, 2, 5, 10), key=lambda m: abs(math.log(step * m / raw)))",
+           "step *= next(m for m in (1, 2, 5, 10) if step * m >= raw)", (PLOT + "test_ticks_are_round_and_inside",)),
+]
