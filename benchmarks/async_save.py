@@ -10,6 +10,8 @@ transformer_lm with Adam state:
   split  : --async-save now: CPU parameters and optimizer state are written live
            and the next optimizer step waits for the write; the rest is copied.
 
+dcp and copy are built in checkpoint_baselines.py from the product's pieces.
+
 For an async save the stall is what training loses to it: the time until
 save() returns, plus how much longer the update that overlaps the background
 write takes than a normal update. Host peak is the sum over the ranks of
@@ -31,9 +33,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoint_baselines import CopyEverythingSaver, DcpStagerSaver  # noqa: E402
 from make_data import random_data_bin  # noqa: E402
 
-from shardtrain.config.build import parse_train_args  # noqa: E402
+from shardtrain.config.run_config import parse_train_args  # noqa: E402
 from shardtrain.trainer.launch.start import call_main  # noqa: E402
 from shardtrain.trainer.loop import Run  # noqa: E402
 from shardtrain.trainer.metrics.state_memory import state_bytes  # noqa: E402
@@ -76,6 +79,10 @@ def slowest(value: float) -> float:
     return float(worst)
 
 
+SAVERS = {"sync": ShardedSaver, "split": lambda: ShardedSaver(async_save=True), "copy": CopyEverythingSaver,
+          "dcp": DcpStagerSaver}
+
+
 def measure(mode, saves, cfg, ctx):
     """Per rank: build, warm up, then ``saves`` saves each with one update after save() returns."""
     run = Run(cfg, ctx)
@@ -88,7 +95,7 @@ def measure(mode, saves, cfg, ctx):
 
     update()  # Adam state exists and the step is warm
     normals = []
-    saver = ShardedSaver(async_save=mode != "sync", staging="split" if mode == "sync" else mode)
+    saver = SAVERS[mode]()
     held = state_bytes(run.trainer.params, run.trainer.optimizer)
     rows = []
     for i in range(saves):

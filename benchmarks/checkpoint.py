@@ -10,8 +10,8 @@ longer that overlapping update takes than a normal one (the median of the 3
 updates just before the save). The sync save's time is until save() returns
 (the write has landed). Sync and async alternate over ``--rounds``, each in a
 freshly built run; one torch.save of the trainer's full state dict is timed
-on a run of its own. Then the cost of checksums: sharded saves with and without them (a parameter of
-ShardedSaver), alternating, each loaded back; and checking a single file's zip CRCs against its torch.load.
+on a run of its own. Then the cost of checksums: sharded saves with and without them (the baseline in
+checkpoint_baselines.py), alternating, each loaded back; and checking a single file's zip CRCs against its torch.load.
 
     python benchmarks/checkpoint.py [--layers 12 --dim 768 --saves 2 --rounds 2]
 """
@@ -28,9 +28,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from async_save import measure  # noqa: E402
+from checkpoint_baselines import SaverWithoutChecksums  # noqa: E402
 from make_data import random_data_bin  # noqa: E402
 
-from shardtrain.config.build import parse_train_args  # noqa: E402
+from shardtrain.config.run_config import parse_train_args  # noqa: E402
 from shardtrain.trainer.checkpoint.contents import trainer_parts  # noqa: E402
 from shardtrain.trainer.checkpoint.sharded import ShardedDirectory, ShardedSaver  # noqa: E402
 from shardtrain.trainer.checkpoint.single_file import SingleFile  # noqa: E402
@@ -72,7 +73,7 @@ def timed(f, *args, **kwargs) -> float:
 
 def checksum_overheads(cfg, ctx, repeats: int):
     """-> {"save", "load": median time with checksums / median time without - 1}: sharded saves by
-    ShardedSaver(checksums=True / False) in alternating order, each loaded back (resume's read_state +
+    ShardedSaver and SaverWithoutChecksums in alternating order, each loaded back (resume's read_state +
     load_tensors) into the same run; a checkpoint saved without checksums has no CHECKSUMS to verify."""
     run = Run(cfg, ctx)
     run.trainer.train_step([next(run.batch_iterator("train", 1, shuffle=True).next_epoch_itr())])
@@ -80,7 +81,7 @@ def checksum_overheads(cfg, ctx, repeats: int):
     times = {(op, on): [] for op in ("save", "load") for on in (True, False)}
     # One saver per mode for the whole run, as a training run has: the first save with checksums makes
     # the gloo group their gather uses, which a run pays once; an untimed first save takes it here.
-    savers = {on: ShardedSaver(checksums=on) for on in (True, False)}
+    savers = {True: ShardedSaver(), False: SaverWithoutChecksums()}
     for on, saver in savers.items():
         shutil.rmtree(saver.save(cfg.checkpoint.save_dir, f"warmup{on}", run.trainer.model, run.trainer.optimizer,
                                  {"x": 1}, aliases=[]))

@@ -79,10 +79,6 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
     def dtype(self) -> np.dtype:
         return self._dtype
 
-    @property
-    def supports_prefetch(self) -> bool:
-        return False
-
     def __len__(self) -> int:
         return len(self._sizes)
 

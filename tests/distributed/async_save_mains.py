@@ -7,6 +7,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+from shardtrain.trainer.checkpoint.async_staging import HostMemory
 from shardtrain.trainer.loop import Run, train
 from shardtrain.trainer.checkpoint.sharded import ShardedSaver, load_sharded_into
 
@@ -68,14 +69,30 @@ def slow_writes():
 SAVES = 3  # the second save is the first to reuse buffers (torch 2.11 crashed there), the third reuses again
 
 
+class OnAGpu(HostMemory):
+    """Staging as on a GPU rank (tests/trainer/cuda_stand_in.py's GpuHostMemory, less its records):
+    every tensor counts as on a GPU, so every one is copied, into unpinned buffers (pinning needs a
+    GPU); the copies are synchronous here, so there is nothing to wait for."""
+
+    def device_of(self, tensor):
+        return torch.device("cuda", 0)
+
+    def allocate(self, like, pinned):
+        return torch.empty(like.shape, dtype=like.dtype)
+
+    def synchronize(self, device):
+        pass
+
+
 def buffer_addresses(stager) -> dict:
     return {path: buffer.data_ptr() for path, buffer in stager.buffers().items()}
 
 
 def save_change_load(cfg, ctx):
-    """SAVES async saves in each staging mode, each followed at once by a change of the
-    live state: for "split" a real training update (its optimizer step must wait for
-    the write), for "copy" an in-place change outside any step (the copy protects it).
+    """SAVES async saves of each kind, each followed at once by a change of the live state:
+    "split" (a CPU rank's) by a real training update (its optimizer step must wait for the
+    write), "copy" (a GPU rank's, OnAGpu: everything copied) by an in-place change outside
+    any step (the copy protects it).
     Returns {mode: {"differences": worst |loaded - state at save()| per save,
     "waited": steps that waited for a write, "in_place": bytes written live,
     "copied": bytes copied, "allocations": buffers allocated after each save,
@@ -89,7 +106,9 @@ def save_change_load(cfg, ctx):
         itr = run.batch_iterator("train", 1, shuffle=True).next_epoch_itr()
         model, optimizer, save_dir = run.trainer.model, run.trainer.optimizer, cfg.checkpoint.save_dir
         for mode in ("split", "copy"):
-            saver = ShardedSaver(async_save=True, staging=mode)
+            saver = ShardedSaver(async_save=True)
+            if mode == "copy":
+                saver.stager.memory = OnAGpu()
             differences, allocations, addresses = [], [], []
             for i in range(SAVES):
                 before = snapshot(model, optimizer)

@@ -3,14 +3,14 @@
 Two real gloo ranks under fully_sharded on the CPU, every shard write held back
 1 s, three saves in a row. "split" (the default): parameters and optimizer state
 are written from the live tensors, nothing is copied, and the next training
-update's optimizer step waits for the write. "copy": everything is copied into
-host buffers that the first save allocates and the later ones refill (torch
-2.11's stager broke that reuse at the second save), and the live state may
-change at once. Either way each checkpoint must hold the values at its save().
+update's optimizer step waits for the write. "copy": staged as on a GPU rank
+(a stand-in says every tensor is on a GPU), everything is copied into host
+buffers that the first save allocates and the later ones refill (torch 2.11's
+stager broke that reuse at the second save), and the live state may change at once. Either way each checkpoint must hold the values at its save().
 """
 import pytest
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from async_save_mains import save_change_load
 from st_testutils import make_space_data_bin

@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from equivalence_mains import train_and_record
@@ -132,9 +132,9 @@ def test_finetune_from_a_sharded_checkpoint(data_bin, saved_on_two_ranks, tmp_pa
     losses, weights, _ = run(data_bin, tmp_path / "ft", 1, 1, "pytorch_ddp", "0",
                              "--finetune-from-model", str(source), "--lr", "1e-9")
     # a negligible lr: the finetuned weights are the source's, which DCP assembles from both ranks' shards
-    from shardtrain.trainer.checkpoint.consolidate import sharded_to_file
+    from shardtrain.trainer.checkpoint.consolidate import read_sharded  # what shard-consolidate writes
 
-    source_weights = sharded_to_file(str(source), str(tmp_path / "source.pt"), model_only=True)
+    source_weights = read_sharded(str(source), model_only=True)["model"]
     for k, v in source_weights.items():
         np.testing.assert_allclose(weights[k], v.numpy(), atol=1e-6)
     assert len(losses) == 1  # one update: the counters started from zero

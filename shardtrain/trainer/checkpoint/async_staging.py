@@ -113,13 +113,9 @@ class RunStager:
     so the same entry refills it at every save even when the state dict hands out fresh
     tensor objects; it is allocated again only when that entry's shape, dtype or device
     kind changes, and dropped when the entry is gone or at ``close()``. Entries that share
-    one source (tied weights) share one copy.
+    one source (tied weights) share one copy."""
 
-    ``copy_everything=True`` copies every tensor (the behaviour before; kept
-    for benchmarks/async_save.py to compare against)."""
-
-    def __init__(self, copy_everything: bool = False, memory: Optional[HostMemory] = None):
-        self.copy_everything = copy_everything
+    def __init__(self, memory: Optional[HostMemory] = None):
         self.memory = memory or HostMemory()
         self._buffers: Dict[str, Tuple[torch.Tensor, bool]] = {}  # path -> (buffer, pinned)
         self.allocations = 0  # buffers allocated over the run: none after the first save of an unchanged state
@@ -140,7 +136,7 @@ class RunStager:
             # scalars (Adam's step counts, on the CPU even for GPU state) are copied: gating
             # the step on a write of bytes would stall GPU runs for nothing
             live = device.type == "cpu" and local.numel() > 1 and _storage(local) in in_place
-            if live and not self.copy_everything:
+            if live:
                 self.in_place_bytes += nbytes
                 return tensor
             self.copied_bytes += nbytes

@@ -11,18 +11,12 @@ data, it is no defence against deliberate forgery.
   (HashingFileSystem, HashedAtFsync), rank 0 also ``.metadata`` and ``extra.pt``; rank 0 writes them all, with the
   ``COMPLETE`` marker's own, into ``CHECKSUMS`` (atomically, before ``COMPLETE``: a directory with a marker
   always has its whole manifest). The manifest carries a CRC of itself, so a flip inside it is found too.
-- A single file: ``torch.save`` writes a zip that stores the CRC32 of every entry (torch computes them; its
-  reader never checks them). verify_zip reads every entry through Python's zipfile, which checks each CRC and
-  that each local header names its entry; the bytes neither zipfile nor torch looks at (timestamps, version
-  fields, the padding of local extra fields) cannot change what is loaded. tests/trainer/test_checksum_flips.py
-  flips random bits and asserts exactly that.
+- A single file: ``torch.save``'s zip holds the CRC32 of every entry, checked by zip_checksums.py.
 """
 import contextlib
 import json
 import mmap
 import os
-import struct
-import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
@@ -38,7 +32,6 @@ MANIFEST = "CHECKSUMS"
 ALGORITHM = "crc32"
 CHUNK = 16 * 2 ** 20
 BLOCK = 64 * 2 ** 20  # one CRC per block: verification hashes the blocks of one file in parallel
-ZIP_MAGIC = b"PK\x03\x04"
 
 
 class Damaged(Exception):
@@ -189,30 +182,31 @@ class HashingFileSystem(FileSystem):
         self.written[name[:-4] if name.endswith(".tmp") else name] = hashing.entry()
 
 
-def shard_writer(partial: str, checksums: bool, state_on_host: bool):
-    """-> (DCP writer for ``partial``, its HashingFileSystem or None when ``checksums`` is off).
+def dcp_writer(partial: str, state_on_host: bool) -> FileSystemWriter:
+    """DCP's writer for ``partial``. ``state_on_host``: every tensor it will write is in host memory.
 
-    ``state_on_host``: every tensor it will write is in host memory. By default DCP's writer copies
-    tensors to the host ahead of the write on a stream of the calling thread's current device whenever
-    CUDA is available, host tensors or not: a ``--cpu`` run opened a CUDA context on every rank, and an
-    async save's writer thread (whose current device is 0) one on device 0 from every rank. With no
-    copy-ahead it reads each tensor in turn and makes no device call."""
-    writer = FileSystemWriter(partial, **({"per_thread_copy_ahead": 0} if state_on_host else {}))
-    if not checksums:
-        return writer, None
+    By default DCP's writer copies tensors to the host ahead of the write on a stream of the calling
+    thread's current device whenever CUDA is available, host tensors or not: a ``--cpu`` run opened a
+    CUDA context on every rank, and an async save's writer thread (whose current device is 0) one on
+    device 0 from every rank. With no copy-ahead it reads each tensor in turn and makes no device call."""
+    return FileSystemWriter(partial, **({"per_thread_copy_ahead": 0} if state_on_host else {}))
+
+
+def shard_writer(partial: str, state_on_host: bool):
+    """-> (DCP writer for ``partial`` (see dcp_writer), the HashingFileSystem recording what it writes)."""
+    writer = dcp_writer(partial, state_on_host)
     hashing = HashingFileSystem()
     use_file_system(writer, hashing)
     return writer, hashing
 
 
-def gather_checksums(hashing: Optional[HashingFileSystem], group) -> Optional[Dict]:
-    """Collective: every rank's written files' checksums, merged on rank 0 (None elsewhere, or when off)."""
-    mine = None if hashing is None else hashing.written
+def gather_checksums(hashing: HashingFileSystem, group) -> Optional[Dict]:
+    """Collective: every rank's written files' checksums, merged on rank 0 (None elsewhere)."""
     if not dist.is_initialized():
-        return mine
+        return hashing.written
     gathered = [None] * ranks.world_size() if ranks.rank() == 0 else None
-    dist.gather_object(mine, gathered, dst=0, group=group)
-    if gathered is None or any(g is None for g in gathered):
+    dist.gather_object(hashing.written, gathered, dst=0, group=group)
+    if gathered is None:
         return None
     return {name: entry for g in gathered for name, entry in g.items()}
 
@@ -228,14 +222,14 @@ def file_entry(path: str) -> Dict:
             sums.update(memoryview(chunk))
 
 
-def _verifier() -> ThreadPoolExecutor:
+def verifier() -> ThreadPoolExecutor:
     # crc32 releases the GIL: one thread per core hashes blocks (and zip entries) side by side. Hashing the
     # shards while DCP reads them (tried) gained nothing on 2 cores: the warm-cache read already fills one
     return ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="verify")
 
 
 @contextlib.contextmanager
-def _mapped(path: str):
+def mapped_view(path: str):
     """The file's bytes as a read-only memoryview (no copy: the pages are shared with the load that follows)."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
@@ -284,8 +278,8 @@ def verify_directory(directory: str, files: Dict[str, Dict]) -> int:
         if os.path.getsize(path) != want["size"]:
             raise Damaged(name, f"has {os.path.getsize(path)} bytes, {want['size']} were written (truncated or "
                                 "replaced)")
-    with _verifier() as pool, contextlib.ExitStack() as stack:
-        views = {name: stack.enter_context(_mapped(os.path.join(directory, name))) for name in files}
+    with verifier() as pool, contextlib.ExitStack() as stack:
+        views = {name: stack.enter_context(mapped_view(os.path.join(directory, name))) for name in files}
         blocks = [(name, i, crc) for name, want in sorted(files.items()) for i, crc in enumerate(want[ALGORITHM])]
         found = list(pool.map(lambda b: _block_crc(views[b[0]], b[1] * BLOCK), blocks))
     for (name, i, want), crc in zip(blocks, found):
@@ -293,59 +287,3 @@ def verify_directory(directory: str, files: Dict[str, Dict]) -> int:
             raise Damaged(name, f"does not match its checksum (crc32 {crc:08x} of the block at byte {i * BLOCK}, "
                                 f"{want} was written): its bytes changed after the save")
     return sum(want["size"] for want in files.values())
-
-
-def is_zip(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == ZIP_MAGIC
-
-
-def verify_zip(path: str) -> int:
-    """Check every entry's CRC32 of a torch.save zip; -> its entry count. Damaged on any mismatch.
-
-    What zipfile's reader checks (a local header's signature and name, the entry's bytes against the
-    central directory's CRC), done on a memory map with the entries hashed in parallel."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            entries = archive.infolist()
-        with _mapped(path) as view, _verifier() as pool:
-            bad = [e for e in [_end_problem(view)] + list(pool.map(lambda info: _entry_problem(view, info), entries))
-                   if e]
-    except Exception as e:  # noqa: BLE001 - a damaged zip fails in many ways, all of them "damaged"
-        raise Damaged(os.path.basename(path), f"is not the zip torch.save wrote ({type(e).__name__}: "
-                                              f"{str(e)[:200]})") from None
-    if bad:
-        raise Damaged(os.path.basename(path), bad[0])
-    return len(entries)
-
-
-def _end_problem(view: memoryview) -> Optional[str]:
-    """torch.save ends its zip with the zip64 end record, its locator and the classic end record. zipfile
-    does not insist that the locator points at the record (torch's reader does): a flip there is damage too."""
-    locator = view.nbytes - 22 - 20
-    if locator < 0 or bytes(view[locator:locator + 4]) != b"PK\x06\x07":
-        return None  # no zip64 records: zipfile has read what there is
-    (record,) = struct.unpack("<Q", view[locator + 8:locator + 16])
-    if record + 56 != locator or bytes(view[record:record + 4]) != b"PK\x06\x06":
-        return "has a zip64 end locator that does not point at its end record (damaged)"
-    return None
-
-
-def _entry_problem(view: memoryview, info: zipfile.ZipInfo) -> Optional[str]:
-    h = info.header_offset
-    header = bytes(view[h:h + 30])
-    if len(header) < 30 or header[:4] != ZIP_MAGIC:
-        return f"has no entry header where its directory places {info.filename} (truncated or damaged)"
-    n, e = struct.unpack("<HH", header[26:30])
-    raw = bytes(view[h + 30:h + 30 + n])
-    if raw.decode("utf-8" if info.flag_bits & 0x800 else "cp437", "replace") != info.orig_filename:
-        return f"names another entry where its directory places {info.filename}"
-    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
-        return f"stores {info.filename} in a way torch.save never does"
-    start = h + 30 + n + e
-    data = view[start:start + info.file_size]
-    if data.nbytes != info.file_size:
-        return f"is truncated inside {info.filename}"
-    if zlib.crc32(data) != info.CRC:
-        return f"does not match the checksum of its entry {info.filename}: its bytes changed after the save"
-    return None

@@ -91,14 +91,6 @@ def write_file(state: Dict, dst: str) -> None:
         torch.save(state, f)
 
 
-def sharded_to_file(src: str, dst: str, model_only: bool, overwrite: bool = False) -> Dict:
-    """Write the single-file form of the sharded checkpoint ``src``; returns its model state."""
-    check_output(dst, overwrite, directory=False)
-    state = read_sharded(src, model_only)
-    write_file(state, dst)
-    return state["model"]
-
-
 def describe(state: Dict) -> str:
     """What a converted checkpoint holds, for the log: a directory made from a
     model-only file has no optimizer, whatever flags the conversion had."""
@@ -128,7 +120,7 @@ def file_to_sharded(src: str, dst: str, overwrite: bool = False) -> Dict:
 def _save_sharded(state: Dict, partial: str, final: str) -> None:
     """One process writes every shard, then the marker, extra.pt and the rename as a run's save does."""
     tensors = {k: state.pop(k) for k in TENSOR_PARTS if k in state}
-    writer, hashing = shard_writer(partial, checksums=True, state_on_host=on_host(tensors))
+    writer, hashing = shard_writer(partial, state_on_host=on_host(tensors))
     with _single_process():
         dcp.save(tensors, storage_writer=writer, no_dist=True)
     name = os.path.basename(final)

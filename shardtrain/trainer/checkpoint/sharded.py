@@ -44,7 +44,7 @@ from shardtrain.trainer.checkpoint.formats import CheckpointFormat, matching
 from shardtrain.trainer.checkpoint.keep_best import prune_best
 from shardtrain.trainer.checkpoint.safe_loading import SafeFileSystemReader, load_weights_only, torch_reason
 from shardtrain.trainer.checkpoint.spare_fds import SpareDescriptors
-from shardtrain.trainer.checkpoint.verify import Verified
+from shardtrain.trainer.checkpoint.integrity import Verified
 from shardtrain.trainer.launch import ranks
 
 COMPLETE = "COMPLETE"
@@ -153,14 +153,9 @@ class ShardedSaver:
     finishes it, ``close()`` also frees the buffers.
     """
 
-    def __init__(self, async_save: bool = False, staging: str = "split", checksums: bool = True):
-        """``staging``: "split" (above); "copy": copy every tensor into the reused
-        buffers; "dcp": DCP's own stager, a fresh copy per save. The last two are
-        the behaviours before, kept for benchmarks/async_save.py to compare against.
-        ``checksums``: False writes no CHECKSUMS (as before them), for benchmarks/checkpoint.py's baseline."""
+    def __init__(self, async_save: bool = False):
         self.async_save = async_save
-        self.checksums = checksums
-        self.stager = RunStager(copy_everything=staging == "copy") if staging != "dcp" else None
+        self.stager = RunStager()
         self.gate = StepGate()
         self._pending: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
@@ -174,24 +169,14 @@ class ShardedSaver:
         rank = ranks.rank()
         final = os.path.join(save_dir, name)
         partial = os.path.join(save_dir, f".{name}.partial")
-        spare = None
-        if rank == 0:
-            spare = SpareDescriptors()  # before anything is written: a failed save can always clean up
-            shutil.rmtree(partial, ignore_errors=True)  # left by a crashed save of the same update
-            try:
-                os.makedirs(partial)
-            except BaseException:
-                spare.release()
-                raise
-        ranks.barrier()
+        spare = make_partial(partial)
         state = {"model": get_model_state_dict(model)}
         if optimizer is not None:  # None: --no-save-optimizer-state
             state["optimizer"] = get_optimizer_state_dict(model, optimizer)
         info = {"format": FORMAT, "world_size": ranks.world_size(), "name": name, "interval": interval}
-        if self.async_save and self.stager is not None:
-            # save() began with wait(), so no write still reads the buffers being refilled
-            state = self.stager.stage(state, step_only_storages(model, state.get("optimizer", {})))
-        writer, hashing = shard_writer(partial, self.checksums, on_host(state))
+        if self.async_save:
+            state = self._stage(state, model)
+        writer, hashing = shard_writer(partial, on_host(state))
 
         def finish():
             written = gather_checksums(hashing, self._gloo_group())  # collective
@@ -214,22 +199,29 @@ class ShardedSaver:
                 raise
             ranks.barrier()
             return final
-        if self.stager is None:  # DCP's own stager copies the state to the host (and tells the writer so)
-            future = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group())
-        else:
-            if self.stager.in_place_bytes:
-                self.gate.hold()
-            try:
-                future = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group(),
-                                        async_stager=Prestaged())
-            except BaseException:
-                self.gate.release()
-                self.gate.detach()
-                raise
+        future = self._write_in_background(state, writer)
         self._in_flight = (save_dir, name)
         self._pending = threading.Thread(target=self._complete, args=(future, finish, discard), daemon=True)
         self._pending.start()
         return final
+
+    def _stage(self, state: Dict, model) -> Dict:
+        """An async save's state: copies of what must be copied, the live CPU state left in place
+        (async_staging.py). save() began with wait(), so no write still reads the buffers being refilled."""
+        return self.stager.stage(state, step_only_storages(model, state.get("optimizer", {})))
+
+    def _write_in_background(self, state: Dict, writer):
+        """-> DCP's future of the write of the staged ``state``; while it writes live tensors, the
+        optimizer steps wait for it."""
+        if self.stager.in_place_bytes:
+            self.gate.hold()
+        try:
+            return dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group(),
+                                  async_stager=Prestaged())
+        except BaseException:
+            self.gate.release()
+            self.gate.detach()
+            raise
 
     def _complete(self, future, finish, discard) -> None:
         try:
@@ -259,8 +251,7 @@ class ShardedSaver:
         try:
             self.wait()
         finally:
-            if self.stager is not None:
-                self.stager.close()
+            self.stager.close()
 
     def _gloo_group(self):
         # Background collectives get their own gloo group so they never interleave
@@ -271,17 +262,36 @@ class ShardedSaver:
         return self._group
 
 
-def finalize(save_dir, name, partial, final, extra, info, aliases, written: Optional[Dict]) -> None:
+def make_partial(partial: str) -> Optional[SpareDescriptors]:
+    """Collective: rank 0 makes the empty directory ``partial`` -> rank 0's spare descriptors (None elsewhere)."""
+    spare = None
+    if ranks.rank() == 0:
+        spare = SpareDescriptors()  # before anything is written: a failed save can always clean up
+        shutil.rmtree(partial, ignore_errors=True)  # left by a crashed save of the same update
+        try:
+            os.makedirs(partial)
+        except BaseException:
+            spare.release()
+            raise
+    ranks.barrier()
+    return spare
+
+
+def finalize(save_dir, name, partial, final, extra, info, aliases, written: Dict) -> None:
     """Rank 0, after every shard is written: extra state, checksums, marker, rename, aliases
-    (also the last steps of shard-consolidate's file -> directory). ``written``: the shard
-    files' checksums (None: write none, as before checksums)."""
+    (also the last steps of shard-consolidate's file -> directory). ``written``: the shard files' checksums."""
     with atomic_open(os.path.join(partial, EXTRA)) as f:
         hashing = HashingStream(f)
         torch.save(extra, hashing)
-    complete = json.dumps({**info, "checksums": written is not None}).encode()
-    if written is not None:
-        files = {**written, EXTRA: hashing.entry(), COMPLETE: entry_of_bytes(complete)}
-        atomic_write_bytes(os.path.join(partial, MANIFEST), manifest_bytes(files))  # before COMPLETE: never half
+    complete = json.dumps({**info, "checksums": True}).encode()
+    files = {**written, EXTRA: hashing.entry(), COMPLETE: entry_of_bytes(complete)}
+    atomic_write_bytes(os.path.join(partial, MANIFEST), manifest_bytes(files))  # before COMPLETE: never half
+    publish(save_dir, name, partial, final, complete, aliases)
+
+
+def publish(save_dir, name, partial, final, complete: bytes, aliases) -> None:
+    """The ``COMPLETE`` marker, then the rename into place and the aliases: no checkpoint name
+    shows the directory before it is whole."""
     atomic_write_bytes(os.path.join(partial, COMPLETE), complete)
     fsync_dir(partial)
     replace_dir(partial, final)

@@ -17,13 +17,13 @@ import torch
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_open, fsync_dir, remove_quietly, temp_sibling
 from shardtrain.fairseq_import import fairseq_lm, fairseq_pickle
-from shardtrain.trainer.checkpoint.checksums import is_zip, verify_zip
 from shardtrain.trainer.checkpoint.contents import FORMAT_VERSION, state_of
 from shardtrain.trainer.checkpoint.fit import check_model_fits
 from shardtrain.trainer.checkpoint.formats import CheckpointFormat, matching
 from shardtrain.trainer.checkpoint.keep_best import prune_best
 from shardtrain.trainer.checkpoint.safe_loading import load_weights_only, torch_reason
-from shardtrain.trainer.checkpoint.verify import Verified
+from shardtrain.trainer.checkpoint.integrity import Verified
+from shardtrain.trainer.checkpoint.zip_checksums import is_zip, verify_zip
 
 
 class SingleFile(CheckpointFormat):
@@ -53,7 +53,7 @@ class SingleFile(CheckpointFormat):
                 os.remove(path)
 
     def verify(self, path: str) -> Optional[Verified]:
-        # torch.save's zip already holds each entry's CRC32 (see checksums.py); a pre-zip file holds none
+        # torch.save's zip already holds each entry's CRC32 (see zip_checksums.py); a pre-zip file holds none
         where = self.pinned(path)
         if not os.path.isfile(where):
             return None
