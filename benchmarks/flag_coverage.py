@@ -91,7 +91,7 @@ def _selections() -> List[List[str]]:
 
 def train_flags() -> Dict[str, Flag]:
     """Every option of shard-train under every registered component, by its first long name."""
-    from shardtrain.config.build import build_train_parser
+    from shardtrain.config.run_config import build_train_parser
     found: Dict[str, Flag] = {}
     for argv in _selections():
         parser, _ = build_train_parser(argv)
@@ -117,6 +117,8 @@ def other_command_flags() -> Set[str]:
                 PreprocessConfig):
         for f in dataclasses.fields(cls):
             out.update((flag_name(f.name), *f.metadata.get("aliases", ())))
+    from shardtrain.cli import plan  # shard-plan's own options, beside shard-train's
+    out.update(s for action in plan._own_parser(add_help=False)._actions for s in action.option_strings)
     return out
 
 

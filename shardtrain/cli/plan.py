@@ -15,7 +15,7 @@ import math
 from typing import List
 
 from shardtrain.cli.errors import cli_entry
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 
 logger = logging.getLogger("shardtrain.plan")
@@ -40,6 +40,9 @@ def _own_parser(add_help: bool) -> argparse.ArgumentParser:
                    help="collective bandwidth per rank in GB/s (default: 2 for gloo on the CPU, 100 within a GPU "
                         "node, 25 across nodes)")
     g.add_argument("--pcie-gbps", type=float, default=None, help="host<->GPU copy speed in GB/s (default: 25)")
+    g.add_argument("--gpu-memory-gbps", type=float, default=None, metavar="GBPS",
+                   help="each GPU's memory bandwidth in GB/s, which an optimizer stepping on the GPU runs at "
+                        "(default: measured on the visible GPU; without one, 3350, an H100 SXM's)")
     g.add_argument("--headroom", type=float, default=0.1,
                    help="fraction of memory to leave free when deciding what fits (default: 0.1)")
     g.add_argument("--verify", action="store_true",
@@ -49,7 +52,8 @@ def _own_parser(add_help: bool) -> argparse.ArgumentParser:
 
 
 def _check(args) -> None:
-    for name in ("gpu_memory", "host_memory", "network_gbps", "pcie_gbps", "gpus_per_node", "nodes"):
+    for name in ("gpu_memory", "host_memory", "network_gbps", "pcie_gbps", "gpu_memory_gbps", "gpus_per_node",
+                 "nodes"):
         value = getattr(args, name)
         # "inf" and "nan" parse as floats; inf passed "> 0" and then failed deep in the plan (int(inf))
         if value is not None and not (value > 0 and math.isfinite(value)):
@@ -71,11 +75,11 @@ def main(argv: List[str]):
     from shardtrain.trainer.metrics.logging_setup import setup_logging
     setup_logging()
     machine = planner.machine_for(cfg, args.gpu_memory, args.host_memory, args.gpus_per_node, args.nodes,
-                                  args.network_gbps, args.pcie_gbps)
+                                  args.network_gbps, args.pcie_gbps, args.gpu_memory_gbps)
     result = planner.plan(cfg, machine, args.headroom)
     print(report.render(result, cfg))
     if args.verify:
-        from shardtrain.plan.verify import verify
+        from shardtrain.plan.measure import verify
         print(verify(cfg, result.given.estimate, machine))
     return result
 

@@ -238,7 +238,7 @@ def adafactor(cfg, device: torch.device) -> OptimizerSpec:
     return OptimizerSpec(Adafactor, dict(
         eps=eps, clip_threshold=cfg.clip_threshold, decay_rate=cfg.decay_rate, beta1=cfg.beta1,
         weight_decay=cfg.weight_decay, scale_parameter=cfg.scale_parameter, relative_step=cfg.relative_step,
-        warmup_init=cfg.warmup_init))
+        warmup_init=cfg.warmup_init), state_bytes=4 if cfg.beta1 else 0)  # the factored moment is negligible
 
 
 def _check(cfg, eps: Tuple[float, float]) -> None:

@@ -296,7 +296,8 @@ def cpu_adam(cfg, device: torch.device) -> OptimizerSpec:
     check_non_negative(cfg, "adam_eps", "weight_decay")
     return OptimizerSpec(CPUAdam, dict(betas=parse_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
                                        weight_decay=cfg.weight_decay, adamw_mode=cfg.adamw_mode,
-                                       fp16_adam_stats=cfg.fp16_adam_stats))
+                                       fp16_adam_stats=cfg.fp16_adam_stats),
+                         state_bytes=4 if cfg.fp16_adam_stats else 8, steps_on_cpu=True)
 
 
 def for_fp16_parameters(spec: OptimizerSpec) -> OptimizerSpec:
@@ -306,4 +307,5 @@ def for_fp16_parameters(spec: OptimizerSpec) -> OptimizerSpec:
     if spec.cls not in (torch.optim.Adam, torch.optim.AdamW):
         return spec
     kwargs = {k: v for k, v in spec.kwargs.items() if k not in ("fused", "foreach")}
-    return OptimizerSpec(CPUAdam, dict(kwargs, adamw_mode=spec.cls is torch.optim.AdamW))
+    return OptimizerSpec(CPUAdam, dict(kwargs, adamw_mode=spec.cls is torch.optim.AdamW),
+                         state_bytes=spec.state_bytes, steps_on_cpu=True)

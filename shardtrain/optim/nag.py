@@ -71,4 +71,5 @@ class NAGConfig:
 @register_optimizer("nag", dataclass=NAGConfig)
 def nag(cfg, device: torch.device) -> OptimizerSpec:
     check_non_negative(cfg, "momentum", "weight_decay")
-    return OptimizerSpec(NAG, dict(momentum=cfg.momentum, weight_decay=cfg.weight_decay))
+    return OptimizerSpec(NAG, dict(momentum=cfg.momentum, weight_decay=cfg.weight_decay),
+                         state_bytes=4)  # its fp32 momentum buffer, kept whatever the momentum

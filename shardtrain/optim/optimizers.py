@@ -76,8 +76,9 @@ def check_non_negative(cfg, *names: str) -> None:
             raise ConfigError(f"{flag} is {value}, but it must be a finite number >= 0. Pass a non-negative {flag}.")
 
 
-def _spec(cls: Type[torch.optim.Optimizer], device: torch.device, **kwargs) -> OptimizerSpec:
-    return OptimizerSpec(cls, {**kwargs, **implementation_kwargs(cls, device)})
+def _spec(cls: Type[torch.optim.Optimizer], device: torch.device, state_bytes: int, **kwargs) -> OptimizerSpec:
+    """``state_bytes``: what it keeps per parameter (OptimizerSpec.state_bytes)."""
+    return OptimizerSpec(cls, {**kwargs, **implementation_kwargs(cls, device)}, state_bytes=state_bytes)
 
 
 @dataclasses.dataclass
@@ -107,8 +108,8 @@ def adam(cfg, device: torch.device) -> OptimizerSpec:
     if cfg.fp16_adam_stats:
         return _fp16_stats_adam(cls, device, kwargs)
     if cfg.use_old_adam:
-        return OptimizerSpec(cls, dict(kwargs, foreach=True))
-    return _spec(cls, device, **kwargs)
+        return OptimizerSpec(cls, dict(kwargs, foreach=True), state_bytes=8)
+    return _spec(cls, device, 8, **kwargs)  # two fp32 moments
 
 
 def _fp16_stats_adam(cls, device: torch.device, kwargs) -> OptimizerSpec:
@@ -118,7 +119,8 @@ def _fp16_stats_adam(cls, device: torch.device, kwargs) -> OptimizerSpec:
                           "--fp16-adam-stats (its state in CPU memory), or drop --fp16-adam-stats.")
     from shardtrain.optim.cpu_adam import CPUAdam  # cpu_adam imports this module
 
-    return OptimizerSpec(CPUAdam, dict(kwargs, adamw_mode=cls is torch.optim.AdamW, fp16_adam_stats=True))
+    return OptimizerSpec(CPUAdam, dict(kwargs, adamw_mode=cls is torch.optim.AdamW, fp16_adam_stats=True),
+                         state_bytes=4, steps_on_cpu=True)  # two fp16 moments
 
 
 @dataclasses.dataclass
@@ -132,7 +134,7 @@ class AdamWConfig:
 @register_optimizer("adamw", dataclass=AdamWConfig)
 def adamw(cfg, device: torch.device) -> OptimizerSpec:
     check_non_negative(cfg, "adam_eps", "weight_decay")
-    return _spec(torch.optim.AdamW, device, betas=parse_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
+    return _spec(torch.optim.AdamW, device, 8, betas=parse_betas(cfg.adam_betas, "--adam-betas"), eps=cfg.adam_eps,
                  weight_decay=cfg.weight_decay)
 
 
@@ -145,7 +147,8 @@ class SGDConfig:
 @register_optimizer("sgd", dataclass=SGDConfig)
 def sgd(cfg, device: torch.device) -> OptimizerSpec:
     check_non_negative(cfg, "momentum", "weight_decay")
-    return _spec(torch.optim.SGD, device, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return _spec(torch.optim.SGD, device, 4 if cfg.momentum else 0, momentum=cfg.momentum,
+                 weight_decay=cfg.weight_decay)
 
 
 @dataclasses.dataclass
@@ -156,7 +159,7 @@ class AdagradConfig:
 @register_optimizer("adagrad", dataclass=AdagradConfig)
 def adagrad(cfg, device: torch.device) -> OptimizerSpec:
     check_non_negative(cfg, "weight_decay")
-    return _spec(torch.optim.Adagrad, device, weight_decay=cfg.weight_decay)
+    return _spec(torch.optim.Adagrad, device, 4, weight_decay=cfg.weight_decay)
 
 
 @dataclasses.dataclass
@@ -171,7 +174,7 @@ def adadelta(cfg, device: torch.device) -> OptimizerSpec:
     check_non_negative(cfg, "adadelta_eps", "weight_decay")
     if not 0.0 <= cfg.adadelta_rho <= 1.0:
         raise ConfigError(f"--adadelta-rho is {cfg.adadelta_rho}, but it must be in [0, 1]. The default is 0.9.")
-    return _spec(torch.optim.Adadelta, device, rho=cfg.adadelta_rho, eps=cfg.adadelta_eps,
+    return _spec(torch.optim.Adadelta, device, 8, rho=cfg.adadelta_rho, eps=cfg.adadelta_eps,
                  weight_decay=cfg.weight_decay)
 
 
@@ -187,5 +190,5 @@ def adamax(cfg, device: torch.device) -> OptimizerSpec:
     """torch's Adamax. Unlike fairseq's own Adamax, its weight decay is L2 on the
     gradient, not decoupled; with the default --weight-decay 0 they agree."""
     check_non_negative(cfg, "adamax_eps", "weight_decay")
-    return _spec(torch.optim.Adamax, device, betas=parse_betas(cfg.adamax_betas, "--adamax-betas"),
+    return _spec(torch.optim.Adamax, device, 8, betas=parse_betas(cfg.adamax_betas, "--adamax-betas"),
                  eps=cfg.adamax_eps, weight_decay=cfg.weight_decay)

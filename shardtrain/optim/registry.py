@@ -27,6 +27,16 @@ LR_SCHEDULER_REGISTRY = Registry("lr_scheduler", flag="--lr-scheduler")
 class OptimizerSpec:
     cls: Type[torch.optim.Optimizer]
     kwargs: Dict[str, Any]
+    # Facts the memory check and shard-plan ask of an optimizer, said by its builder from its config.
+    #: Bytes of state kept per parameter (two fp32 moments: 8); a spec that does not say counts none.
+    state_bytes: int = 0
+    #: True when it steps, and keeps its state, in CPU memory whatever device the parameters are on.
+    steps_on_cpu: bool = False
+
+    def master_bytes(self, param_bytes: int) -> int:
+        """Bytes per parameter of an fp32 master copy kept for parameters stored in ``param_bytes`` each:
+        one that steps in CPU memory keeps one of low-precision parameters."""
+        return 4 if self.steps_on_cpu and param_bytes < 4 else 0
 
     def build(self, params, lr: float) -> torch.optim.Optimizer:
         params = list(params)

@@ -1,28 +1,31 @@
 """From a traced step to one rank's memory on each device, bytes communicated and seconds per
 update.
 
-Memory: the trace's peak by kind (shardtrain.plan.trace), plus what the tracker cannot see:
-DDP's gradient buckets (a copy of the gradients, unless --gradient-as-bucket-view), legacy_ddp's
-flat all-reduce buffer, the gradients --update-freq keeps between micro-batches, and ZeRO's
-division of the optimizer state. On a GPU run each kind is placed where the run keeps it: the
-optimizer state (and cpu_adam's fp32 master copies) in host memory under cpu_adam or
---cpu-offload, the parameter and gradient shards too under --cpu-offload; the rest on the GPU.
---spike-rollback's snapshot (trainer/spike.py: a copy of the parameters, buffers and optimizer
-state, held through every step) lies beside what it copies.
+Memory: the trace's peak by kind (shardtrain.plan.trace), plus what the tracker cannot see, each
+from the run's classes (trainer/rank_memory.py, which the pre-launch fit check shares): the
+backend's own gradient copies (DDP's buckets unless --gradient-as-bucket-view, legacy_ddp's flat
+all-reduce buffer), the gradients --update-freq keeps between micro-batches, and ZeRO's division of
+the optimizer state. On a GPU run each kind is placed where the run keeps it: the optimizer state
+(and fp32 master copies) in host memory where the optimizer steps there (cpu_adam) or the backend
+offloads it (--cpu-offload), the parameter and gradient shards too where the backend offloads; the
+rest on the GPU. --spike-rollback's snapshot (trainer/spike.py: a copy of the parameters, buffers
+and optimizer state, held through every step) lies beside what it copies.
 
 Time, with no overlap assumed (an upper bound where the backend overlaps communication with
-compute): the model's FLOPs at this machine's measured matmul speed (a third more forward under
-activation checkpointing), the collectives' bytes at --network-gbps, the optimizer's passes over
-its state at the measured memory-copy speed, and --cpu-offload's copies at --pcie-gbps.
+compute), each piece priced on the device that runs it: the model's FLOPs at the matmul speed
+(measured on this machine's device, or --peak-tflops; a third more forward under activation
+checkpointing), the collectives' bytes at --network-gbps, the optimizer's passes over its state at
+the memory bandwidth of the device it steps on (the GPU's, measured or --gpu-memory-gbps; the host's,
+measured here, where it steps on the CPU), and the host<->GPU copies at --pcie-gbps.
 """
 import dataclasses
 from typing import Dict, Optional
 
 import torch
 
-from shardtrain.plan.trace import FSDP_BACKENDS
-from shardtrain.trainer.parallel.fsdp_wrap import reshards_after_forward
-from shardtrain.trainer.precision import run_dtypes
+from shardtrain.trainer.parallel.choose import backend_class
+from shardtrain.trainer.rank_memory import RunFacts, gradient_copy_bytes, place, run_facts
+from shardtrain.trainer.resolved import Components
 
 MIB = 2 ** 20
 # Memory a rank's kernels keep beyond tensors, which no trace of tensors sees. On the CPU, measured
@@ -36,6 +39,9 @@ RUNTIME_BYTES = {("cpu", False): 16 * MIB, ("cpu", True): 32 * MIB, ("cuda", Fal
 # Bytes the optimizer reads and writes per parameter in one step (fused Adam: parameter, gradient
 # and two moments read, parameter and moments written); others are counted as Adam.
 ADAM_STEP_BYTES = 7 * 4
+# A GPU's memory bandwidth when planning for GPUs from a machine without one and no --gpu-memory-gbps:
+# an H100 SXM's HBM3 (3.35 TB/s on its data sheet; an A100 80GB has 2.0, an H200 4.8).
+GPU_MEMORY_GBPS = 3350.0
 
 
 @dataclasses.dataclass
@@ -47,9 +53,13 @@ class Machine:
     gpu_bytes: Optional[int]
     host_bytes: int
     matmul_tflops: Dict[torch.dtype, float]
-    copy_gbps: float
+    copy_gbps: float  # host memory: what an optimizer stepping on the CPU reaches
     network_gbps: float
     pcie_gbps: float
+    gpu_memory_gbps: float = GPU_MEMORY_GBPS  # what an optimizer stepping on the GPU reaches
+    # Where each figure comes from, by name ("matmul", "copy", "gpu_memory", "network", "pcie", "gpu_bytes",
+    # "host_bytes"): "measured here", or "given" (a flag), or "assumed" (a default); the printout says which.
+    sources: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -80,36 +90,25 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
              machine: Machine) -> Estimate:
     """``kinds``: the traced peak (traced_peak); ``count``: the model's parameters;
     ``flops_per_token``: its training FLOPs per token; ``tokens``: a micro-batch's."""
-    d, dtypes = cfg.distributed, run_dtypes(cfg)
-    world = machine.world_size
-    sharded = d.ddp_backend in FSDP_BACKENDS
-    storage_bytes = dtypes.storage.itemsize if dtypes.storage is not None else 4
-    shard = _shard_size(cfg, machine) if sharded else 1
+    facts = run_facts(cfg, Components.of(cfg), machine.world_size, machine.ranks_per_node)  # an option's own
+    dtypes, shard = facts.dtypes, facts.shards
     params = kinds["params"]
-    grads = count * storage_bytes // shard
-    master = count * 4 // shard if dtypes.storage is not None and kinds["optimizer"] >= count * 4 else 0
+    grads = count * facts.param_bytes // shard
+    master = min(kinds["optimizer"], count * facts.spec.master_bytes(facts.param_bytes) // shard)  # traced in it
     optimizer = kinds["optimizer"] - master
-    zero = not sharded and d.zero_sharding == "os" and world > 1
-    if zero:
-        optimizer, master = optimizer // world, master // world
+    optimizer, master = optimizer // facts.zero_shards, master // facts.zero_shards  # ZeRO: the trace's is whole
     peak = sum(kinds.values()) - (kinds["optimizer"] - optimizer - master)
-    extra = 0
     if cfg.optimization.update_freq[0] > 1:  # the first micro-batches' gradients stay through the last
         peak += max(0, grads - kinds["grads"])
-    if world > 1 and d.ddp_backend in ("pytorch_ddp", "c10d") and not d.gradient_as_bucket_view:
-        extra = grads  # the buckets: a second copy of every gradient
-    elif world > 1 and d.ddp_backend in ("legacy_ddp", "no_c10d"):  # the flat copy, after backward
-        extra = max(0, params + optimizer + master + kinds["buffers"] + 2 * grads - peak)
+    extra = gradient_copy_bytes(facts, grads, params + optimizer + master + kinds["buffers"] + grads, peak)
     runtime = RUNTIME_BYTES[(machine.device, dtypes.compute is not None)]
     snapshot = params + optimizer + master + kinds["buffers"] if cfg.optimization.spike_rollback else 0
     peak += extra + runtime + snapshot
-    if machine.device == "cpu":
-        gpu_peak, host = None, peak
-    else:  # the snapshot's copies lie where the originals do (the buffers' on the GPU)
-        host = _on_host(cfg, params, grads, optimizer, master) + (
-            _on_host(cfg, params, 0, optimizer, master) if snapshot else 0)
-        gpu_peak = peak - host
-    comm, offload = _comm_bytes(cfg, count, dtypes, machine, shard), _offload_bytes(cfg, count, shard, machine)
+    state = {"params": params, "grads": grads, "optimizer": optimizer, "master": master}
+    host = place(state, machine.device, facts.state_on_host, facts.optimizer_on_host, bool(snapshot))["host"]
+    gpu_peak = None if machine.device == "cpu" else peak - host
+    host = peak if machine.device == "cpu" else host
+    comm, offload = _comm_bytes(cfg, count, facts, machine), _offload_bytes(cfg, count, facts, machine)
     return Estimate(
         params=params, grads=grads, optimizer=optimizer, master=master, activations=kinds["activations"],
         fsdp_buffers=kinds["gathered_params"] + kinds["gathered_grads"] + kinds["comm_buffers"],
@@ -117,57 +116,37 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
         host_peak=host,
         comm_bytes=comm, offload_bytes=offload,
         step_seconds=_seconds(cfg, count, flops_per_token * tokens, dtypes, machine, comm, offload,
-                              shard if sharded else (world if zero else 1)))
+                              shard * facts.zero_shards))
 
 
-def _shard_size(cfg, machine: Machine) -> int:
-    """Ranks a fully_sharded parameter is split over: all of them, or a hybrid group."""
-    strategy = cfg.distributed.fsdp_sharding_strategy
-    if strategy in ("full_shard", "shard_grad_op"):
-        return machine.world_size
-    if strategy == "no_shard":
-        return 1
-    return min(cfg.distributed.shard_group_size or machine.ranks_per_node, machine.world_size)
+def optimizer_steps_on_host(cfg) -> bool:
+    """Whether a GPU run's optimizer steps on the CPU (its state in host memory): where the backend
+    offloads the state, or an optimizer that steps in CPU memory (OptimizerSpec.steps_on_cpu)."""
+    facts = run_facts(cfg, Components.of(cfg), 1, 1, backend=backend_class(cfg.distributed.ddp_backend))
+    return facts.optimizer_on_host
 
 
-def _on_host(cfg, params: int, grads: int, optimizer: int, master: int) -> int:
-    """What a GPU run keeps in host memory: the optimizer's state where the optimizer steps on the CPU,
-    and the parameter and gradient shards under --cpu-offload."""
-    d = cfg.distributed
-    optimizer_on_cpu = d.cpu_offload or cfg.components.optimizer == "cpu_adam"
-    return (optimizer + master if optimizer_on_cpu else 0) + (params + grads if d.cpu_offload else 0)
-
-
-def _comm_bytes(cfg, count: int, dtypes, machine: Machine, shard: int) -> int:
-    """Bytes one rank sends (and receives) in one update's collectives (ring algorithms)."""
-    d, world = cfg.distributed, machine.world_size
+def _comm_bytes(cfg, count: int, facts: RunFacts, machine: Machine) -> int:
+    """Bytes one rank sends (and receives) in one update's collectives: the backend's, and ZeRO's
+    broadcast of each rank's updated partition."""
+    world = machine.world_size
     if world == 1:
         return 0
-    micro = cfg.optimization.update_freq[0]
-    compute = (dtypes.compute or torch.float32).itemsize
-    reduce = compute if d.reduce_in_low_precision and dtypes.compute else 4
-    if d.ddp_backend not in FSDP_BACKENDS:
-        grad_bytes = (dtypes.storage or torch.float32).itemsize
-        total = 2 * (world - 1) / world * count * grad_bytes
-        if d.zero_sharding == "os":  # each rank broadcasts its updated partition
-            total += (world - 1) / world * count * grad_bytes
-        return int(total)
-    gathers = 2 if reshards_after_forward(d) else 1  # forward, and again in backward after resharding
-    per_micro = (shard - 1) / shard * count * (gathers * compute + reduce)
-    replicas = world // shard
-    across = 2 * (replicas - 1) / replicas * count / shard * reduce if replicas > 1 else 0
-    return int(micro * per_micro + across)
+    total = facts.backend.bytes_communicated(cfg.distributed, world, count, facts.dtypes,
+                                             cfg.optimization.update_freq[0], facts.shards)
+    if facts.zero_shards > 1:
+        total += int((world - 1) / world * count * facts.param_bytes)
+    return total
 
 
-def _offload_bytes(cfg, count: int, shard: int, machine: Machine) -> int:
-    """Host<->GPU bytes per update: --cpu-offload's shards in and gradients out every micro-batch;
-    cpu_adam's gradients out and parameters back."""
+def _offload_bytes(cfg, count: int, facts: RunFacts, machine: Machine) -> int:
+    """Host<->GPU bytes per update: an offloading backend's shards in and gradients out every
+    micro-batch; an optimizer stepping in CPU memory: the gradients out and parameters back."""
     if machine.device == "cpu":
         return 0
-    micro = cfg.optimization.update_freq[0]
-    if cfg.distributed.cpu_offload:
-        return micro * 2 * 4 * count // shard
-    if cfg.components.optimizer == "cpu_adam":
+    if facts.state_on_host:
+        return cfg.optimization.update_freq[0] * 2 * 4 * count // facts.shards
+    if facts.spec.steps_on_cpu:
         return 2 * 4 * count
     return 0
 
@@ -179,5 +158,16 @@ def _seconds(cfg, count: int, micro_batch_flops: float, dtypes, machine: Machine
     flops = micro_batch_flops * cfg.optimization.update_freq[0] * recompute
     return {"compute": flops / (machine.matmul_tflops[dtypes.compute or torch.float32] * 1e12),
             "communication": comm / (machine.network_gbps * 1e9),
-            "optimizer": ADAM_STEP_BYTES * count / optimizer_shards / (machine.copy_gbps * 1e9),
+            "optimizer": ADAM_STEP_BYTES * count / optimizer_shards / (optimizer_gbps(cfg, machine) * 1e9),
             "offload": offload / (machine.pcie_gbps * 1e9)}
+
+
+def optimizer_device(cfg, machine: Machine) -> str:
+    """Where the optimizer steps: on the host ("cpu") on a CPU run, with cpu_adam or under --cpu-offload;
+    on the GPU otherwise."""
+    return "cpu" if machine.device == "cpu" or optimizer_steps_on_host(cfg) else machine.device
+
+
+def optimizer_gbps(cfg, machine: Machine) -> float:
+    """The memory bandwidth the optimizer's passes run at: that of the device it steps on."""
+    return machine.copy_gbps if optimizer_device(cfg, machine) == "cpu" else machine.gpu_memory_gbps

@@ -3,7 +3,8 @@ model was built (the task, its data and the process group already there), over a
 
 On a GPU the peak is the allocator's (``torch.cuda.max_memory_allocated``); on the CPU it is the
 process's peak resident set (VmHWM), reset just before the model is built (writing 5 to
-/proc/self/clear_refs, Linux >= 4.0), as every tensor lives in host memory there.
+/proc/self/clear_refs, Linux >= 4.0), as every tensor lives in host memory there. ``verify`` is
+shard-plan --verify: the run as given, trained for a few updates here, beside its plan.
 """
 import os
 import time
@@ -12,6 +13,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from shardtrain.plan.estimate import Estimate, Machine
 from shardtrain.trainer import loop
 from shardtrain.trainer.parallel import fsdp_wrap
 
@@ -52,8 +54,8 @@ class PeakWatch:
 
 def measure_peak(cfg, ctx) -> Optional[Dict]:
     """A rank's main (shardtrain.trainer.launch.start.call_main): train as shard-train does and
-    return, on rank 0, every rank's peak bytes above its baseline and the seconds per update
-    after the first two."""
+    return, on rank 0, every rank's peak bytes above its baseline, the baselines, and the seconds
+    per update after the first two."""
     watch = PeakWatch(ctx.device)
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:  # the measurer's allocator setting, not fully_sharded's own
         fsdp_wrap.MMAP_THRESHOLD = int(os.environ["MALLOC_MMAP_THRESHOLD_"])
@@ -80,16 +82,17 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
     run.trainer.train_step = timed_step
     try:
         loop.train(run)
-        peaks = [watch.peak()]
+        ranks = [(watch.peak(), watch.baseline)]
         if ctx.world_size > 1:  # before close: the backend may own the process group
-            peaks = [None] * ctx.world_size
-            dist.all_gather_object(peaks, watch.peak())
+            ranks = [None] * ctx.world_size
+            dist.all_gather_object(ranks, (watch.peak(), watch.baseline))
     finally:
         run.close()
     if not ctx.is_master:
         return None
     later = times[2:] or times
-    return {"peaks": peaks, "step_seconds": sorted(later)[len(later) // 2]}
+    return {"peaks": [peak for peak, _ in ranks], "baselines": [base for _, base in ranks],
+            "step_seconds": sorted(later)[len(later) // 2]}
 
 
 # On the CPU, resident memory follows live tensors only if freed blocks go back to the OS: glibc
@@ -136,7 +139,7 @@ def _main(paths: List[str]) -> None:
 
     from omegaconf import OmegaConf
 
-    from shardtrain.config.build import from_dict
+    from shardtrain.config.run_config import from_dict
     from shardtrain.trainer.launch.start import call_main
 
     # Each config on ranks of its own: ranks that ran another config first keep its heap, and measured a
@@ -144,6 +147,24 @@ def _main(paths: List[str]) -> None:
     for path in paths:
         cfg = from_dict(OmegaConf.to_container(OmegaConf.load(path)))
         print("MEASURED " + json.dumps(call_main(cfg, measure_peak)), flush=True)
+
+
+GIB = 2 ** 30
+
+
+def verify(cfg, planned: Estimate, machine: Machine) -> str:
+    measured = measure_in_subprocess([cfg])[0]
+    predicted = planned.host_peak if machine.device == "cpu" else planned.gpu_peak
+    worst = max(measured["peaks"])
+    where = "resident memory" if machine.device == "cpu" else "GPU memory allocated"
+    seconds = measured["step_seconds"]
+    return (f"verified: trained 4 updates here. Peak {where} above the process's baseline (what it held before "
+            f"the model was built, {max(measured['baselines']) / GIB:.3f} GiB, not counted), worst rank: "
+            f"{worst / GIB:.3f} GiB measured, {predicted / GIB:.3f} GiB predicted ({(predicted - worst) / worst:+.1%}); "
+            f"seconds per update: {seconds:.3f} measured, {planned.seconds:.3f} predicted "
+            f"({(planned.seconds - seconds) / seconds:+.1%}; the prediction counts matmul FLOPs, collectives, the "
+            f"optimizer's memory passes and offload copies, not each operator's fixed cost, which dominates a "
+            f"small model's step).")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from typing import Any, List, Tuple
 from omegaconf import OmegaConf
 
 from shardtrain.config.sections import chosen_precision
+from shardtrain.trainer.parallel.choose import backend_class
 
 PRECISIONS = {
     "fp32": {},
@@ -87,8 +88,11 @@ def flags_to_add(base, option: Option) -> List[str]:
 
 
 def trace_key(cfg) -> Tuple:
-    """What the traced step depends on: ZeRO, DDP's flavour and --cpu-offload are added analytically."""
-    d = cfg.distributed
-    return (d.ddp_backend == "fully_sharded", d.fsdp_sharding_strategy if d.ddp_backend == "fully_sharded" else None,
+    """What the traced step depends on: the backend class it is prepared with (one that keeps the parameters
+    whole is traced on one rank: single_process, unless it wraps a single rank itself); ZeRO, DDP's flavour and
+    --cpu-offload are added analytically."""
+    d, cls = cfg.distributed, backend_class(cfg.distributed.ddp_backend)
+    sharded = cls.shards_parameters
+    return (cls if sharded or cls.wraps_a_single_rank else None, d.fsdp_sharding_strategy if sharded else None,
             bool(d.checkpoint_activations or d.offload_activations), chosen_precision(cfg.common),
             OmegaConf.select(cfg, "optimizer.fp16_adam_stats"))

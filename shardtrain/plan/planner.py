@@ -2,19 +2,18 @@
 import dataclasses
 import os
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from omegaconf import OmegaConf
 
-from shardtrain.config.components import resolve
 from shardtrain.core.errors import ConfigError
-from shardtrain.plan.estimate import Estimate, Machine, estimate
+from shardtrain.plan.estimate import GPU_MEMORY_GBPS, Estimate, Machine, estimate
 from shardtrain.plan.options import Option, alternatives, as_given, trace_key
 from shardtrain.plan.trace import batch_shape, traced_peak
-from shardtrain.trainer import build
 from shardtrain.trainer.memory_fit import host_available_bytes, model_sizes
 from shardtrain.trainer.metrics.flops import measured_peak_tflops, model_flops_per_token
+from shardtrain.trainer.resolved import Components, build_model, build_task
 
 GIB = 2 ** 30
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -48,17 +47,24 @@ class Plan:
 
 
 def machine_for(cfg, gpu_memory: Optional[float], host_memory: Optional[float], gpus_per_node: Optional[int],
-                nodes: Optional[int], network_gbps: Optional[float], pcie_gbps: Optional[float]) -> Machine:
+                nodes: Optional[int], network_gbps: Optional[float], pcie_gbps: Optional[float],
+                gpu_memory_gbps: Optional[float] = None) -> Machine:
     """The machine the run will have: this one's GPU (or ``gpu_memory`` GiB), its available host memory
-    (or ``host_memory`` GiB per node), and speeds measured here (matmuls in each dtype, memory copies)."""
+    (or ``host_memory`` GiB per node), speeds measured on this machine's devices (matmuls in each dtype,
+    memory copies) or given, and the rest assumed; ``Machine.sources`` records which is which."""
     visible = torch.cuda.is_available() and not cfg.common.cpu
     device = "cuda" if visible or gpu_memory is not None else "cpu"
     per_node = gpus_per_node or (torch.cuda.device_count() if visible else None)
     world = cfg.distributed.distributed_world_size or ((nodes or 1) * per_node if per_node else 1)
     per_node = per_node or world
+    sources = {"gpu_bytes": "given" if gpu_memory is not None else "measured here",
+               "host_bytes": "given" if host_memory is not None else "measured here", "copy": "measured here",
+               "matmul": "measured here" if device == "cpu" or visible else "given",
+               "network": "given" if network_gbps else "assumed", "pcie": "given" if pcie_gbps else "assumed"}
     if device == "cuda" and gpu_memory is None:
         gpu_memory = torch.cuda.get_device_properties(0).total_memory / GIB
     threads = cfg.common.threads or max(1, (os.cpu_count() or 1) // per_node)
+    gpu_speed, sources["gpu_memory"] = _gpu_memory_gbps(gpu_memory_gbps, device, visible)
     return Machine(
         device=device, world_size=world, ranks_per_node=min(per_node, world),
         gpu_bytes=int(gpu_memory * GIB) if gpu_memory is not None else None,
@@ -66,7 +72,7 @@ def machine_for(cfg, gpu_memory: Optional[float], host_memory: Optional[float], 
         matmul_tflops=_matmul_speeds(cfg, device, visible, threads), copy_gbps=_copy_gbps(threads),
         network_gbps=network_gbps or NETWORK_GBPS["cpu" if device == "cpu" else
                                                   ("cuda_node" if world <= per_node else "cuda_nodes")],
-        pcie_gbps=pcie_gbps or PCIE_GBPS)
+        pcie_gbps=pcie_gbps or PCIE_GBPS, gpu_memory_gbps=gpu_speed, sources=sources)
 
 
 def _matmul_speeds(cfg, device: str, visible: bool, threads: int) -> Dict[torch.dtype, float]:
@@ -104,14 +110,34 @@ def _copy_gbps(threads: int) -> float:
         torch.set_num_threads(saved)
 
 
+def _gpu_memory_gbps(given: Optional[float], device: str, visible: bool) -> Tuple[float, str]:
+    """The GPU's memory bandwidth, which a GPU optimizer's passes run at, and where it comes from:
+    --gpu-memory-gbps; else measured on the visible GPU (the best of a few 1 GiB copies, read + write);
+    else an H100's (GPU_MEMORY_GBPS)."""
+    if given:
+        return given, "given"
+    if device != "cuda" or not visible:
+        return GPU_MEMORY_GBPS, "assumed"
+    src = torch.ones(2 ** 28, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * 4 / best / 1e9, "measured here"
+
+
 def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, traces: Optional[Dict] = None) -> Plan:
     """Trace and estimate the configuration given and (``compare``) its alternatives. ``traces``:
     traced steps by trace_key, kept between calls for the same model and batch."""
-    task = build.build_task(cfg)
-    model_cls = resolve(cfg.components)["model"].obj
-    count = model_sizes(cfg, task)[0]
+    components = Components.of(cfg)
+    task = build_task(cfg, components)
+    count = model_sizes(cfg, components, task)[0]
     shape = batch_shape(cfg, task)
-    flops_per_token = _flops_per_token(cfg, task, model_cls, shape[1])
+    flops_per_token = _flops_per_token(cfg, components, task, shape[1])
     traces = {} if traces is None else traces
 
     def planned(option: Option) -> Planned:
@@ -128,10 +154,10 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
     return Plan(machine, count, flops_per_token, shape, given, options, headroom)
 
 
-def _flops_per_token(cfg, task, model_cls, length: int) -> float:
+def _flops_per_token(cfg, components: Components, task, length: int) -> float:
     """The model's own count, from meta builds with one and two layers (extrapolated, as deep
     models take long to build even on meta)."""
-    layers_field = getattr(model_cls, "repeated_layers_field", None)
+    layers_field = getattr(components.model, "repeated_layers_field", None)
 
     def count(layers: Optional[int]) -> float:
         variant = cfg.copy()
@@ -139,7 +165,7 @@ def _flops_per_token(cfg, task, model_cls, length: int) -> float:
             OmegaConf.set_readonly(variant, False)
             variant.model[layers_field] = layers
         with torch.device("meta"):
-            return model_flops_per_token(build.build_model(variant, task), length)
+            return model_flops_per_token(build_model(variant, components, task), length)
 
     layers = cfg.model[layers_field] if layers_field else None
     if not layers or layers <= 2:

@@ -1,11 +1,14 @@
 """shard-plan's printout: the run as given in detail, every alternative in one table, a recommendation."""
 from typing import List, Optional
 
-from shardtrain.plan.estimate import Estimate
+from shardtrain.plan.estimate import Estimate, Machine, optimizer_device, optimizer_gbps
 from shardtrain.plan.options import flags_to_add
 from shardtrain.plan.planner import Plan, Planned
 
 GIB = 2 ** 30
+# What every memory figure is: the plan predicts what the run adds, as measure.py measures it.
+BASELINE = ("memory is above each process's baseline, what it holds before the model is built: torch itself, the "
+            "data, the CUDA context and the allocator's cache are not counted")
 
 
 def _gib(n: Optional[int]) -> str:
@@ -17,23 +20,43 @@ def render(plan: Plan, base_cfg) -> str:
     lines = [
         f"model: {plan.count:,} parameters, {plan.flops_per_token / 1e9:.3f} GFLOP per trained token; micro-batch "
         f"{plan.shape[0]} x {plan.shape[1]} tokens",
-        f"machine: {m.world_size} rank(s), {m.ranks_per_node} per node, on {m.device}; "
-        + (f"GPU memory {_gib(m.gpu_bytes)} GiB, " if m.gpu_bytes else "")
-        + f"host memory {_gib(m.host_bytes)} GiB per node; measured here: matmul "
-        + ", ".join(f"{str(k).replace('torch.', '')} {v:.3g}" for k, v in m.matmul_tflops.items())
-        + f" TFLOP/s, memory copies {m.copy_gbps:.1f} GB/s; assumed: collectives {m.network_gbps:g} GB/s"
-        + (f", host<->GPU {m.pcie_gbps:g} GB/s" if m.device == "cuda" else ""),
+        *_machine(m),
         "",
-        "as given, per rank:",
+        f"as given, per rank; {BASELINE}:",
         *_detail(plan.given.estimate, plan, m.device),
         "",
-        f"alternatives (fits: peak within {100 * (1 - plan.headroom):.0f}% of "
-        + ("the GPU's memory and " if m.device == "cuda" else "") + "the node's host memory):",
+        f"alternatives (memory above the baseline, as above; fits: peak within {100 * (1 - plan.headroom):.0f}% of "
+        + ("the GPU's memory and " if m.device == "cuda" else "") + "the node's host memory; seconds per update "
+        "= compute + communication + optimizer + offload, no overlap):",
         *_table(plan.options, m.device, m.ranks_per_node),
         "",
         *_recommendation(plan, base_cfg),
     ]
     return "\n".join(lines)
+
+
+def _machine(m: Machine) -> List[str]:
+    """The machine, and each figure's source: measured here, given by a flag, or assumed."""
+    def said(key: str) -> str:
+        return f"({m.sources.get(key, 'given')})"
+
+    tflops = {str(k).replace("torch.", ""): v for k, v in m.matmul_tflops.items()}
+    if m.sources.get("matmul") == "given":  # planned from a machine without the GPU: --peak-tflops
+        matmul = (f"bf16/fp16 {tflops['bfloat16']:.4g} TFLOP/s (given: --peak-tflops), fp32 "
+                  f"{tflops['float32']:.4g} (assumed: half of it, TF32)")
+    else:
+        matmul = ", ".join(f"{k} {v:.3g}" for k, v in tflops.items()) + f" TFLOP/s {said('matmul')}"
+    speeds = [f"matmul {matmul}"]
+    if m.device == "cuda":
+        speeds.append(f"GPU memory {m.gpu_memory_gbps:.4g} GB/s {said('gpu_memory')}")
+    speeds += [f"host memory copies {m.copy_gbps:.3g} GB/s {said('copy')}",
+               f"collectives {m.network_gbps:g} GB/s {said('network')}"]
+    if m.device == "cuda":
+        speeds.append(f"host<->GPU {m.pcie_gbps:g} GB/s {said('pcie')}")
+    return [f"machine: {m.world_size} rank(s), {m.ranks_per_node} per node, on {m.device}; "
+            + (f"GPU memory {_gib(m.gpu_bytes)} GiB {said('gpu_bytes')}, " if m.gpu_bytes else "")
+            + f"host memory {_gib(m.host_bytes)} GiB per node {said('host_bytes')}",
+            "speeds per rank: " + "; ".join(speeds)]
 
 
 def _detail(e: Estimate, plan: Plan, device: str) -> List[str]:
@@ -57,6 +80,9 @@ def _detail(e: Estimate, plan: Plan, device: str) -> List[str]:
                + (f" (+ {e.offload_bytes / GIB:.3f} GiB host<->GPU)" if e.offload_bytes else ""))
     parts = ", ".join(f"{k} {v:.3f}" for k, v in e.step_seconds.items() if v)
     out.append(f"  {'estimated seconds per update':<52} {e.seconds:>9.3f}    ({parts})")
+    cfg, m = plan.given.cfg, plan.machine
+    where = "the host (CPU)" if optimizer_device(cfg, m) == "cpu" else "the GPU"
+    out.append(f"    the optimizer steps on {where}, at {optimizer_gbps(cfg, m):.4g} GB/s of memory bandwidth")
     return out
 
 
@@ -79,15 +105,15 @@ def _checkpointing_twin(plan: Plan) -> Optional[int]:
 
 
 def _table(options: List[Planned], device: str, ranks_per_node: int) -> List[str]:
-    head = f"  {'configuration':<48} " + ("GPU GiB  " if device == "cuda" else "") + \
-        "host GiB/node  comm GiB  s/update  fits"
+    head = f"  {'configuration':<50} " + ("GPU GiB  " if device == "cuda" else "") + \
+        "host GiB/node  comm GiB  compute s  comm s  optim s  offload s  s/update  fits"
     rows = [head]
     for p in sorted(options, key=lambda p: p.estimate.seconds):
-        e = p.estimate
+        e, s = p.estimate, p.estimate.step_seconds
         gpu = f"{_gib(e.gpu_peak):>7}  " if device == "cuda" else ""
-        rows.append(f"  {p.option.label:<48} {gpu}{e.host_peak * ranks_per_node / GIB:>13.2f}  "
-                    f"{e.comm_bytes / GIB:>8.3f}  "
-                    f"{e.seconds:>8.3f}  {'yes' if p.fits else 'NO'}")
+        rows.append(f"  {p.option.label:<50} {gpu}{e.host_peak * ranks_per_node / GIB:>13.2f}  "
+                    f"{e.comm_bytes / GIB:>8.3f}  {s['compute']:>9.3f}  {s['communication']:>6.3f}  "
+                    f"{s['optimizer']:>7.3f}  {s['offload']:>9.3f}  {e.seconds:>8.3f}  {'yes' if p.fits else 'NO'}")
     return rows
 
 

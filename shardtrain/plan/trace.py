@@ -1,40 +1,42 @@
 """One rank's peak memory in a training step, by kind, from a step run on fake tensors.
 
-The run's own pieces are set up as shard-train sets them up (the model built on the meta device,
-activation checkpointing, the storage dtype, FSDP2 with the run's mixed precision, offload policy
-and mesh over a fake process group of the run's world size (beyond
-many_ranks.TRACE_RANKS, two smaller ones, scaled), the run's optimizer), then two updates
-of --update-freq micro-batches of the run's shape run on fake tensors (no memory, no compute)
-under torch's memory tracker; the second update's peak is kept (the first also creates the
-optimizer state). The tracker follows one forward per update, so the trace runs one micro-batch;
-the gradients that --update-freq keeps between micro-batches are added by estimate. Nothing is allocated, so a 13B model on 64 ranks is planned on a laptop.
+The run's own pieces are set up by the trainer's own code, as shard-train sets them up: its backend
+(``build_backend``) on a fake process group of the run's world size (beyond many_ranks.TRACE_RANKS,
+two smaller ones, scaled; a backend that keeps parameters whole is traced on one rank), the model
+prepared by ``prepare_model`` (built on the meta device, activation checkpointing, the storage dtype,
+wrapped or sharded by the backend), the precision (``build_precision``: autocast and backward) and the
+optimizer (``build_optimizer``). Then two updates of --update-freq micro-batches of the run's shape run
+on fake tensors (no memory, no compute) under torch's memory tracker; the second update's peak is kept
+(the first also creates the optimizer state). The tracker follows one forward per update, so the trace
+runs one micro-batch; the gradients that --update-freq keeps between micro-batches are added by
+estimate. Nothing is allocated, so a 13B model on 64 ranks is planned on a laptop.
 
-What the tracker cannot see is added by ``shardtrain.plan.estimate``: DDP's gradient buckets,
-the gradients kept between micro-batches,
-legacy_ddp's flat buffer, ZeRO's sharding of the optimizer state, and which device each kind
-lives on. Models with many identical blocks are traced with one and two blocks and extrapolated
+What the tracker cannot see is added by ``shardtrain.plan.estimate`` from the classes' own facts
+(trainer/rank_memory.py): a backend's gradient copies (DDP's buckets, legacy_ddp's flat buffer), the
+gradients kept between micro-batches, ZeRO's sharding of the optimizer state, and which device each
+kind lives on. Models with many identical blocks are traced with one and two blocks and extrapolated
 (as memory_fit does): a deep model's trace would otherwise take minutes.
 """
 import contextlib
 import logging
-import types
 from typing import Dict
 
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed.fsdp import FSDPModule
 
-from shardtrain.config.components import resolve
 from shardtrain.core.torch_private import init_fake_process_group, memory_tracker
 from shardtrain.plan import many_ranks
 from shardtrain.trainer import build
-from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
-from shardtrain.trainer.parallel.fsdp_wrap import apply_fsdp, build_mesh, offload_policy, reshards_after_forward
-from shardtrain.trainer.precision import mixed_precision, run_dtypes
+from shardtrain.trainer.launch.start import DistributedContext
+from shardtrain.trainer.parallel.choose import backend_class, build_backend
+from shardtrain.trainer.parallel.prepare import prepare_model
+from shardtrain.trainer.precision import build_precision, run_dtypes
+from shardtrain.trainer.resolved import Components, build_criterion, build_model
 
 CPU = torch.device("cpu")
-FSDP_BACKENDS = ("fully_sharded",)
 # torch's tracker kinds -> ours
 KINDS = {
     "Parameter": "params", "Sharded Param": "params", "Unsharded Param": "gathered_params",
@@ -48,20 +50,21 @@ EMPTY = {kind: 0 for kind in dict.fromkeys(KINDS.values())}
 
 def traced_peak(cfg, task, world_size: int) -> Dict[str, int]:
     """Bytes by kind at one rank's peak of a training step of ``cfg`` on ``world_size`` ranks."""
-    layers_field = getattr(resolve(cfg.components)["model"].obj, "repeated_layers_field", None)
+    layers_field = getattr(Components.of(cfg).model, "repeated_layers_field", None)
     layers = cfg.model[layers_field] if layers_field else None
     d = cfg.distributed
     checkpoints_some = (d.checkpoint_activations or d.offload_activations) and d.checkpoint_activations_every > 1
     if not layers or layers <= 2 or checkpoints_some:
         return _traced(cfg, task, world_size)
-    one, two = (_traced(_with_model(cfg, layers_field, n), task, world_size) for n in (1, 2))
+    one, two = (_traced(_variant(cfg, {f"model.{layers_field}": n}), task, world_size) for n in (1, 2))
     return {k: max(0, one[k] + (layers - 1) * (two[k] - one[k])) for k in one}
 
 
-def _with_model(cfg, key: str, value: int):
+def _variant(cfg, overrides: Dict[str, object]):
     cfg = cfg.copy()
     OmegaConf.set_readonly(cfg, False)
-    cfg.model[key] = value
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, merge=False)
     return cfg
 
 
@@ -91,7 +94,7 @@ def _quiet():
 
 def _trace(cfg, task, world_size: int) -> Dict[str, int]:
     # Many ranks are traced on few and scaled (many_ranks): the trace's cost would grow with the ranks.
-    sharded = cfg.distributed.ddp_backend in FSDP_BACKENDS
+    sharded = backend_class(cfg.distributed.ddp_backend).shards_parameters
     worlds = (many_ranks.trace_sizes(cfg.distributed, world_size) if sharded
               else [many_ranks.TraceSizes(1, None, 1, 1)])
     traced = [_trace_on(cfg, task, sizes) for sizes in worlds]
@@ -99,42 +102,38 @@ def _trace(cfg, task, world_size: int) -> Dict[str, int]:
 
 
 def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
-    """The kinds at one rank's peak on ``sizes.world`` fake ranks, and the parameters' shard_rows."""
-    d, dtypes = cfg.distributed, run_dtypes(cfg)
-    sharded = d.ddp_backend in FSDP_BACKENDS
-    criterion = build.build_criterion(cfg, task)
-    with _fake_group(sizes.world):
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            model = build.build_model(cfg, task)
-        rows = many_ranks.shard_rows(model)
-        if d.checkpoint_activations or d.offload_activations:
-            apply_activation_checkpointing(model, d.checkpoint_activations_every, False, CPU)
-        if dtypes.storage is not None:
-            model = model.to(dtypes.storage)
-        if sharded:
-            mesh = build_mesh(types.SimpleNamespace(world_size=sizes.world, device=CPU), d.fsdp_sharding_strategy,
-                              sizes.group)
-            apply_fsdp(model, mesh, mixed_precision(dtypes.compute, d.reduce_in_low_precision),
-                       reshard_after_forward=reshards_after_forward(d),
-                       offload=offload_policy(d.cpu_offload, CPU), min_params_to_wrap=d.min_params_to_wrap)
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            model.to_empty(device=CPU)
-            optimizer = build.build_optimizer(_unsharded_optimizer(cfg), [p for p in model.parameters()
-                                                                           if p.requires_grad], CPU)
-            tracker = memory_tracker(model, optimizer, fsdp=sharded)
-            sequences, length = batch_shape(cfg, task)
-            sample = _fake_sample(sequences, length, len(task.dictionary))
-            autocast = dtypes.compute if not sharded and dtypes.storage is None else None
-            with tracker:
-                for update in range(2):  # one micro-batch each (--update-freq: estimate adds the grads kept)
-                    with torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext():
-                        loss, _, _ = criterion(model, sample)
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    if update == 0:
-                        tracker.reset_mod_stats()
-            peak = tracker.get_tracker_snapshot("peak").get(CPU, {})
+    """The kinds at one rank's peak on ``sizes.world`` fake ranks, and the parameters' shard_rows. The
+    optimizer is the plain one: ZeRO's sharding of its state is applied by estimate."""
+    cfg = _variant(cfg, {"distributed.shard_group_size": sizes.group, "distributed.zero_sharding": "none"})
+    components, d, dtypes = Components.of(cfg), cfg.distributed, run_dtypes(cfg)
+    criterion = build_criterion(cfg, components, task)
+    rows = []
+
+    def build_on_meta():
+        with unset_fake_temporarily(), torch.device("meta"):  # built for real, holding nothing
+            model = build_model(cfg, components, task)
+        rows.extend(many_ranks.shard_rows(model))
+        model.init_weights = _no_values  # fake tensors hold no values to draw (init_ reads one)
+        return model
+
+    checkpointing = d.checkpoint_activations or d.offload_activations
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with _fake_group(sizes.world), torch.random.fork_rng(devices=[]):
+        backend = build_backend(cfg, DistributedContext(0, 0, sizes.world, CPU, "fake"), dtypes)  # mesh: real
+        precision = build_precision(cfg, backend, dtypes)
+        # A backend that materialises the model does so on fake tensors; the others prepare it on meta (torch
+        # cannot move or cast a module's fake parameters), given fake tensors after.
+        with fake if backend.init_on_meta else contextlib.nullcontext():
+            model = prepare_model(build_on_meta, backend, seed=cfg.common.seed, param_dtype=precision.param_dtype,
+                                  offload_activations=d.offload_activations, checkpoint_activations_every=(
+                                      d.checkpoint_activations_every if checkpointing else None))  # not compiled
+        with fake:
+            if any(p.is_meta for p in model.parameters()):
+                model.to_empty(device=backend.device)
+            params = [p for p in model.parameters() if p.requires_grad]
+            optimizer = build.build_optimizer(cfg, components, params, backend.optimizer_device)
+            peak = _peak_of_two_updates(model, optimizer, criterion, precision, _fake_sample(
+                *batch_shape(cfg, task), len(task.dictionary)))
     out = dict(EMPTY)
     for kind, size in peak.items():
         if kind != "Total":
@@ -142,12 +141,23 @@ def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
     return out, rows
 
 
-def _unsharded_optimizer(cfg):
-    """The trace builds the plain optimizer; ZeRO's sharding of its state is applied by estimate."""
-    cfg = cfg.copy()
-    OmegaConf.set_readonly(cfg, False)
-    cfg.distributed.zero_sharding = "none"
-    return cfg
+def _peak_of_two_updates(model, optimizer, criterion, precision, sample) -> Dict:
+    """The tracker's kinds at the second update's peak (the first also creates the optimizer state)."""
+    tracker = memory_tracker(model, optimizer, fsdp=isinstance(model, FSDPModule))
+    with tracker:
+        for update in range(2):  # one micro-batch each (--update-freq: estimate adds the grads kept)
+            with precision.autocast():
+                loss, _, _ = criterion(model, sample)
+            precision.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if update == 0:
+                tracker.reset_mod_stats()
+    return tracker.get_tracker_snapshot("peak").get(CPU, {})
+
+
+def _no_values() -> None:
+    """A traced model's init_weights."""
 
 
 def _fake_sample(sequences: int, length: int, vocab: int) -> Dict:

@@ -5,7 +5,8 @@ allocation traceback; ``--tokens-per-sample 1000000000`` tried to allocate
 128 GB of positions. The estimate is this rank's parameters, gradients and
 optimizer state (divided over the ranks where the backend shards them) and
 buffers (the sinusoidal positions), from the model built on the meta device
-(no memory). A model whose config names its repeated layers
+(no memory), placed and divided as shard-plan places them (trainer/rank_memory.py). A model whose
+config names its repeated layers
 (``repeated_layers_field`` on the model class) is built with one and two
 layers and extrapolated, as a meta build of 100,000 layers still takes minutes.
 The activations are what autograd keeps from the model's forward of one
@@ -17,24 +18,25 @@ count its calls; layerdrop and dropout would draw random numbers).
 --spike-rollback's snapshot is a copy of the parameters, buffers and optimizer state, each beside
 what it copies. The host's free memory is MemAvailable, or less under a cgroup limit (host_memory.py).
 Only what certainly cannot fit is refused: the activations of one sequence only,
-none under --checkpoint-activations, and an optimizer this table does not know
-counts no state.
+none under --checkpoint-activations, and an optimizer whose spec does not say its
+state bytes (OptimizerSpec.state_bytes) counts none.
 """
 import dataclasses
 import logging
 import os
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch.overrides import TorchFunctionMode
 
-from shardtrain.config.components import resolve
 from shardtrain.core.errors import ConfigError
+from shardtrain.trainer.build import optimizer_spec
 from shardtrain.trainer.host_memory import host_memory
 from shardtrain.trainer.launch.threads import local_ranks
-from shardtrain.trainer.parallel.zero import shards_optimizer_state
+from shardtrain.trainer.rank_memory import place, run_facts
+from shardtrain.trainer.resolved import Components
 
 logger = logging.getLogger(__name__)
 GIB = 2 ** 30
@@ -42,13 +44,6 @@ GIB = 2 ** 30
 # of transformer_lm): 2.9 KB building the module, 0.4 KB its gradient, 2.6 KB Adam's two moments.
 # 100,000 small blocks hold 1.2M parameter tensors: 7 GB of it, more than their numbers.
 BYTES_PER_TENSOR = 5 * 1024
-# Optimizer state bytes per parameter by --optimizer (fp32 moments unless said otherwise).
-STATE_BYTES: Dict[str, Callable] = {
-    "adam": lambda o: 8, "adamw": lambda o: 8, "adamax": lambda o: 8, "adadelta": lambda o: 8,
-    "adagrad": lambda o: 4, "sgd": lambda o: 4 if o.momentum else 0,
-    "cpu_adam": lambda o: 4 if o.fp16_adam_stats else 8,
-    "adafactor": lambda o: 4 if o.beta1 else 0,  # the factored second moment is negligible
-}
 
 
 @dataclasses.dataclass
@@ -77,10 +72,10 @@ class Estimate:
         return self.params + self.grads + self.optimizer
 
 
-def model_sizes(cfg, task, activations: bool = False) -> Tuple[int, int, int, int]:
+def model_sizes(cfg, components: Components, task, activations: bool = False) -> Tuple[int, int, int, int]:
     """(parameter count, buffer bytes, parameter tensors, activation bytes) of the model ``cfg``
     describes, built on the meta device; the activations (fp32) are counted when ``activations``."""
-    model_cls = resolve(cfg.components)["model"].obj
+    model_cls = components.model
     layers_field = getattr(model_cls, "repeated_layers_field", None)
     layers = cfg.model[layers_field] if layers_field else None
     length = task.max_positions() if activations else None
@@ -90,10 +85,10 @@ def model_sizes(cfg, task, activations: bool = False) -> Tuple[int, int, int, in
     return tuple(a + (layers - 1) * (b - a) for a, b in zip(one, two))
 
 
-def one_layer_config(cfg):
+def one_layer_config(cfg, components: Components):
     """``cfg.model`` with its repeated layers (if the model names them) cut to one: what a quick meta build of
     the model needs, as building 100,000 layers even on the meta device takes minutes and gigabytes."""
-    layers_field = getattr(resolve(cfg.components)["model"].obj, "repeated_layers_field", None)
+    layers_field = getattr(components.model, "repeated_layers_field", None)
     if not layers_field or cfg.model[layers_field] <= 1:
         return cfg.model
     return _with(cfg.model, layers_field, 1)
@@ -155,7 +150,8 @@ def _saved_bytes(model, length: int) -> int:
     return sum(t.numel() * t.element_size() for t in seen.values())
 
 
-def estimate(cfg, task, param_bytes: int, shards: int, optimizer_shards: int, activations: bool = False,
+def estimate(cfg, components: Components, task, param_bytes: int, shards: int, optimizer_shards: int,
+             activations: bool = False,
              compute_bytes: int = 4) -> Estimate:
     """This rank's bytes: parameters stored in ``param_bytes`` each (2 under
     --memory-efficient-fp16), split over ``shards`` ranks (the optimizer state over ``optimizer_shards``);
@@ -163,10 +159,9 @@ def estimate(cfg, task, param_bytes: int, shards: int, optimizer_shards: int, ac
     --checkpoint-activations: what it keeps depends on where it cuts)."""
     d = cfg.distributed
     count, buffers, tensors, saved = model_sizes(
-        cfg, task, activations and not (d.checkpoint_activations or d.offload_activations))
-    state = STATE_BYTES.get(cfg.components.optimizer, lambda o: 0)(cfg.optimizer)
-    if cfg.components.optimizer == "cpu_adam" and param_bytes < 4:
-        state += 4  # its fp32 master copy of low-precision parameters
+        cfg, components, task, activations and not (d.checkpoint_activations or d.offload_activations))
+    spec = optimizer_spec(cfg, components, torch.device("cpu"))
+    state = spec.state_bytes + spec.master_bytes(param_bytes)
     return Estimate(params=count * param_bytes // shards, grads=count * param_bytes // shards,
                     optimizer=count * state // optimizer_shards, buffers=buffers,
                     snapshots=1 if cfg.optimization.spike_rollback else 0,
@@ -179,24 +174,26 @@ def host_available_bytes(root: str = "/") -> int:
     return host_memory(root).available
 
 
-def memory_needs(est: Estimate, device: torch.device, ranks_on_host: int, state_on_host: bool) -> Dict[str, int]:
-    """{"host": bytes, "device": bytes} ``est`` needs: the buffers on the rank's GPU, and the state there
-    too unless ``state_on_host`` (--cpu-offload); the host is shared by ``ranks_on_host`` ranks. A CPU
-    run needs everything on the host. A --spike-rollback snapshot lies beside what it copies."""
+def memory_needs(est: Estimate, device: torch.device, ranks_on_host: int, state_on_host: bool,
+                 optimizer_on_host: Optional[bool] = None) -> Dict[str, int]:
+    """{"host": bytes, "device": bytes} ``est`` needs, placed as shard-plan places it (rank_memory.place):
+    the buffers and activations on the rank's GPU, the state there too unless ``state_on_host``
+    (--cpu-offload; the optimizer's also when ``optimizer_on_host``: an optimizer stepping in CPU memory);
+    the host is shared by ``ranks_on_host`` ranks. A CPU run needs everything on the host. A
+    --spike-rollback snapshot lies beside what it copies."""
+    kinds = {"params": est.params, "grads": est.grads, "optimizer": est.optimizer, "buffers": est.buffers,
+             "bookkeeping": est.bookkeeping, "activations": est.activations}
+    needs = place(kinds, device.type, state_on_host, state_on_host if optimizer_on_host is None else optimizer_on_host,
+                  snapshot=est.snapshots > 0)
+    needs["host"] *= ranks_on_host
     if device.type == "cpu":
-        needs = {"host": ranks_on_host * (est.state + est.buffers + est.bookkeeping + est.activations)}
-    else:
-        needs = {"host": ranks_on_host * ((est.state if state_on_host else 0) + est.bookkeeping),
-                 "device": est.buffers + est.activations + (0 if state_on_host else est.state)}
-    state_at = "host" if device.type == "cpu" or state_on_host else "device"
-    buffers_at = "host" if device.type == "cpu" else "device"
-    for where, copy in ((state_at, est.snapshot), (buffers_at, est.snapshot_buffers)):
-        needs[where] += copy * (ranks_on_host if where == "host" else 1)
+        del needs["device"]
     return needs
 
 
 def check_fits(est: Estimate, device: torch.device, ranks_on_host: int, state_on_host: bool,
-               available: Optional[Dict[str, int]] = None, host_source: str = "MemAvailable") -> None:
+               available: Optional[Dict[str, int]] = None, host_source: str = "MemAvailable",
+               optimizer_on_host: Optional[bool] = None) -> None:
     """Refuse ``est`` when it exceeds the free memory of this rank's GPU or of the host (``memory_needs``).
     ``available``: {"host": bytes, "device": bytes}, measured when None (tests pass it, and
     ``host_source``: which limit gave the host's bytes, for the message)."""
@@ -205,24 +202,25 @@ def check_fits(est: Estimate, device: torch.device, ranks_on_host: int, state_on
         available, host_source = {"host": host.available}, host.source
         if device.type == "cuda":
             available["device"] = torch.cuda.mem_get_info(device)[0]
-    for where, need in memory_needs(est, device, ranks_on_host, state_on_host).items():
+    for where, need in memory_needs(est, device, ranks_on_host, state_on_host, optimizer_on_host).items():
         if where in available and need > available[where]:
             raise ConfigError(_message(est, where, need, available[where], ranks_on_host, host_source))
 
 
-def check_run_fits(cfg, task, backend, dtypes) -> None:
-    """The run's estimate (see ``estimate``), checked against this machine."""
-    world = backend.world_size
-    optimizer_shards = world if backend.shards_parameters or shards_optimizer_state(
-        cfg.distributed.zero_sharding, world) else 1
+def check_run_fits(cfg, components: Components, task, backend, dtypes) -> None:
+    """The run's estimate (see ``estimate``), checked against this machine; ``dtypes``: the run's
+    (precision.run_dtypes), as the backend received them."""
+    ranks = ranks_on_this_host(backend.world_size)
+    facts = run_facts(cfg, components, backend.world_size, ranks, backend=type(backend))
     try:
-        est = estimate(cfg, task, param_bytes=dtypes.storage.itemsize if dtypes.storage else 4,
-                       shards=world if backend.shards_parameters else 1, optimizer_shards=optimizer_shards,
-                       activations=True, compute_bytes=dtypes.compute.itemsize if dtypes.compute else 4)
+        est = estimate(cfg, components, task, param_bytes=facts.param_bytes, shards=facts.shards,
+                       optimizer_shards=facts.shards * facts.zero_shards, activations=True,
+                       compute_bytes=dtypes.compute.itemsize if dtypes.compute else 4)
     except (RuntimeError, NotImplementedError) as e:  # a plugin's model that cannot be built on meta
         logger.info(f"memory not estimated: the model could not be built on the meta device ({e})")
         return
-    check_fits(est, backend.device, ranks_on_this_host(world), state_on_host=cfg.distributed.cpu_offload)
+    check_fits(est, backend.device, ranks, state_on_host=facts.state_on_host,
+               optimizer_on_host=facts.optimizer_on_host)
 
 
 def ranks_on_this_host(world_size: int) -> int:

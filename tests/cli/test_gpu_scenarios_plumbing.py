@@ -9,9 +9,10 @@ import sys
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer import memory_fit
 from shardtrain.trainer.build import build_lr_scheduler
+from shardtrain.trainer.resolved import Components
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gpu"))
 import runs  # noqa: E402
@@ -56,7 +57,7 @@ def test_every_scenario_runs_on_fake_records(data_bin, tmp_path, monkeypatch):
 def test_the_headline_lr_is_real_within_its_30_updates(data_bin):
     """The default schedule (inverse_sqrt, 4,000 warm-up updates from 1e-7) gave 1.6e-6 at update 30."""
     cfg = parse_train_args([data_bin, "--arch", "transformer_lm_gpt3_small", *scenarios.HEADLINE_FLAGS])
-    scheduler = build_lr_scheduler(cfg, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
+    scheduler = build_lr_scheduler(cfg, Components.of(cfg), torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
     lrs = [scheduler.step_update(n) for n in range(1, 31)]
     assert lrs[4:] == pytest.approx([2e-4] * 26)  # --lr 2e-4 from update 5 (5 warm-up updates)
     assert lrs[0] == pytest.approx(2e-4 * 2 / 5)

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import gpu_count, needs_gpus
 from gpu_runs import data_bin
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.plan.measure import measure_in_subprocess
 from shardtrain.plan.planner import machine_for, plan
 

@@ -9,7 +9,7 @@ from shardtrain.plan.estimate import Machine, estimate
 from shardtrain.plan.options import alternatives, flags_to_add
 from shardtrain.plan.planner import plan
 from shardtrain.plan.trace import _traced, traced_peak
-from shardtrain.trainer import build
+from shardtrain.trainer.resolved import Components, build_task
 from st_testutils import cli_refusal, make_space_data_bin, tiny_plan_cfg
 
 MIB = 2 ** 20
@@ -93,7 +93,7 @@ def test_bytes_communicated_per_update(data):
 
 def test_the_trace_shards_checkpoints_and_extrapolates(data):
     cfg = cfg_of(data)
-    task = build.build_task(cfg)
+    task = build_task(cfg, Components.of(cfg))
     one = traced_peak(cfg_of(data, "--ddp-backend", "fully_sharded"), task, 1)
     two = traced_peak(cfg_of(data, "--ddp-backend", "fully_sharded"), task, 2)
     assert two["params"] == pytest.approx(one["params"] / 2, rel=0.02)  # halves, up to uneven rows

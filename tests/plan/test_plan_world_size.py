@@ -5,7 +5,7 @@ import pytest
 from shardtrain.core.errors import ConfigError
 from shardtrain.plan import many_ranks, trace
 from shardtrain.plan.many_ranks import TraceSizes, combine, trace_sizes
-from shardtrain.trainer import build
+from shardtrain.trainer.resolved import Components, build_task
 from st_testutils import make_space_data_bin, tiny_plan_cfg
 
 
@@ -24,7 +24,7 @@ def test_the_trace_runs_on_as_many_fake_ranks_for_16384_as_for_1024(data, monkey
     real = trace.init_fake_process_group
     monkeypatch.setattr(trace, "init_fake_process_group", lambda world: (worlds.append(world), real(world)))
     cfg = fsdp_cfg(data)
-    task = build.build_task(cfg)
+    task = build_task(cfg, Components.of(cfg))
     for world in (8, 1024, 16384):
         trace._traced(cfg, task, world)
     assert worlds == [8, 32, 64, 32, 64]  # its own world up to 64; beyond, 32 and 64 whatever the world
@@ -34,7 +34,7 @@ def test_a_scaled_trace_holds_what_fsdp2_gives_one_rank(data, monkeypatch):
     """128 ranks traced on 4 and 8 (TRACE_RANKS 8) against the trace on 128: each rank's padded shard of
     every parameter (32-row weights pad to one row a rank) and its optimizer state are exact."""
     cfg = fsdp_cfg(data)
-    task = build.build_task(cfg)
+    task = build_task(cfg, Components.of(cfg))
     exact = trace._traced(cfg, task, 128)
     monkeypatch.setattr(many_ranks, "TRACE_RANKS", 8)
     scaled = trace._traced(cfg, task, 128)

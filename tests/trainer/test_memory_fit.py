@@ -3,10 +3,10 @@ what fits is not (benchmarks/largest_model.py's 1.31B recipe on a 24 GiB machine
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.config.components import resolve
 from shardtrain.core.errors import ConfigError
-from shardtrain.trainer import build
+from shardtrain.trainer.resolved import Components, build_model, build_task
 from shardtrain.trainer.memory_fit import _meta_sizes, check_fits, estimate, model_sizes
 
 GIB = 2 ** 30
@@ -24,13 +24,13 @@ def gpt2_vocab(tmp_path_factory):
 
 def config_and_task(data, *flags):
     cfg = parse_train_args([data, *flags])
-    return cfg, build.build_task(cfg)
+    return cfg, build_task(cfg, Components.of(cfg))
 
 
 def test_one_and_two_layers_extrapolate_to_the_full_meta_build(gpt2_vocab):
     cfg, task = config_and_task(gpt2_vocab, *SMALL, "--decoder-layers", "7", "--tokens-per-sample", "100")
     full = _meta_sizes(resolve(cfg.components)["model"].obj, cfg.model, task)
-    assert model_sizes(cfg, task) == full and full[0] > 0
+    assert model_sizes(cfg, Components.of(cfg), task) == full and full[0] > 0
 
 
 def test_the_largest_model_recipe_fits_24_gib(gpt2_vocab):
@@ -38,7 +38,7 @@ def test_the_largest_model_recipe_fits_24_gib(gpt2_vocab):
     cpu_adam with fp16 moments, --bf16: accepted on 24 GiB; the same on 12 GiB is refused."""
     cfg, task = config_and_task(gpt2_vocab, "--arch", "transformer_lm_gpt3_xl", "--tokens-per-sample", "512",
                                 "--optimizer", "cpu_adam", "--fp16-adam-stats", "--bf16")
-    est = estimate(cfg, task, param_bytes=4, shards=2, optimizer_shards=2)
+    est = estimate(cfg, Components.of(cfg), task, param_bytes=4, shards=2, optimizer_shards=2)
     assert 1.2e9 < est.params / 2 < 1.4e9  # fp32 parameters, halved by the sharding
     check_fits(est, torch.device("cpu"), 2, state_on_host=True, available={"host": 24 * GIB})
     with pytest.raises(ConfigError, match=r"per rank, 2 ranks on this machine"):
@@ -49,7 +49,7 @@ def test_many_small_blocks_count_their_tensors(gpt2_vocab):
     """The red team's --decoder-layers 100000 at width 32: 12.7 GiB of numbers, yet it grew past
     22 GB resident here: 1.2M parameter tensors cost more than their data."""
     cfg, task = config_and_task(gpt2_vocab, *SMALL, "--decoder-layers", "100000", "--optimizer", "adam")
-    est = estimate(cfg, task, param_bytes=4, shards=1, optimizer_shards=1)
+    est = estimate(cfg, Components.of(cfg), task, param_bytes=4, shards=1, optimizer_shards=1)
     assert est.state < 16 * GIB
     with pytest.raises(ConfigError, match=r"tensor bookkeeping \d"):
         check_fits(est, torch.device("cpu"), 1, state_on_host=False, available={"host": 16 * GIB})
@@ -57,7 +57,7 @@ def test_many_small_blocks_count_their_tensors(gpt2_vocab):
 
 def test_on_a_gpu_the_state_goes_where_the_flags_put_it(gpt2_vocab):
     cfg, task = config_and_task(gpt2_vocab, "--arch", "transformer_lm_gpt3_xl", "--tokens-per-sample", "512")
-    est = estimate(cfg, task, param_bytes=4, shards=1, optimizer_shards=1)  # ~21 GB with Adam
+    est = estimate(cfg, Components.of(cfg), task, param_bytes=4, shards=1, optimizer_shards=1)  # ~21 GB with Adam
     cuda = torch.device("cuda", 0)
     with pytest.raises(ConfigError, match="free memory of the device"):
         check_fits(est, cuda, 1, state_on_host=False, available={"host": 100 * GIB, "device": 16 * GIB})
@@ -89,9 +89,9 @@ def test_activations_of_one_sequence_are_a_close_lower_bound(gpt2_vocab, flags):
     leaves the RNG as it was (a run's random numbers do not depend on it)."""
     cfg, task = config_and_task(gpt2_vocab, *SMALL, "--tokens-per-sample", "256", *flags)
     state = torch.get_rng_state()
-    est = estimate(cfg, task, param_bytes=4, shards=1, optimizer_shards=1, activations=True)
+    est = estimate(cfg, Components.of(cfg), task, param_bytes=4, shards=1, optimizer_shards=1, activations=True)
     assert torch.equal(torch.get_rng_state(), state)
-    real = _real_saved_bytes(build.build_model(cfg, task), 256)
+    real = _real_saved_bytes(build_model(cfg, Components.of(cfg), task), 256)
     assert 0.8 * real <= est.activations <= real
 
 
@@ -99,9 +99,9 @@ def test_activations_refuse_the_red_teams_hundred_thousand_layers(gpt2_vocab):
     """--decoder-layers 100000 at width 32 has 18.5 GiB of state and bookkeeping, which a 21 GiB machine
     accepted before the activations were counted; one sequence's activations alone are over 100 GiB."""
     cfg, task = config_and_task(gpt2_vocab, *SMALL, "--decoder-layers", "100000", "--optimizer", "adam")
-    est = estimate(cfg, task, param_bytes=4, shards=1, optimizer_shards=1, activations=True)
+    est = estimate(cfg, Components.of(cfg), task, param_bytes=4, shards=1, optimizer_shards=1, activations=True)
     assert est.state + est.bookkeeping < 21 * GIB < est.activations
     with pytest.raises(ConfigError, match=r"activations of one sequence \d+\.\d GiB.*--checkpoint-activations"):
         check_fits(est, torch.device("cpu"), 1, state_on_host=False, available={"host": 21 * GIB})
     cfg, task = config_and_task(gpt2_vocab, *SMALL, "--decoder-layers", "100000", "--checkpoint-activations")
-    assert estimate(cfg, task, 4, 1, 1, activations=True).activations == 0
+    assert estimate(cfg, Components.of(cfg), task, 4, 1, 1, activations=True).activations == 0

@@ -12,11 +12,11 @@ of buffers."""
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.plan.estimate import Machine
 from shardtrain.plan.estimate import estimate as plan_estimate
-from shardtrain.trainer import build
+from shardtrain.trainer.resolved import Components, build_task
 from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.loop import Run, train
 from shardtrain.trainer.memory_fit import check_fits, estimate, memory_needs
@@ -37,7 +37,7 @@ def data(tmp_path_factory):
 
 def _estimate(data, *flags, shards=1):
     cfg = parse_train_args([data, *MODEL, *flags])
-    return estimate(cfg, build.build_task(cfg), param_bytes=4, shards=shards, optimizer_shards=shards)
+    return estimate(cfg, Components.of(cfg), build_task(cfg, Components.of(cfg)), param_bytes=4, shards=shards, optimizer_shards=shards)
 
 
 def _added(data, device, state_on_host, ranks=1, shards=1):
