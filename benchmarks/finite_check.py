@@ -21,7 +21,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoint import config  # noqa: E402
 from make_data import random_data_bin  # noqa: E402
 
-from shardtrain.trainer.checkpoint.contents import header, stateful_parts  # noqa: E402
 from shardtrain.trainer.checkpoint.finite import check_finite  # noqa: E402
 from shardtrain.trainer.launch.start import make_context  # noqa: E402
 from shardtrain.trainer.loop import Run  # noqa: E402
@@ -54,7 +53,7 @@ def main():
             run.trainer.train_step([next(itr.next_epoch_itr())])
             trainer = run.trainer
             check = timed(lambda: check_finite(trainer.model, trainer.optimizer, run.backend, 1), args.repeats)
-            save = timed(lambda: run.checkpoints.save(header(run), stateful_parts(run, itr), 1, 1,
+            save = timed(lambda: run.checkpoints.save(run.checkpoint_header(), run.checkpoint_parts(itr), 1, 1,
                                                       ["checkpoint_last.pt"]), args.repeats)
             run.close()
         finally:

@@ -12,6 +12,8 @@ EVERY2 = KEEP + "test_save_interval_saves_every_second_epoch"
 PATIENCE = SCHEDULE + "test_patience_stop_is_saved_and_a_relaunch_trains_no_more"
 SUBSETS = SCHEDULE + "test_every_valid_subset_is_validated_in_batches_of_its_size"
 LOOP, MANAGER = "shardtrain/trainer/loop.py", "shardtrain/trainer/checkpoint/manager.py"
+VALIDATION = "shardtrain/trainer/validation.py"
+DUE = "tests/trainer/test_loop_steps.py::test_due_validates_and_saves_where_fairseq_does"
 SINGLE, SHARDED = "shardtrain/trainer/checkpoint/single_file.py", "shardtrain/trainer/checkpoint/sharded.py"
 SHARDED_PRUNE = ("        prune_best(c)  # first: a directory only a dropped best-link named goes below, not at the "
                  "next save\n        if c.keep_last_epochs > 0:")
@@ -46,22 +48,23 @@ MUTANTS = [
     Mutant("no_last_checkpoints_ignored", "--no-last-checkpoints writes no checkpoint_last",
            MANAGER, "        if not c.no_last_checkpoints:", "        if True:", (NO_LAST + "[fully_sharded]",)),
     Mutant("save_interval_ignored", "--save-interval N saves every N-th epoch",
-           LOOP, "do_save = ((end_of_epoch and epoch % ck.save_interval == 0)", "do_save = (end_of_epoch",
-           (EVERY2 + "[pytorch_ddp]",)),
+           VALIDATION, "do_save = ((end_of_epoch and epoch % ck.save_interval == 0)", "do_save = (end_of_epoch",
+           (EVERY2 + "[pytorch_ddp]", DUE)),
     Mutant("validate_interval_ignored", "--validate-interval N validates every N-th epoch",
-           LOOP, "(end_of_epoch and epoch % ds.validate_interval == 0)", "end_of_epoch", (EVERY2 + "[fully_sharded]",)),
+           VALIDATION, "(end_of_epoch and epoch % ds.validate_interval == 0)", "end_of_epoch",
+           (EVERY2 + "[fully_sharded]", DUE)),
     Mutant("disable_validation_ignored", "--disable-validation runs no validation",
-           LOOP, "and not ds.disable_validation and updates", "and updates", (KEEP_BOTH + "[pytorch_ddp]",)),
+           VALIDATION, "and not ds.disable_validation and updates", "and updates", (KEEP_BOTH + "[pytorch_ddp]", DUE)),
     Mutant("validate_after_updates_off_by_one", "validation starts at update --validate-after-updates",
-           LOOP, "and not ds.disable_validation and updates >= ds.validate_after_updates)",
+           VALIDATION, "and not ds.disable_validation and updates >= ds.validate_after_updates)",
            "and not ds.disable_validation and updates > ds.validate_after_updates)",
-           (SCHEDULE + "test_validate_after_updates_holds_back_every_validation",)),
+           (SCHEDULE + "test_validate_after_updates_holds_back_every_validation", DUE)),
     Mutant("validate_after_updates_ignored_by_saves", "update checkpoints wait for --validate-after-updates",
-           LOOP, "or (on_interval and updates >= ds.validate_after_updates))", "or on_interval)",
-           (SCHEDULE + "test_validate_after_updates_holds_back_the_interval_saves",)),
+           VALIDATION, "or (on_interval and updates >= ds.validate_after_updates))", "or on_interval)",
+           (SCHEDULE + "test_validate_after_updates_holds_back_the_interval_saves", DUE)),
     Mutant("validate_interval_updates_ignored", "--validate-interval-updates N validates every N updates",
-           LOOP, "on_valid_interval = ds.validate_interval_updates > 0 and", "on_valid_interval = False and",
-           (SCHEDULE + "test_validate_after_updates_holds_back_every_validation",)),
+           VALIDATION, "on_valid_interval = ds.validate_interval_updates > 0 and", "on_valid_interval = False and",
+           (SCHEDULE + "test_validate_after_updates_holds_back_every_validation", DUE)),
     Mutant("max_tokens_valid_ignored_in_a_schedule", "--max-tokens-valid caps the tokens of a validation batch",
            LOOP, "max_tokens=(d.max_tokens_valid or max_tokens) if valid else max_tokens", "max_tokens=max_tokens",
            (SCHEDULE + "test_validate_after_updates_holds_back_every_validation",)),
@@ -69,17 +72,17 @@ MUTANTS = [
            LOOP, "max_sentences=(d.batch_size_valid or d.batch_size) if valid else d.batch_size",
            "max_sentences=d.batch_size", (SUBSETS,)),
     Mutant("valid_subset_first_only", "every --valid-subset is validated",
-           LOOP, 'for subset in run.cfg.dataset.valid_subset.split(","):',
+           VALIDATION, 'for subset in run.cfg.dataset.valid_subset.split(","):',
            'for subset in run.cfg.dataset.valid_subset.split(",")[:1]:', (SUBSETS,)),
     Mutant("interval_save_at_update_0", "an epoch that trained nothing (update 0) is no --save-interval-updates "
-           "multiple, as in fairseq", LOOP, "on_interval = ck.save_interval_updates > 0 and updates > 0 and",
+           "multiple, as in fairseq", VALIDATION, "on_interval = ck.save_interval_updates > 0 and updates > 0 and",
            "on_interval = ck.save_interval_updates > 0 and",
-           (SCHEDULE + "test_an_epoch_with_no_update_is_not_an_interval_save",)),
+           (SCHEDULE + "test_an_epoch_with_no_update_is_not_an_interval_save", DUE)),
     Mutant("valid_interval_at_update_0", "an epoch that trained nothing (update 0) is no "
-           "--validate-interval-updates multiple, as in fairseq", LOOP,
+           "--validate-interval-updates multiple, as in fairseq", VALIDATION,
            "on_valid_interval = ds.validate_interval_updates > 0 and updates > 0 and",
            "on_valid_interval = ds.validate_interval_updates > 0 and",
-           (SCHEDULE + "test_an_epoch_with_no_update_is_not_an_interval_save",)),
+           (SCHEDULE + "test_an_epoch_with_no_update_is_not_an_interval_save", DUE)),
     Mutant("patience_stop_not_saved", "the update --patience stops at is saved, as fairseq",
            LOOP, "should_stop = do_save = True  # as fairseq", "should_stop = True  # as fairseq", (PATIENCE,)),
     Mutant("patience_relaunch_trains_on", "relaunching a run --patience stopped trains no more",

@@ -8,6 +8,7 @@ HOST = "tests/trainer/test_host_memory.py::"
 SNAP = "tests/trainer/test_spike_snapshot_memory.py::"
 LOOP, START, HM = "shardtrain/trainer/loop.py", "shardtrain/trainer/launch/start.py", "shardtrain/trainer/host_memory.py"
 FIT, EST = "shardtrain/trainer/memory_fit.py", "shardtrain/plan/estimate.py"
+VALIDATION = "shardtrain/trainer/validation.py"
 DROPOUT = DEV + "test_a_fixed_validation_seed_leaves_training_gpu_dropout_stream_alone"
 ONE_GPU = (DEV + "test_a_one_gpu_run_without_a_process_group_sets_its_device_before_main",
            DEV + "test_a_one_rank_launch_on_another_gpu_makes_that_gpu_current")
@@ -18,11 +19,11 @@ _SET_THEN_MAIN = ("    if ctx.device.type == \"cuda\":\n        torch.cuda.set_d
 
 MUTANTS = [
     Mutant("validation_forks_cpu_rng_only", "--fixed-validation-seed leaves training's GPU dropout stream alone",
-           LOOP, _FORK, "    return torch.random.fork_rng(devices=[])", (DROPOUT,)),
+           VALIDATION, _FORK, "    return torch.random.fork_rng(devices=[])", (DROPOUT,)),
     Mutant("validation_forks_every_gpu", "validation reads the rank's own GPU generator only (no context elsewhere)",
-           LOOP, _FORK, "    return torch.random.fork_rng(devices=range(2), device_type=device.type)", (DROPOUT,)),
+           VALIDATION, _FORK, "    return torch.random.fork_rng(devices=range(2), device_type=device.type)", (DROPOUT,)),
     Mutant("cpu_validation_reads_gpu_rng", "a --cpu run's validation reads no GPU generator",
-           LOOP, "        return torch.random.fork_rng(devices=[])\n", "        return torch.random.fork_rng()\n",
+           VALIDATION, "        return torch.random.fork_rng(devices=[])\n", "        return torch.random.fork_rng()\n",
            (DEV + "test_a_cpu_run_reads_no_gpu_generator_when_validating",)),
     Mutant("fallback_init_reseeds_gpus", "an unrecognised init function re-seeds no GPU generator",
            "shardtrain/models/init.py", "        torch.default_generator.manual_seed(_block_seed(key, -1))",
@@ -50,12 +51,16 @@ MUTANTS = [
            FIT, "                    snapshots=1 if cfg.optimization.spike_rollback else 0,",
            "                    snapshots=0,", (COUNTED,)),
     Mutant("offloaded_snapshot_on_the_gpu", "under --cpu-offload the snapshot of the state is in host memory",
-           FIT, '    state_at = "host" if device.type == "cpu" or state_on_host else "device"',
-           '    state_at = "host" if device.type == "cpu" else "device"', (COUNTED,)),
+           "shardtrain/trainer/rank_memory.py", '        out[where] += copies * size\n',
+           '        out[where] += size\n        out["host" if device_type == "cpu" else "device"] += (copies - 1) * size\n',
+           (COUNTED,)),
     Mutant("snapshot_buffers_follow_the_state", "the snapshot of the buffers stays on the GPU under --cpu-offload",
-           FIT, '    buffers_at = "host" if device.type == "cpu" else "device"', "    buffers_at = state_at", (COUNTED,)),
+           "shardtrain/trainer/rank_memory.py", '               "optimizer": optimizer_on_host, "master": optimizer_on_host}\n',
+           '               "optimizer": optimizer_on_host, "master": optimizer_on_host, "buffers": state_on_host}\n',
+           (COUNTED,)),
     Mutant("snapshot_once_per_host", "each rank on a host holds its own snapshot",
-           FIT, '        needs[where] += copy * (ranks_on_host if where == "host" else 1)', "        needs[where] += copy",
+           FIT, '    needs["host"] *= ranks_on_host\n',
+           '    needs["host"] = needs["host"] * ranks_on_host - (ranks_on_host - 1) * (est.snapshot + est.snapshot_buffers)\n',
            (COUNTED,)),
     Mutant("plan_snapshot_not_counted", "shard-plan counts --spike-rollback's snapshot at the peak",
            EST, "    peak += extra + runtime + snapshot", "    peak += extra + runtime",
@@ -64,6 +69,7 @@ MUTANTS = [
            EST, 'snapshot = params + optimizer + master + kinds["buffers"] if', "snapshot = params + optimizer + master if",
            (SNAP + "test_shard_plan_counts_the_snapshot[cpu]",)),
     Mutant("plan_offloaded_snapshot_on_the_gpu", "shard-plan keeps an offloaded run's snapshot of the state on the host",
-           EST, "            _on_host(cfg, params, 0, optimizer, master) if snapshot else 0)", "            0)",
+           EST, 'host = place(state, machine.device, facts.state_on_host, facts.optimizer_on_host, bool(snapshot))["host"]',
+           'host = place(state, machine.device, facts.state_on_host, facts.optimizer_on_host, False)["host"]',
            (SNAP + "test_shard_plan_keeps_an_offloaded_runs_snapshot_of_the_state_in_host_memory",)),
 ]

@@ -65,7 +65,7 @@ MUTANTS = [
             "test_a_rollback_during_an_async_write_leaves_the_checkpoint_whole")),
     Mutant("spike_guard_not_saved", "a checkpoint keeps the guard's history and rollbacks",
            "shardtrain/trainer/checkpoint/contents.py",
-           '**({"spike_guard": run.spikes} if getattr(run, "spikes", None) is not None else {})}', "}",
+           '**({"spike_guard": spikes} if spikes is not None else {})}', "}",
            (SPIKE + "test_a_sharded_checkpoint_after_a_rollback_resumes_exactly",)),
     Mutant("spike_rng_not_restored", "a rollback restores the random generators (dropout draws as before)",
            GUARD, "        set_rng_state(self.rng)", "        pass", (EXACT,)),

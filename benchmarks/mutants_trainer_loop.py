@@ -8,11 +8,8 @@ LISTS = "tests/optim/test_optim_epoch_lists.py"
 PLATEAU_RESUME = "tests/trainer/test_plateau_resume.py::test_plateau_steps_on_validation_and_resumes_exactly"
 _STEP = ("    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule\n"
          "        run.trainer.lr_step(epoch, valid_loss)\n")
-_SAVE_START = ("    if do_save and not ck.no_save:\n        start = time.time()\n"
-               "        names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best, valid_loss)\n"
-               "        check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank\n"
-               "        paths = run.checkpoints.save(header(run), stateful_parts(run, epoch_itr), epoch, updates, names)\n")
-_STEP_AFTER = "names)\n        if end_of_epoch:\n            run.trainer.lr_step(epoch, valid_loss)\n"
+_SAVE_START = "    if do_save and not ck.no_save:\n        save(run, epoch_itr, end_of_epoch, is_best, valid_loss)\n"
+_STEP_AFTER = "valid_loss)\n    if end_of_epoch:\n        run.trainer.lr_step(epoch, valid_loss)\n"
 DEMO = "tests/cli/test_demo.py::"
 E2E = "tests/cli/test_cli_end_to_end.py::"
 EARLY = "tests/cli/test_fail_early.py::test_refused_before_any_rank_starts_in_each_front_ends_words"
@@ -47,20 +44,20 @@ MUTANTS = [
            ("tests/cli/test_cli_end_to_end.py::test_patience_and_stop_time_end_training_early",)),
     # fairseq's order: the end-of-epoch checkpoint holds the schedule before that epoch's step
     Mutant("plateau_stepped_after_the_save", "a resumed reduce_lr_on_plateau shrinks the lr when the uninterrupted run would",
-           "shardtrain/trainer/loop.py", _STEP + _SAVE_START, _SAVE_START.replace("names)\n", _STEP_AFTER),
+           "shardtrain/trainer/loop.py", _STEP + _SAVE_START, _SAVE_START.replace("valid_loss)\n", _STEP_AFTER),
            (PLATEAU_RESUME,)),
     Mutant("update_freq_list_first_only", "--update-freq 4,2 accumulates update_freq[epoch - 1] batches, as fairseq",
            "shardtrain/trainer/loop.py", "for_epoch(cfg.optimization.update_freq, epoch_itr.epoch)",
            "for_epoch(cfg.optimization.update_freq, 1)", (LISTS + "::test_training_follows_both_lists",)),
     Mutant("max_valid_steps_ignored", "--max-valid-steps N validates on N batches",
-           "shardtrain/trainer/loop.py", "itertools.islice(progress, run.cfg.dataset.max_valid_steps)",
+           "shardtrain/trainer/validation.py", "itertools.islice(progress, run.cfg.dataset.max_valid_steps)",
            "progress",
            ("tests/trainer/test_valid_step_flags.py::test_max_valid_steps_limits_the_batches",)),
     Mutant("fixed_validation_seed_reseeds_training", "--fixed-validation-seed leaves training's random state alone",
-           "shardtrain/trainer/loop.py", "    with _forked_rng(run.backend.device):", "    if True:",
+           "shardtrain/trainer/validation.py", "    with _forked_rng(run.backend.device):", "    if True:",
            ("tests/trainer/test_valid_step_flags.py::test_fixed_validation_seed_leaves_training_randomness_alone",)),
     Mutant("valid_throughput_not_logged", "validation records carry fairseq's valid_wps, valid_wpb, valid_bsz",
-           "shardtrain/trainer/loop.py", "            log_throughput(metrics, logs, since)  # valid_wps",
+           "shardtrain/trainer/validation.py", "            log_throughput(metrics, logs, since)  # valid_wps",
            "            pass  # valid_wps", (E2E + "test_checkpoint_names_keep_policy_and_validate_generate",)),
     Mutant("config_printed_whole", "the log shows the config compactly; the whole of it is in the save dir",
            "shardtrain/trainer/loop.py",

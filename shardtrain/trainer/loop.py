@@ -1,47 +1,46 @@
 """The training driver: epochs, validation, checkpoints and stopping rules.
 
 fairseq_cli/train.py in shape: ``main`` builds everything, then runs epochs;
-``validate_and_save`` decides, after every update, whether to validate and
-which checkpoints to write.
+after every update ``validate_and_save`` takes its steps in order: whether to
+stop, whether validation and a save are due (validation.py), validating, the
+epoch's lr step, saving.
 """
 import itertools
 import logging
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
-from omegaconf import OmegaConf
 
 from shardtrain.config.epoch_lists import for_epoch
 from shardtrain.config.summary import config_summary
-from shardtrain.core.errors import CheckpointError
-from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.data.batch_windows import BatchWindows, format_batches, parse_windows
 from shardtrain.trainer import build
-from shardtrain.trainer.parallel.backends import build_backend
+from shardtrain.trainer.launch.one_rank_group import OneRankGroup
+from shardtrain.trainer.parallel.choose import build_backend, chosen_backend_class
 from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.checkpoint.contents import header, stateful_parts
 from shardtrain.trainer.checkpoint.finite import check_finite
-from shardtrain.trainer.checkpoint.manager import CheckpointManager
-from shardtrain.trainer.metrics.meters import MetricsLogger
-from shardtrain.trainer.precision import build_precision, run_dtypes
+from shardtrain.trainer.checkpoint.manager import CONFIG_FILE, CheckpointManager, write_config
+from shardtrain.trainer.precision import TrainingDivergedError, build_precision, run_dtypes
 from shardtrain.core.host_oom import host_memory_for
 from shardtrain.trainer.launch.preemption import PreemptionWatcher, requeue_after_warning
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.checkpoint.resume import restore
 from shardtrain.trainer.memory_fit import check_run_fits
 from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token, peak_tflops
-from shardtrain.trainer.metrics.run_metrics import RunMetrics, log_throughput
-from shardtrain.trainer.parallel.backend import unwrap
+from shardtrain.trainer.metrics.run_metrics import RunMetrics
+from shardtrain.trainer.parallel.base import unwrap
+from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task
 from shardtrain.trainer.spike import SpikeGuard
 from shardtrain.trainer.train_state import TrainingClock
+from shardtrain.trainer.validation import due, record, validate
 from shardtrain.trainer.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 4096  # batch size when neither --max-tokens nor --batch-size is given
-CONFIG_FILE = "config.yaml"  # the resolved config, next to the checkpoints
 
 
 class Run:
@@ -51,33 +50,40 @@ class Run:
         self.cfg = cfg  # --threads is applied by launch, for every launcher
         torch.manual_seed(cfg.common.seed)
         dtypes = run_dtypes(cfg)  # decided once: the backend and the precision receive them
-        self.backend = build_backend(cfg, ctx, dtypes)
+        # One process has no group from the launcher; a backend that needs one anyway (FSDP2's mesh) gets it here.
+        self.group = OneRankGroup(ctx.device) if chosen_backend_class(cfg, ctx).needs_process_group else None
+        try:
+            self.backend = build_backend(cfg, ctx, dtypes)
+        except BaseException:
+            self._close_group()
+            raise
         self.checkpoints = CheckpointManager(cfg.checkpoint, is_master=self.backend.is_master,
                                              sharded=self.backend.sharded_checkpoints)
         try:
             self.checkpoints.check_writable()
             self.checkpoints.lock_save_dir()  # before the model is built: a second run is refused at once
-            self._build(cfg, ctx, dtypes)
+            self._build(cfg, ctx, dtypes, Components.of(cfg))  # the one look-up of the components' names
         except BaseException:
             self.checkpoints.close()  # a run that failed to start leaves no save dir behind
-            self.backend.close()  # nor a process group
+            self.backend.close()
+            self._close_group()  # nor a process group
             raise
 
-    def _build(self, cfg, ctx, dtypes) -> None:
-        self.task = build.build_task(cfg)
-        criterion = build.build_criterion(cfg, self.task)
+    def _build(self, cfg, ctx, dtypes, components: Components) -> None:
+        self.task = build_task(cfg, components)
+        criterion = build_criterion(cfg, components, self.task)
         if not cfg.dataset.disable_validation:
             build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, self.task, criterion)
-        check_run_fits(cfg, self.task, self.backend, dtypes)  # before anything is allocated
+        check_run_fits(cfg, components, self.task, self.backend, dtypes)  # before anything is allocated
         precision = build_precision(cfg, self.backend, dtypes)
         d = cfg.distributed
         checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it
         with host_memory_for("building the model"):  # a paragraph naming the size, not the allocator's traceback
-            model = prepare_model(lambda: build.build_model(cfg, self.task), self.backend, seed=cfg.common.seed,
+            model = prepare_model(lambda: build_model(cfg, components, self.task), self.backend, seed=cfg.common.seed,
                                   param_dtype=precision.param_dtype, offload_activations=d.offload_activations,
                                   compile_blocks=d.compile, checkpoint_activations_every=(
                                       d.checkpoint_activations_every if checkpointing else None))
-        self.trainer = Trainer(cfg, self.task, model, criterion, self.backend, precision)
+        self.trainer = Trainer(cfg, components, self.task, model, criterion, self.backend, precision)
         self.metrics = RunMetrics(ctx.device, self.trainer, utilisation=self._utilisation(cfg, model, dtypes))
         logger.info(f"rank {ctx.rank} holds {self.metrics.state_memory()} (parameters, gradients, optimizer state) "
                     f"with --ddp-backend {cfg.distributed.ddp_backend}")
@@ -108,6 +114,22 @@ class Run:
             required_batch_size_multiple=d.required_batch_size_multiple, seed=self.cfg.common.seed,
             num_shards=self.backend.world_size, shard_id=self.backend.rank, epoch=epoch, shuffle=shuffle)
 
+    def train_iterator(self, epoch: int):
+        """Epoch ``epoch``'s iterator over --train-subset."""
+        return self.batch_iterator(self.cfg.dataset.train_subset, epoch=epoch, shuffle=True)
+
+    def checkpoint_parts(self, epoch_itr=None) -> Dict:
+        """What a checkpoint of this run holds (contents.py); ``epoch_itr``: the one trained on, None to load."""
+        return stateful_parts(self.trainer, seed=self.cfg.common.seed, clock=self.clock, meters=self.metrics,
+                              make_epoch=self.train_iterator, epoch_itr=epoch_itr, spikes=self.spikes)
+
+    def resume(self):
+        """Load the restore checkpoint if there is one (resume.py); return the epoch iterator to train on."""
+        return restore(self.cfg, self.checkpoints, self.trainer, self.checkpoint_parts())
+
+    def checkpoint_header(self) -> Dict:
+        return header(self.cfg, self.task.fingerprint())
+
     def progress(self, iterator, epoch: Optional[int], prefix: Optional[str]):
         common = self.cfg.common
         fmt = "none" if not self.backend.is_master else ("simple" if common.no_progress_bar else common.log_format)
@@ -123,6 +145,11 @@ class Run:
         if self.tensorboard is not None:
             self.tensorboard.close()
         self.backend.close()
+        self._close_group()
+
+    def _close_group(self) -> None:
+        if self.group is not None:
+            self.group.close()
 
 
 def main(cfg, ctx) -> Optional[float]:
@@ -147,7 +174,7 @@ def train(run: Run) -> Optional[float]:
     if not cfg.dataset.disable_validation:
         for subset in cfg.dataset.valid_subset.split(","):
             run.task.dataset(subset)  # a missing or empty split fails now, not after the first epoch
-    epoch_itr = restore(run)
+    epoch_itr = run.resume()
     max_update = cfg.optimization.max_update
     if max_update > 0 and run.trainer.num_updates >= max_update:
         # fairseq trains (and saves) one more update here, changing a finished model
@@ -172,7 +199,7 @@ def train(run: Run) -> Optional[float]:
             logger.info(f"stopping training: the learning rate {lr:.3g} fell to --stop-min-lr "
                         f"{cfg.optimization.stop_min_lr:g}")
             break
-        epoch_itr = run.batch_iterator(cfg.dataset.train_subset, epoch_itr.next_epoch_idx, shuffle=True)
+        epoch_itr = run.train_iterator(epoch_itr.next_epoch_idx)
     for warning in run.skip_batches.end_run(run.trainer.num_updates):
         logger.warning(warning)
     return valid_loss
@@ -189,7 +216,10 @@ def train_or_skip(run: Run, samples, epoch: int, position: int) -> Optional[Dict
         if not samples:
             return None
     run.metrics.begin_update()
-    out = run.trainer.train_step(samples)
+    try:
+        out = run.trainer.train_step(samples)
+    except TrainingDivergedError as e:  # only the checkpoint code knows which checkpoint is intact
+        raise e.naming(run.checkpoints.last_checked_save) from None
     run.metrics.end_update()
     if run.spikes is not None:
         if run.spikes.after_update(run.trainer, out, epoch, position):
@@ -236,9 +266,27 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
 
 
 def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional[float], bool]:
-    cfg, state = run.cfg, run.trainer.state
-    updates, epoch = state.num_updates, epoch_itr.epoch
-    ck, ds, opt = cfg.checkpoint, cfg.dataset, cfg.optimization
+    """After an update (or an epoch's end with none): whether to stop, validate and save, then do so;
+    returns the validation loss (None when none ran) and whether training stops."""
+    ck, state, epoch = run.cfg.checkpoint, run.trainer.state, epoch_itr.epoch
+    should_stop = stop_requested(run, state.num_updates)
+    when = due(state.num_updates, epoch, end_of_epoch, should_stop, ck, run.cfg.dataset)
+    valid_loss = validate(run, epoch)[0] if when.validate else None
+    is_best, out_of_patience = record(valid_loss, state, ck)
+    do_save = when.save
+    if out_of_patience:
+        should_stop = do_save = True  # as fairseq: the updates since the last save are kept
+    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule
+        run.trainer.lr_step(epoch, valid_loss)
+    if do_save and not ck.no_save:
+        save(run, epoch_itr, end_of_epoch, is_best, valid_loss)
+    return valid_loss, should_stop
+
+
+def stop_requested(run: Run, updates: int) -> bool:
+    """Whether training stops after update ``updates``: --max-update, --stop-time-hours or a signal
+    (the last two agreed on by every rank, so that every rank stops at the same update)."""
+    opt = run.cfg.optimization
     should_stop = False
     if opt.max_update > 0 and updates >= opt.max_update:
         should_stop = True
@@ -249,106 +297,16 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
         reason = f"--stop-time-hours {opt.stop_time_hours} elapsed" if time_up else "SIGTERM/SIGUSR1 received"
         run.stopped_by_signal = not time_up and not (opt.max_update > 0 and updates >= opt.max_update)
         logger.info(f"stopping training at update {updates}: {reason}; saving checkpoint_last")
-    # update 0 (an epoch whose every batch was skipped) is no multiple of an interval, as in fairseq
-    on_interval = ck.save_interval_updates > 0 and updates > 0 and updates % ck.save_interval_updates == 0
-    on_valid_interval = ds.validate_interval_updates > 0 and updates > 0 and updates % ds.validate_interval_updates == 0
-    do_save = ((end_of_epoch and epoch % ck.save_interval == 0) or should_stop
-               or (on_interval and updates >= ds.validate_after_updates))
-    do_validate = (((not end_of_epoch and do_save) or (end_of_epoch and epoch % ds.validate_interval == 0)
-                    or should_stop or on_valid_interval)
-                   and not ds.disable_validation and updates >= ds.validate_after_updates)
-    valid_loss = validate(run, epoch_itr.epoch)[0] if do_validate else None
-    is_best = valid_loss is not None and _is_better(valid_loss, state.best, ck.maximize_best_checkpoint_metric)
-    if valid_loss is not None:
-        state.num_bad_validations = 0 if is_best else state.num_bad_validations + 1
-        state.best = valid_loss if is_best else state.best
-        if _out_of_patience(ck.patience, state):
-            should_stop = do_save = True  # as fairseq: the updates since the last save are kept
-    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule
-        run.trainer.lr_step(epoch, valid_loss)
-    if do_save and not ck.no_save:
-        start = time.time()
-        names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best, valid_loss)
-        check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank
-        paths = run.checkpoints.save(header(run), stateful_parts(run, epoch_itr), epoch, updates, names)
-        if names:  # saved (a failed save raised), and named alike on every rank
-            run.trainer.precision.checked_save = f"{names[0]} of update {updates}"
-        if paths and run.backend.is_master:
-            write_config(cfg, ck.save_dir)
-        logger.info(f"saved checkpoint {paths[0] if paths else '-'} (epoch {epoch} @ {updates} updates, "
-                    f"score {valid_loss}) (writing took {time.time() - start:.2f} seconds)")
-    return valid_loss, should_stop
+    return should_stop
 
 
-def _out_of_patience(patience: int, state) -> bool:
-    """--patience N: after a validation, whether the last N did not improve on the best."""
-    if patience <= 0 or state.num_bad_validations < patience:
-        return False
-    logger.info(f"early stop since valid performance hasn't improved for last {patience} runs")
-    return True
-
-
-def validate(run: Run, epoch: int) -> List[Optional[float]]:
-    """Validate on every --valid-subset; returns the best-checkpoint metric of each."""
-    seed = run.cfg.dataset.fixed_validation_seed
-    if seed is None:
-        return _validate_subsets(run, epoch)
-    with _forked_rng(run.backend.device):  # training's random state is not this validation's
-        torch.manual_seed(seed)
-        return _validate_subsets(run, epoch)
-
-
-def _forked_rng(device: torch.device):
-    """torch.manual_seed re-seeds every GPU's generator besides the CPU's, and fork_rng puts back only
-    the CPU's and those of the devices it is given: give it the rank's own (training's dropout draws
-    there). Other GPUs are not read: that would open a context on each. A --cpu run gives none."""
-    if device.type == "cpu":
-        return torch.random.fork_rng(devices=[])
-    return torch.random.fork_rng(devices=[device], device_type=device.type)
-
-
-def _validate_subsets(run: Run, epoch: int) -> List[Optional[float]]:
-    results = []
-    for subset in run.cfg.dataset.valid_subset.split(","):
-        itr = run.batch_iterator(subset, epoch=1, shuffle=False, valid=True).next_epoch_itr(shuffle=False)
-        progress = run.progress(itr, epoch, prefix=f"valid on '{subset}' subset")
-        metrics = MetricsLogger()
-        run.metrics.begin_valid()
-        since = time.perf_counter()
-        for sample in itertools.islice(progress, run.cfg.dataset.max_valid_steps):
-            logs = run.trainer.valid_step(sample)
-            run.trainer.criterion.reduce_metrics(logs, metrics)
-            log_throughput(metrics, logs, since)  # valid_wps, valid_wpb, valid_bsz
-        stats = run.metrics.stats(metrics, run.trainer.num_updates, "valid")
-        metric = stats.get(run.cfg.checkpoint.best_checkpoint_metric)
-        best = run.trainer.state.best
-        if metric is not None:
-            maximize = run.cfg.checkpoint.maximize_best_checkpoint_metric
-            best = metric if _is_better(metric, best, maximize) else best
-            stats[f"best_{run.cfg.checkpoint.best_checkpoint_metric}"] = best
-        progress.print(stats, tag=subset, step=run.trainer.num_updates)
-        progress.close()
-        results.append(metric)
-    return results
-
-
-def write_config(cfg, save_dir: str) -> None:
-    """The resolved config as ``config.yaml`` in the save dir (``build.from_dict``
-    of the loaded YAML rebuilds it). Written after a checkpoint rather than at
-    start-up, so a run that fails to start leaves no files; rewritten only when
-    it changed (a resumed run with other flags), so it describes the latest run."""
-    path = os.path.join(save_dir, CONFIG_FILE)
-    text = OmegaConf.to_yaml(cfg).encode("utf-8")
-    try:
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                if f.read() == text:
-                    return
-        atomic_write_bytes(path, text)
-    except OSError as e:
-        raise CheckpointError(f"Writing {path} failed: {e.strerror or e}. The checkpoint itself was saved; free "
-                              "space in --save-dir (or choose another one) and relaunch the same command.") from None
-
-
-def _is_better(value: float, best: Optional[float], maximize: bool) -> bool:
-    return best is None or (value > best if maximize else value < best)
+def save(run: Run, epoch_itr, end_of_epoch: bool, is_best: bool, valid_loss: Optional[float]) -> None:
+    """This update's checkpoints (named by the --save-* and --keep-* flags), checked finite first."""
+    start, updates, epoch = time.time(), run.trainer.num_updates, epoch_itr.epoch
+    names = run.checkpoints.names_for(epoch, updates, end_of_epoch, is_best, valid_loss)
+    check_finite(run.trainer.model, run.trainer.optimizer, run.backend, updates)  # on every rank
+    paths = run.checkpoints.save(run.checkpoint_header(), run.checkpoint_parts(epoch_itr), epoch, updates, names)
+    if paths and run.backend.is_master:
+        write_config(run.cfg, run.cfg.checkpoint.save_dir)
+    logger.info(f"saved checkpoint {paths[0] if paths else '-'} (epoch {epoch} @ {updates} updates, "
+                f"score {valid_loss}) (writing took {time.time() - start:.2f} seconds)")

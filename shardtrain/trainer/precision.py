@@ -32,12 +32,40 @@ logger = logging.getLogger(__name__)
 
 
 class TrainingDivergedError(ShardtrainError):
-    """The loss or gradient became NaN/inf."""
+    """The loss or gradient became NaN/inf. The error of update ``update`` says whether a checkpoint is intact,
+    which the checkpoint code knows and the precision does not: the loop re-raises it ``naming`` the newest
+    checkpoint this run checked finite (CheckpointManager.last_checked_save)."""
+
+    def __init__(self, message: str, update: Optional[int] = None, skip_nan: int = 0):
+        super().__init__(message)
+        self.update, self.skip_nan = update, skip_nan
+
+    def naming(self, checked_save: Optional[str]) -> "TrainingDivergedError":
+        if self.update is None:  # not an update's (--spike-max-rollbacks): it names no checkpoint
+            return self
+        return diverged_at(self.update, self.skip_nan, checked_save)
+
+
+def diverged_at(update: int, skip_nan: int, checked_save: Optional[str] = None) -> TrainingDivergedError:
+    """Update ``update``'s loss or gradient is NaN/inf, after ``skip_nan`` such updates skipped in a row;
+    ``checked_save``: the newest checkpoint this run saved after checking it finite, or None."""
+    skipped = f" after skipping {skip_nan} in a row (--skip-nan-updates)" if skip_nan else ""
+    return TrainingDivergedError(
+        f"The loss or gradient is NaN/inf at update {update}{skipped}; stopping before the weights are "
+        f"corrupted ({_last_checkpoint(checked_save)}). Lower --lr, add warmup (--warmup-updates), "
+        f"set --clip-norm, or check the data of this update"
+        f"{'' if skip_nan else ' (or pass over such updates with --skip-nan-updates N)'}.", update, skip_nan)
+
+
+def _last_checkpoint(checked_save: Optional[str]) -> str:
+    """Only a checkpoint this run checked finite may be called intact."""
+    if checked_save is not None:
+        return f"the last checkpoint this run saved, {checked_save}, was checked finite"
+    return ("this run saved no checkpoint yet; if it resumed from one, that checkpoint was not checked "
+            "and may hold NaN/inf itself")
 
 
 class Precision:
-    name = "fp32"
-
     def __init__(self, autocast_dtype: Optional[torch.dtype] = None, device_type: str = "cpu",
                  param_dtype: Optional[torch.dtype] = None, skip_nan: int = 0):
         """``autocast_dtype``: compute dtype for ``torch.autocast``, or None when the
@@ -46,9 +74,6 @@ class Precision:
         ``skip_nan``: how many NaN/inf updates in a row are skipped rather than fatal."""
         self.autocast_dtype, self.device_type, self.param_dtype = autocast_dtype, device_type, param_dtype
         self.skip_nan, self.nan_in_a_row = skip_nan, 0
-        # The newest checkpoint this run saved after checking it finite (loop.py), or None: only
-        # then may a divergence say that a checkpoint is intact.
-        self.checked_save: Optional[str] = None
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -85,18 +110,7 @@ class Precision:
             logger.warning(f"the loss or gradient is NaN/inf at update {update}; skipping it "
                            f"({self.nan_in_a_row} in a row, --skip-nan-updates {self.skip_nan})")
             return False
-        skipped = f" after skipping {self.skip_nan} in a row (--skip-nan-updates)" if self.skip_nan else ""
-        raise TrainingDivergedError(
-            f"The loss or gradient is NaN/inf at update {update}{skipped}; stopping before the weights are "
-            f"corrupted ({self._last_checkpoint()}). Lower --lr, add warmup (--warmup-updates), "
-            f"set --clip-norm, or check the data of this update"
-            f"{'' if self.skip_nan else ' (or pass over such updates with --skip-nan-updates N)'}.")
-
-    def _last_checkpoint(self) -> str:
-        if self.checked_save is not None:
-            return f"the last checkpoint this run saved, {self.checked_save}, was checked finite"
-        return ("this run saved no checkpoint yet; if it resumed from one, that checkpoint was not checked "
-                "and may hold NaN/inf itself")
+        raise diverged_at(update, self.skip_nan)  # the loop names the checkpoint (TrainingDivergedError)
 
     def metrics(self) -> Dict[str, float]:
         return {}
@@ -111,8 +125,6 @@ class Precision:
 class LossScaledPrecision(Precision):
     """fp16: the loss is scaled before backward and the gradients unscaled after it;
     an update whose (global) gradient norm is inf/NaN is skipped and the scale lowered."""
-
-    name = "fp16"
 
     def __init__(self, scaler: DynamicLossScaler, autocast_dtype: Optional[torch.dtype] = None,
                  device_type: str = "cpu", param_dtype: Optional[torch.dtype] = None):
@@ -151,8 +163,6 @@ class MemoryEfficientFP16Precision(LossScaledPrecision):
     and the optimizer applies the multiplier to each one once it is fp32: unscaled in
     place (as fairseq does) they would be true gradients in fp16, whose small entries
     flush to zero, and an adaptive optimizer would then miss their whole update."""
-
-    name = "memory_efficient_fp16"
 
     def step(self, optimizer, backend, params, grad_multiplier):
         # the config checks allow --memory-efficient-fp16 only with optimizers that take it

@@ -37,6 +37,7 @@ import torch
 
 from shardtrain.data.batch_windows import Window, format_windows
 from shardtrain.trainer.checkpoint.async_staging import wait_for_live_writes
+from shardtrain.trainer.checkpoint.contents import trainer_state_parts
 from shardtrain.trainer.precision import TrainingDivergedError
 from shardtrain.trainer.rng import rng_state, set_rng_state
 
@@ -96,7 +97,7 @@ class Snapshot:
         stepping = _innermost(trainer.optimizer)
         self.optimizer_state = {id(p): _copy(s) for p, s in stepping.state.items()}
         self.groups = [{k: v for k, v in g.items() if k != "params"} for g in stepping.param_groups]
-        self.parts = {name: _copy(part.state_dict()) for name, part in _parts(trainer).items()}
+        self.parts = {name: _copy(part.state_dict()) for name, part in trainer_state_parts(trainer).items()}
         self.rng = rng_state()
 
     def restore(self, trainer) -> None:
@@ -122,7 +123,7 @@ class Snapshot:
                     live[key] = value
         for group, saved in zip(stepping.param_groups, self.groups):
             group.update(saved)
-        for name, part in _parts(trainer).items():
+        for name, part in trainer_state_parts(trainer).items():
             part.load_state_dict(_copy(self.parts[name]))
         set_rng_state(self.rng)
 
@@ -132,10 +133,6 @@ def logged_loss(out: Dict) -> float:
     sample size (criterions.Criterion.reduce_metrics), in base 2."""
     logs = out["logs"][0] if out["logs"] else {}
     return logs.get("loss", 0.0) / max(out["sample_size"], 1.0) / LN2
-
-
-def _parts(trainer) -> Dict:
-    return {"lr_scheduler": trainer.lr_scheduler, "precision": trainer.precision, "train_state": trainer.state}
 
 
 class SpikeGuard:

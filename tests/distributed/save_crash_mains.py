@@ -9,7 +9,7 @@ import shutil
 
 import torch.distributed.checkpoint as dcp
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import CheckpointError
 from shardtrain.trainer.checkpoint import single_file as checkpoints
 from shardtrain.trainer.checkpoint import sharded as sharded_checkpoints
@@ -17,7 +17,6 @@ from shardtrain.trainer.checkpoint.contents import trainer_parts
 from shardtrain.trainer.checkpoint.formats import format_of
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train
-from shardtrain.trainer.checkpoint.resume import restore
 from async_save_mains import live_tensors
 
 KILLED = 75  # the exit status of a run that died in its phase (an exception exits with 1)
@@ -138,7 +137,7 @@ def _resume(cfg, ctx, report: str) -> None:
     found = {"torn": {}, "stray": [], "refused": {}}
     try:
         try:
-            restore(run)
+            run.resume()
             found["updates"], found["fingerprint"] = run.trainer.num_updates, fingerprint(run.trainer)
         except CheckpointError as e:
             found["restore_error"] = str(e)
@@ -154,7 +153,7 @@ def _resume(cfg, ctx, report: str) -> None:
                     os.path.join(path, sharded_checkpoints.COMPLETE)):
                 cfg.checkpoint.restore_file = path  # named explicitly, as a user could
                 try:
-                    restore(run)
+                    run.resume()
                     found["refused"][name] = None
                 except CheckpointError as e:
                     found["refused"][name] = str(e)

@@ -21,8 +21,9 @@ import torch
 
 import gpu_runs
 from conftest import needs_gpus
-from shardtrain.config.build import parse_train_args
-from shardtrain.trainer import build, loop
+from shardtrain.config.run_config import parse_train_args
+from shardtrain.trainer import loop, validation
+from shardtrain.trainer.resolved import Components, build_task
 from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.memory_fit import estimate, host_available_bytes
 from st_testutils import json_records
@@ -41,7 +42,7 @@ def test_validation_with_a_fixed_seed_restores_the_gpu_generator(monkeypatch):
     torch.rand(8, device=device)  # training has drawn from it
     before = torch.cuda.get_rng_state(device)
     inside = []
-    monkeypatch.setattr(loop, "_validate_subsets", lambda run, epoch: inside.append(torch.rand(8, device=device)))
+    monkeypatch.setattr(validation, "_validate_subsets", lambda run, epoch: inside.append(torch.rand(8, device=device)))
     run = types.SimpleNamespace(cfg=types.SimpleNamespace(dataset=types.SimpleNamespace(fixed_validation_seed=3)),
                                 backend=types.SimpleNamespace(device=device))
     loop.validate(run, epoch=1)
@@ -126,7 +127,7 @@ def test_the_snapshot_lies_where_the_memory_check_counts_it(data, tmp_path, offl
     flags = ["--ddp-backend", "fully_sharded", "--cpu-offload"] if offload else []
     cfg = parse_train_args([data, *gpu_runs.MODEL, "--optimizer", "adam", "--spike-rollback", "--no-save",
                             "--save-dir", str(tmp_path / "ck"), "--max-update", "1", *flags])
-    est = estimate(cfg, build.build_task(cfg), param_bytes=4, shards=1, optimizer_shards=1)
+    est = estimate(cfg, Components.of(cfg), build_task(cfg, Components.of(cfg)), param_bytes=4, shards=1, optimizer_shards=1)
     assert est.snapshot > 0 and est.snapshot_buffers > 0
     expected = ({"cpu": est.snapshot, "cuda": est.snapshot_buffers} if offload
                 else {"cpu": 0, "cuda": est.snapshot + est.snapshot_buffers})

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from shardtrain.cli import preprocess, train
-from shardtrain.config.build import parse_train_args
-from shardtrain.trainer import loop
+from shardtrain.config.run_config import parse_train_args
+from shardtrain.trainer import loop, validation
 from st_testutils import MarkovChain, json_records, write_markov_corpus
 
 TRAIN_BLOCKS, VALID_BLOCKS = 120, 12
@@ -80,7 +80,7 @@ def test_the_subsets_name_the_splits_trained_and_validated_on(data_bin, tmp_path
 
 @pytest.mark.flag_effect("--fixed-validation-seed")
 def test_fixed_validation_seed_is_the_random_state_validation_draws_from(monkeypatch):
-    monkeypatch.setattr(loop, "_validate_subsets", lambda run, epoch: [torch.rand(4)])  # what a subset draws
+    monkeypatch.setattr(validation, "_validate_subsets", lambda run, epoch: [torch.rand(4)])  # what a subset draws
 
     def draws(*flags):
         cfg = parse_train_args(["data-bin", *flags])

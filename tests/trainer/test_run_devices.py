@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from shardtrain.models.init import init_
-from shardtrain.trainer import loop
+from shardtrain.trainer import loop, validation
 from shardtrain.trainer.launch import start
 
 
@@ -59,7 +59,7 @@ def _run_on(device: torch.device, seed=123):
 
 def _training_masks(monkeypatch, cuda: FakeCudaGenerators, device: torch.device, validate: bool):
     """Three updates' dropout masks on the rank's GPU, validating with a fixed seed after each (``validate``)."""
-    monkeypatch.setattr(loop, "_validate_subsets", lambda run, epoch: [cuda.dropout_mask(device.index)])
+    monkeypatch.setattr(validation, "_validate_subsets", lambda run, epoch: [cuda.dropout_mask(device.index)])
     masks = []
     for _ in range(3):
         masks.append(cuda.dropout_mask(device.index))
@@ -84,7 +84,7 @@ def test_validation_is_seeded_on_the_gpu_too(monkeypatch):
     """Inside validation the GPU's generator is the fixed seed's (validation is reproducible there)."""
     cuda = FakeCudaGenerators(monkeypatch, count=1)
     seen = []
-    monkeypatch.setattr(loop, "_validate_subsets", lambda run, epoch: seen.append(cuda.dropout_mask(0)))
+    monkeypatch.setattr(validation, "_validate_subsets", lambda run, epoch: seen.append(cuda.dropout_mask(0)))
     loop.validate(_run_on(torch.device("cuda", 0), seed=5), epoch=1)
     assert torch.equal(seen[0], torch.rand(16, generator=torch.Generator().manual_seed(5)) < 0.5)
 
@@ -93,7 +93,7 @@ def test_a_cpu_run_reads_no_gpu_generator_when_validating(monkeypatch):
     """--cpu on a GPU machine: validation forks the CPU generator only (reading a GPU's opens a context),
     and still restores it."""
     cuda = FakeCudaGenerators(monkeypatch, count=2)
-    monkeypatch.setattr(loop, "_validate_subsets", lambda run, epoch: [torch.rand(3)])
+    monkeypatch.setattr(validation, "_validate_subsets", lambda run, epoch: [torch.rand(3)])
     before = torch.get_rng_state()
     loop.validate(_run_on(torch.device("cpu")), epoch=1)
     assert cuda.read == [] and torch.equal(torch.get_rng_state(), before)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.data.batch_windows import format_windows
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.precision import TrainingDivergedError

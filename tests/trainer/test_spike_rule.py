@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.data.batch_windows import format_windows
 from shardtrain.optim.lr_scheduler.base import LRScheduler
 from shardtrain.tasks.criterions import Criterion

@@ -7,9 +7,9 @@ side checks against the run rather than loads: the format version, the config
 and the task's fingerprint. Saving is ``state_of(parts)``; resuming is
 ``load_parts(parts, state)`` over the parts a run keeps (see resume.py).
 """
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
-from shardtrain.config.build import to_dict
+from shardtrain.config.run_config import to_dict
 from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.trainer.rng import gather_rng_states, reseed_for_resume, rng_for_this_rank, set_rng_state
 
@@ -21,28 +21,37 @@ NO_OPTIMIZER_STATE = "no_optimizer_state"  # header key of a checkpoint saved wi
 WHEN_MISSING = {"precision": {}, "meters": SKIP, "training_seconds": 0.0, "rng_per_rank": None, "spike_guard": SKIP}
 
 
-def header(run) -> Dict:
-    return {"version": FORMAT_VERSION, "cfg": to_dict(run.cfg), "task_fingerprint": run.task.fingerprint()}
+def header(cfg, task_fingerprint) -> Dict:
+    return {"version": FORMAT_VERSION, "cfg": to_dict(cfg), "task_fingerprint": task_fingerprint}
 
 
 def trainer_parts(trainer) -> Dict:
     """The trainer's own state."""
     return {"model": ModelPart(trainer.model, trainer.backend),
             "optimizer": OptimizerPart(trainer.model, trainer.optimizer, trainer.backend),
-            "lr_scheduler": trainer.lr_scheduler, "precision": trainer.precision, "train_state": trainer.state}
+            **trainer_state_parts(trainer)}
 
 
-def stateful_parts(run, epoch_itr=None) -> Dict:
-    """Everything a checkpoint of ``run`` holds; ``epoch_itr`` is None when loading
-    (the part makes the saved epoch's iterator). Loaded in this order: train_state
-    (the update count) comes before rng_per_rank, which re-seeds from it."""
-    return {**trainer_parts(run.trainer),
-            "rng_per_rank": RankRngs(run.cfg.common.seed, run.trainer.state),
-            "training_seconds": run.clock,  # for --stop-time-hours on resume
-            "train_iterator": TrainIterator(run, epoch_itr),
-            "meters": run.metrics,
+def trainer_state_parts(trainer) -> Dict:
+    """The trainer's parts besides its tensors (TENSOR_PARTS), which a --spike-rollback snapshot
+    copies itself; these it keeps by their state dicts (spike.py)."""
+    return {"lr_scheduler": trainer.lr_scheduler, "precision": trainer.precision, "train_state": trainer.state}
+
+
+def stateful_parts(trainer, *, seed: int, clock, meters, make_epoch: Callable, epoch_itr=None,
+                   spikes=None) -> Dict:
+    """Everything a checkpoint of a run holds: the ``trainer``'s parts, the ``seed`` its ranks' generators
+    re-seed from, the training ``clock``, the ``meters``, the data position and --spike-rollback's ``spikes``
+    (None when off). ``make_epoch(epoch)`` makes an epoch's training iterator: loading, the saved epoch's
+    (``epoch_itr`` is None then); saving, ``epoch_itr`` is the one trained on. Loaded in this order:
+    train_state (the update count) comes before rng_per_rank, which re-seeds from it."""
+    return {**trainer_parts(trainer),
+            "rng_per_rank": RankRngs(seed, trainer.state),
+            "training_seconds": clock,  # for --stop-time-hours on resume
+            "train_iterator": TrainIterator(make_epoch, epoch_itr),
+            "meters": meters,
             # --spike-rollback's recent losses and rollbacks (its snapshot is retaken after a resume)
-            **({"spike_guard": run.spikes} if getattr(run, "spikes", None) is not None else {})}
+            **({"spike_guard": spikes} if spikes is not None else {})}
 
 
 def state_of(parts: Dict) -> Dict:
@@ -115,15 +124,14 @@ class RankRngs:
 
 class TrainIterator:
     """The position in the training data. Loading it makes the saved epoch's iterator
-    (``epoch_itr``), placed where the checkpoint left off."""
+    (``epoch_itr``, by ``make_epoch(epoch)``), placed where the checkpoint left off."""
 
-    def __init__(self, run, epoch_itr=None):
-        self.run, self.epoch_itr = run, epoch_itr
+    def __init__(self, make_epoch: Callable, epoch_itr=None):
+        self.make_epoch, self.epoch_itr = make_epoch, epoch_itr
 
     def state_dict(self) -> Dict:
         return self.epoch_itr.state_dict()
 
     def load_state_dict(self, state: Dict) -> None:
-        self.epoch_itr = self.run.batch_iterator(self.run.cfg.dataset.train_subset, epoch=state["epoch"],
-                                                 shuffle=True)
+        self.epoch_itr = self.make_epoch(state["epoch"])
         self.epoch_itr.load_state_dict(state)

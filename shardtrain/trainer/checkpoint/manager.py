@@ -6,16 +6,19 @@ here once, from the backend; it writes the parts (see contents.py) and prunes.
 import os
 from typing import Dict, List, Optional
 
+from omegaconf import OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
 
 from shardtrain.core.errors import CheckpointError
-from shardtrain.core.fileio import probe_writable_dir
+from shardtrain.core.fileio import atomic_write_bytes, probe_writable_dir
 from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error, out_of_descriptors
 from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, without
 from shardtrain.trainer.checkpoint.keep_best import best_name
 from shardtrain.trainer.checkpoint.formats import both_forms, format_for_saving
 from shardtrain.trainer.checkpoint.newer import newer
 from shardtrain.trainer.checkpoint.save_dir_lock import SaveDirLock
+
+CONFIG_FILE = "config.yaml"  # the resolved config, next to the checkpoints
 
 
 class CheckpointManager:
@@ -27,6 +30,9 @@ class CheckpointManager:
         self.sharded = sharded
         self.format = format_for_saving(sharded, checkpoint.async_save)
         self.lock = SaveDirLock(checkpoint.save_dir)
+        # The newest checkpoint this run saved ("NAME of update N"), each checked finite first (loop.py), or
+        # None: only such a one may a divergence call intact (TrainingDivergedError.naming).
+        self.last_checked_save: Optional[str] = None
 
     def lock_save_dir(self) -> None:
         """Refuse to run beside another run in the same save dir (rank 0; see save_dir_lock),
@@ -87,21 +93,24 @@ class CheckpointManager:
         return names
 
     def save(self, header: Dict, parts: Dict, epoch: int, updates: int, names: List[str]) -> List[str]:
-        """Write ``header`` and the stateful ``parts`` (contents.py) under ``names``. Called on every rank."""
+        """Write ``header`` and the stateful ``parts`` (contents.py) under ``names``. Called on every rank,
+        once check_finite (finite.py) passed on them: the first name becomes the newest checked save."""
         if self.checkpoint.no_save or not names:
             return []
         if self.checkpoint.no_save_optimizer_state:  # fairseq's flag; resume.py starts a fresh optimizer
             header, parts = {**header, NO_OPTIMIZER_STATE: True}, without(parts, ["optimizer"])
         try:
             # the format prunes (--keep-* flags) once the names are in place: with --async-save, in the background
-            return self.format.save(self.checkpoint, names, header, parts, epoch, updates, self.is_master,
-                                    self._prepare)
+            paths = self.format.save(self.checkpoint, names, header, parts, epoch, updates, self.is_master,
+                                     self._prepare)
         except (OSError, CheckpointException) as e:
             raise failed_save_error(f"of update {updates}", self.checkpoint.save_dir, e) from None
         except RuntimeError as e:  # gloo's words for a full descriptor table; any other is a bug: traceback
             if not out_of_descriptors(e):
                 raise
             raise failed_save_error(f"of update {updates}", self.checkpoint.save_dir, e) from None
+        self.last_checked_save = f"{names[0]} of update {updates}"  # saved (a failed save raised), on every rank
+        return paths
 
     def _prepare(self) -> None:
         os.makedirs(self.checkpoint.save_dir, exist_ok=True)
@@ -117,3 +126,21 @@ class CheckpointManager:
             self.format.close()
         finally:
             self.lock.release()
+
+
+def write_config(cfg, save_dir: str) -> None:
+    """The resolved config as ``config.yaml`` in the save dir (``build.from_dict``
+    of the loaded YAML rebuilds it). Written after a checkpoint rather than at
+    start-up, so a run that fails to start leaves no files; rewritten only when
+    it changed (a resumed run with other flags), so it describes the latest run."""
+    path = os.path.join(save_dir, CONFIG_FILE)
+    text = OmegaConf.to_yaml(cfg).encode("utf-8")
+    try:
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                if f.read() == text:
+                    return
+        atomic_write_bytes(path, text)
+    except OSError as e:
+        raise CheckpointError(f"Writing {path} failed: {e.strerror or e}. The checkpoint itself was saved; free "
+                              "space in --save-dir (or choose another one) and relaunch the same command.") from None

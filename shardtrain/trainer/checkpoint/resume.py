@@ -4,33 +4,35 @@ import time
 from typing import Dict, List
 
 from shardtrain.core.errors import CheckpointError
-from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, TENSOR_PARTS, load_parts, stateful_parts, trainer_parts, without
+from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, TENSOR_PARTS, load_parts, trainer_parts, without
 from shardtrain.trainer.checkpoint.fit import check_same_optimizer
 from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
 
 logger = logging.getLogger(__name__)
 
 
-def restore(run):
-    """Load the restore checkpoint if there is one; return the epoch iterator to train on."""
-    checkpoint = run.cfg.checkpoint
-    path = run.checkpoints.restore_path()
+def restore(cfg, checkpoints, trainer, parts: Dict):
+    """Load the restore checkpoint, if there is one, into ``parts`` (a run's stateful parts for
+    loading: contents.stateful_parts); return the epoch iterator to train on."""
+    checkpoint = cfg.checkpoint
+    path = checkpoints.restore_path()
     if path is None and checkpoint.finetune_from_model:
         # fairseq's rule: --finetune-from-model applies only to a fresh run;
         # once checkpoint_last exists, the run resumes from it instead.
-        finetune_from(run, resolve_checkpoint_path(checkpoint.finetune_from_model))
+        finetune_from(cfg, trainer, resolve_checkpoint_path(checkpoint.finetune_from_model))
+    make_epoch = parts["train_iterator"].make_epoch
     if path is None:
-        return fresh_iterator(run)
-    parts = without(stateful_parts(run), skipped_parts(checkpoint))
+        return make_epoch(1)
+    parts = without(parts, skipped_parts(checkpoint))
     started = time.perf_counter()
     try:
-        state = _load(run, parts, path)
+        state = _load(cfg, trainer, parts, path)
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"Cannot resume from {path}: {str(e).splitlines()[0][:300]}. Its optimizer or "
                               "scheduler does not match this run; pass --reset-optimizer / "
                               "--reset-lr-scheduler to keep only the weights.") from None
-    epoch_itr = parts["train_iterator"].epoch_itr if "train_iterator" in parts else fresh_iterator(run)
-    logger.info(f"loaded checkpoint {path} (epoch {state['train_iterator']['epoch']} @ {run.trainer.num_updates} "
+    epoch_itr = parts["train_iterator"].epoch_itr if "train_iterator" in parts else make_epoch(1)
+    logger.info(f"loaded checkpoint {path} (epoch {state['train_iterator']['epoch']} @ {trainer.num_updates} "
                 f"updates) in {time.perf_counter() - started:.1f} s")
     return epoch_itr
 
@@ -43,32 +45,28 @@ def skipped_parts(checkpoint) -> List[str]:
     return [name for name, reset in resets.items() if reset]
 
 
-def _load(run, parts: Dict, path: str) -> Dict:
+def _load(cfg, trainer, parts: Dict, path: str) -> Dict:
     """Check the checkpoint fits, then load its tensors and every other part; return its state."""
     fmt = format_of(path)
     state = fmt.read_state(path)
-    fmt.check_model(run.trainer, state, path, run.cfg)
+    fmt.check_model(trainer, state, path, cfg)
     if state.get(NO_OPTIMIZER_STATE) and "optimizer" in parts:
         logger.warning(f"{path} was saved with --no-save-optimizer-state: the optimizer starts fresh (the "
                        "weights, lr scheduler, meters and data position resume)")
         parts = without(parts, ["optimizer"])
     else:
-        check_same_optimizer(state, path, run.cfg)
+        check_same_optimizer(state, path, cfg)
     fmt.load_tensors(path, state, parts["model"], parts.get("optimizer"))
     load_parts(without(parts, TENSOR_PARTS), state)
-    run.trainer.resumed()
+    trainer.resumed()
     return state
 
 
-def finetune_from(run, source: str) -> None:
+def finetune_from(cfg, trainer, source: str) -> None:
     """Only the model weights; the optimizer, scheduler, meters and data position start fresh."""
     fmt = format_of(source)
     state = fmt.read_state(source, model_only=True)
-    fmt.check_model(run.trainer, state, source, run.cfg)
-    fmt.load_tensors(source, state, trainer_parts(run.trainer)["model"])
+    fmt.check_model(trainer, state, source, cfg)
+    fmt.load_tensors(source, state, trainer_parts(trainer)["model"])
     logger.info(f"loaded model weights from {source} (optimizer, lr scheduler, meters and "
                 "data position reset)")
-
-
-def fresh_iterator(run):
-    return run.batch_iterator(run.cfg.dataset.train_subset, epoch=1, shuffle=True)
