@@ -11,7 +11,7 @@ MUTANTS = [
            T + "parallel/activation_checkpointing.py", "    if not torch.is_grad_enabled():\n", "    if True:\n",
            ("tests/trainer/test_activation_checkpointing.py",)),
     Mutant("one_rank_never_shards", "fully_sharded on one rank shards (the same code path as N ranks)",
-           T + "parallel/backends.py", "if ctx.world_size == 1 and not cls.wraps_a_single_rank:",
+           T + "parallel/choose.py", "if ctx.world_size == 1 and not cls.wraps_a_single_rank:",
            "if ctx.world_size == 1:",
            ("tests/trainer/test_backend_capabilities.py",)),
     Mutant("compile_own_dropout_rng", "a compiled run draws eager's dropout masks",

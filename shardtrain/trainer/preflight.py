@@ -9,27 +9,28 @@ A mistake is then reported in seconds, before any rank starts, in the same words
 """
 import torch
 
-from shardtrain.config.components import resolve
 from shardtrain.config.epoch_lists import first
 from shardtrain.trainer import build
 from shardtrain.trainer.memory_fit import one_layer_config
 from shardtrain.trainer.metrics.progress import TensorboardWriter
+from shardtrain.trainer.resolved import Components, build_criterion, build_task
 
 
 def check_before_launch(cfg) -> None:
-    task = build.build_task(cfg)
+    components = Components.of(cfg)
+    task = build_task(cfg, components)
     check_split = getattr(task, "check_split", None)  # a plugin task need not have it
     if check_split is not None:
         d = cfg.dataset
         for split in [d.train_subset] + ([] if d.disable_validation else d.valid_subset.split(",")):
             check_split(split)
-    criterion = build.build_criterion(cfg, task)
+    criterion = build_criterion(cfg, components, task)
     if not cfg.dataset.disable_validation:
         build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, task, criterion)
     with torch.random.fork_rng(devices=[]), torch.device("meta"):  # no memory, and the RNG as it was
-        task.build_model(resolve(cfg.components)["model"].obj, one_layer_config(cfg))
-    spec = resolve(cfg.components)["optimizer"].obj(cfg.optimizer, torch.device("cpu"))
+        task.build_model(components.model, one_layer_config(cfg, components))
+    spec = components.optimizer(cfg.optimizer, torch.device("cpu"))
     optimizer = spec.build([torch.nn.Parameter(torch.zeros(1))], first(cfg.optimization.lr))
-    build.build_lr_scheduler(cfg, optimizer)
+    build.build_lr_scheduler(cfg, components, optimizer)
     if cfg.common.tensorboard_logdir:
         TensorboardWriter.check_logdir(cfg.common.tensorboard_logdir)

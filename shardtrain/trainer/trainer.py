@@ -11,14 +11,16 @@ import torch
 
 from shardtrain.trainer import build
 from shardtrain.trainer.checkpoint.contents import load_parts, state_of, trainer_parts
-from shardtrain.trainer.parallel.backends import Backend
+from shardtrain.trainer.parallel.choose import Backend
 from shardtrain.trainer.precision import Precision, TrainingDivergedError  # noqa: F401 (re-exported)
+from shardtrain.trainer.resolved import Components
 from shardtrain.trainer.train_state import TrainState
 
 
 class Trainer:
-    def __init__(self, cfg, task, model, criterion, backend: Backend, precision: Precision):
-        """``model``: as ``prepare_model`` returns it (initialised, cast and wrapped by ``backend``)."""
+    def __init__(self, cfg, components: Components, task, model, criterion, backend: Backend, precision: Precision):
+        """``model``: as ``prepare_model`` returns it (initialised, cast and wrapped by ``backend``);
+        ``components``: the run's resolved classes, for the optimizer and lr scheduler."""
         self.cfg = cfg
         self.task = task
         self.criterion = criterion
@@ -27,9 +29,9 @@ class Trainer:
         self.device = backend.device
         self.model = model
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build.build_optimizer(cfg, self.params, backend.optimizer_device)
+        self.optimizer = build.build_optimizer(cfg, components, self.params, backend.optimizer_device)
         self.dummy_batch = None  # stands in for an empty filler batch (see set_dummy_batch)
-        self.lr_scheduler = build.build_lr_scheduler(cfg, self.optimizer)
+        self.lr_scheduler = build.build_lr_scheduler(cfg, components, self.optimizer)
         self.state = TrainState()
 
     @property

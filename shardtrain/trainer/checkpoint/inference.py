@@ -14,14 +14,14 @@ from typing import Optional, Tuple
 
 import torch
 
-from shardtrain.config.build import from_dict
+from shardtrain.config.run_config import from_dict
 from shardtrain.core.errors import CheckpointError, ConfigError
-from shardtrain.trainer import build
 from shardtrain.trainer.checkpoint.contents import ModelPart
 from shardtrain.trainer.checkpoint.fit import check_fingerprint
 from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
 from shardtrain.trainer.metrics.meters import proc_bytes
 from shardtrain.trainer.metrics.run_metrics import log_throughput
+from shardtrain.trainer.resolved import Components, build_model, build_task
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +51,12 @@ def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False,
     fmt = format_of(path)
     state = fmt.read_state(path, model_only=True)
     cfg = _config(state, data, cpu)
-    task = build.build_task(cfg)
+    components = Components.of(cfg)
+    task = build_task(cfg, components)
     check_fingerprint(task, state, path)
-    device = build.select_device(cfg)
+    device = select_device(cfg)
     meter.start_device(device)
-    model = materialise(cfg, task, dtype, device)
+    model = materialise(cfg, components, task, dtype, device)
     try:
         # DCP, or copy_ from the mapped file, converts each tensor into the model's dtype as it reads it
         fmt.load_tensors(path, state, ModelPart(model))
@@ -77,11 +78,17 @@ def _config(state, data: Optional[str], cpu: bool):
     return from_dict(values)
 
 
-def materialise(cfg, task, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+def select_device(cfg) -> torch.device:
+    if not cfg.common.cpu and torch.cuda.is_available():  # --cpu never asks the driver
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def materialise(cfg, components: Components, task, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
     """The model with uninitialised ``dtype`` parameters on ``device`` (nothing
     is allocated in any other dtype), its non-persistent buffers recomputed."""
     with torch.device("meta"):
-        model = build.build_model(cfg, task).to(dtype)
+        model = build_model(cfg, components, task).to(dtype)
     model.to_empty(device=device)
     _recompute_buffers(model)
     return model

@@ -8,7 +8,8 @@ fairseq's ``call_main``, on torch.distributed's own launch conventions:
    variables, ``tcp://`` to the first node of the step; main runs once, here;
 3. otherwise, world size > 1: spawn the ranks on this machine; they meet
    through a file in a fresh temporary directory (no TCP port to collide on);
-4. world size 1: no process group at all; main runs in this process.
+4. world size 1: no process group; main runs in this process (a backend that needs
+   a group even there, FSDP2's mesh, gets a 1-rank one: ``one_rank_group``).
 """
 import dataclasses
 import logging

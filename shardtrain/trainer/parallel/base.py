@@ -7,7 +7,7 @@ produces state dicts. Backends are registered by name (``--ddp-backend``
 picks one); each lives in its own file.
 """
 import contextlib
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -17,6 +17,13 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 from shardtrain.core.registry import Registry
 
 BACKEND_REGISTRY = Registry("ddp_backend", flag="--ddp-backend")
+
+
+class GradientCopies(NamedTuple):
+    """Full copies of the gradients a backend keeps beside autograd's ``.grad`` (a memory tracker of the
+    step does not see them): held through backward (DDP's buckets), or made after it (a flat buffer)."""
+    during_backward: int = 0
+    after_backward: int = 0
 
 
 class Backend:
@@ -40,8 +47,36 @@ class Backend:
     supports_cpu_offload: bool = False
     #: True when the backend is used as asked on one rank (single_process replaces the others there).
     wraps_a_single_rank: bool = False
+    #: True when it needs a process group even on one rank (FSDP2 builds a device mesh on one):
+    #: the run has launch start a 1-rank group before building it; a backend never starts one.
+    needs_process_group: bool = False
     #: False for internal backends, which --ddp-backend does not offer.
     user_selectable: bool = True
+
+    # Facts the planner (shardtrain.plan) and the memory check (trainer/rank_memory.py) ask of a
+    # backend class before any is built, from the run's ``distributed`` config section.
+    @classmethod
+    def parameter_shards(cls, distributed, world_size: int, ranks_per_node: int) -> int:
+        """Ranks each parameter (its gradient and optimizer state) is split over: 1, whole on every rank."""
+        return 1
+
+    @classmethod
+    def offloads_state(cls, distributed) -> bool:
+        """True when the parameter shards, gradients and optimizer state live in host memory."""
+        return False
+
+    @classmethod
+    def gradient_copies(cls, distributed) -> GradientCopies:
+        return GradientCopies()
+
+    @classmethod
+    def bytes_communicated(cls, distributed, world_size: int, count: int, dtypes, micro_batches: int,
+                           shards: int) -> int:
+        """Bytes one rank sends (and receives) per update for ``count`` parameters, ring algorithms; ``dtypes``:
+        the run's (precision.Dtypes); ``shards``: ``parameter_shards``. By default one all-reduce of every
+        gradient, in the dtype the model is stored in, per update."""
+        grad_bytes = (dtypes.storage or torch.float32).itemsize
+        return int(2 * (world_size - 1) / world_size * count * grad_bytes)
 
     def __init__(self, ctx, distributed):
         """``ctx``: this rank's DistributedContext; ``distributed``: the run config's
@@ -56,10 +91,12 @@ class Backend:
 
     @property
     def optimizer_device(self) -> torch.device:
-        """Where the optimizer state and step live (the CPU under --cpu-offload)."""
-        return self.device
+        """Where the optimizer state and step live (the CPU where the backend offloads it)."""
+        return torch.device("cpu") if self.offloads_state(self.distributed) else self.device
 
     def wrap(self, model: nn.Module) -> nn.Module:
+        if any(p.is_meta for p in model.parameters()):  # nothing to move (shard-plan's trace: fake tensors later)
+            return model
         return model.to(self.device)
 
     def materialise(self, model: nn.Module) -> contextlib.AbstractContextManager:

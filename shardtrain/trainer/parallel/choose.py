@@ -4,12 +4,11 @@ The import order is the order --ddp-backend lists them in.
 """
 from typing import List
 
-from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend, unwrap  # noqa: F401
+from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend, unwrap  # noqa: F401
 from shardtrain.trainer.parallel import ddp  # noqa: F401
 from shardtrain.trainer.parallel import legacy_ddp  # noqa: F401
 from shardtrain.trainer.parallel import fully_sharded as fsdp  # noqa: F401
 from shardtrain.trainer.parallel import single_process as single
-from shardtrain.trainer.precision import Dtypes
 
 
 def user_choices() -> List[str]:
@@ -26,12 +25,20 @@ def names_with(capability: str) -> str:
     return " or ".join(name for name in user_choices() if getattr(backend_class(name), capability))
 
 
-def build_backend(cfg, ctx, dtypes: Dtypes) -> Backend:
-    """The backend for ``--ddp-backend`` (single_process when one rank needs no wrapping);
-    ``dtypes``: the run's precision (``precision.run_dtypes``), for a backend that casts itself."""
+def chosen_backend_class(cfg, ctx) -> type:
+    """The backend class ``--ddp-backend`` gives on ``ctx``'s ranks (single_process when one rank
+    needs no wrapping): what the run asks, before building it, whether it needs a process group."""
     cls = backend_class(cfg.distributed.ddp_backend)
     if ctx.world_size == 1 and not cls.wraps_a_single_rank:
         cls = single.SingleProcessBackend  # DDP on one rank only adds overhead
+    return cls
+
+
+def build_backend(cfg, ctx, dtypes) -> Backend:
+    """The backend for ``--ddp-backend`` on ``ctx``'s ranks, inside the process group the launch made
+    (one rank too, when the class ``needs_process_group``); ``dtypes``: the run's precision
+    (``precision.run_dtypes``), whose ``policy`` a backend that casts itself receives."""
+    cls = chosen_backend_class(cfg, ctx)
     if cls.casts_params:  # it computes in the precision's dtypes itself: hand them over
         return cls(ctx, cfg.distributed, mp_policy=dtypes.policy)
     return cls(ctx, cfg.distributed)

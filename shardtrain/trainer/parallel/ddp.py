@@ -5,13 +5,18 @@ accumulation steps run under ``no_sync`` so only the last micro-batch of an
 update communicates.
 """
 from shardtrain.core.torch_private import ddp_without_forward_buffer_sync
-from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
+from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend, GradientCopies
 
 
 @BACKEND_REGISTRY.register("c10d")  # fairseq's name (decorators apply bottom-up: pytorch_ddp first)
 @BACKEND_REGISTRY.register("pytorch_ddp")
 class DDPBackend(Backend):
     grads_are_averaged = True
+
+    @classmethod
+    def gradient_copies(cls, distributed):
+        """The buckets: a second copy of every gradient, unless --gradient-as-bucket-view makes .grad a view."""
+        return GradientCopies(during_backward=0 if distributed.gradient_as_bucket_view else 1)
 
     def wrap(self, model):
         model, d = model.to(self.device), self.distributed

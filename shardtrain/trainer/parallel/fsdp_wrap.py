@@ -1,28 +1,14 @@
 """Building blocks of the fully_sharded backend, each with explicit arguments."""
 import ctypes
 import os
-import tempfile
 from typing import List, Optional
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from shardtrain.core.errors import ConfigError
-from shardtrain.trainer.launch.rendezvous import process_group_backend
-
-
-def ensure_process_group(ctx) -> bool:
-    """FSDP needs a process group even on one rank (e.g. one GPU with --cpu-offload);
-    create a 1-rank group if the launcher made none. Returns True if we made it."""
-    if dist.is_initialized():
-        return False
-    path = os.path.join(tempfile.mkdtemp(prefix="shardtrain-pg-"), "rendezvous")
-    backend = process_group_backend("nccl" if ctx.device.type == "cuda" else "gloo")  # cpu:gloo beside nccl
-    dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1)
-    return True
 
 
 def shard_group_size(world_size: int, requested: Optional[int], device: torch.device) -> int:

@@ -19,10 +19,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
-from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
+from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.parallel.fsdp_wrap import (
-    apply_fsdp, build_mesh, ensure_process_group, offload_policy, reshards_after_forward,
-    return_transient_buffers_to_the_os,
+    apply_fsdp, build_mesh, offload_policy, reshards_after_forward, return_transient_buffers_to_the_os,
 )
 from shardtrain.trainer.metrics.meters import resident_memory_gb
 
@@ -39,19 +38,43 @@ class FullyShardedBackend(Backend):
     shards_parameters = True
     supports_cpu_offload = True
     wraps_a_single_rank = True  # one rank still shards (a 1-rank mesh): the same code path as N ranks
+    needs_process_group = True  # the mesh lives on a group, even a 1-rank one
 
     def __init__(self, ctx, distributed, mp_policy: Optional[MixedPrecisionPolicy] = None):
         """``mp_policy``: the dtypes FSDP2 computes and reduces in, as the precision decided them
         (``shardtrain.trainer.precision.decide_dtypes``); None for fp32."""
         super().__init__(ctx, distributed)
         self.mp_policy = mp_policy or MixedPrecisionPolicy()
-        self._group_owner = ensure_process_group(ctx)
         return_transient_buffers_to_the_os(ctx.device)
         self.mesh = build_mesh(ctx, distributed.fsdp_sharding_strategy, distributed.shard_group_size)
 
-    @property
-    def optimizer_device(self) -> torch.device:
-        return torch.device("cpu") if self.distributed.cpu_offload else self.device
+    @classmethod
+    def parameter_shards(cls, distributed, world_size, ranks_per_node):
+        """All ranks, or a hybrid strategy's group (--shard-group-size, else a node's ranks)."""
+        strategy = distributed.fsdp_sharding_strategy
+        if strategy in ("full_shard", "shard_grad_op"):
+            return world_size
+        if strategy == "no_shard":
+            return 1
+        return min(distributed.shard_group_size or ranks_per_node, world_size)
+
+    @classmethod
+    def offloads_state(cls, distributed):
+        return distributed.cpu_offload
+
+    @classmethod
+    def bytes_communicated(cls, distributed, world_size, count, dtypes, micro_batches, shards):
+        """Each micro-batch gathers the parameters (again in backward after resharding) in the compute dtype
+        and reduce-scatters the gradients in the reduce dtype within a shard group; across the groups
+        (hybrid) one all-reduce of the shards per update."""
+        policy = dtypes.policy
+        gather = (policy.param_dtype or torch.float32).itemsize
+        reduce = (policy.reduce_dtype or torch.float32).itemsize
+        gathers = 2 if reshards_after_forward(distributed) else 1  # forward, and again in backward
+        per_micro = (shards - 1) / shards * count * (gathers * gather + reduce)
+        replicas = world_size // shards
+        across = 2 * (replicas - 1) / replicas * count / shards * reduce if replicas > 1 else 0
+        return int(micro_batches * per_micro + across)
 
     def wrap(self, model):
         d = self.distributed
@@ -98,10 +121,6 @@ class FullyShardedBackend(Backend):
 
     def load_optimizer_state_dict(self, module, optimizer, state_dict):
         set_optimizer_state_dict(module, optimizer, state_dict, options=_FULL)
-
-    def close(self):
-        if self._group_owner:
-            torch.distributed.destroy_process_group()
 
 
 @contextlib.contextmanager

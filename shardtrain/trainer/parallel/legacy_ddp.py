@@ -8,12 +8,16 @@ deterministic, at the cost of no overlap with backward.
 import torch
 import torch.distributed as dist
 
-from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
+from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend, GradientCopies
 
 
 @BACKEND_REGISTRY.register("no_c10d")  # fairseq's name (decorators apply bottom-up: legacy_ddp first)
 @BACKEND_REGISTRY.register("legacy_ddp")
 class LegacyDDPBackend(Backend):
+    @classmethod
+    def gradient_copies(cls, distributed):
+        return GradientCopies(after_backward=1)  # the flat buffer reduce_grads concatenates them into
+
     def wrap(self, model):
         model = model.to(self.device)
         for tensor in list(model.parameters()) + list(model.buffers()):

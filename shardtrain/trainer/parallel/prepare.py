@@ -5,16 +5,18 @@ backend only shards or wraps; everything else about the model's way to the
 training step is here, so a reader finds it in one place.
 """
 import contextlib
+import logging
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
 from shardtrain.core.errors import ConfigError
-from shardtrain.trainer.build import init_weights, log_model_size
 from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
-from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
+from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.parallel.compile import apply_compile
+
+logger = logging.getLogger(__name__)
 
 
 def prepare_model(build: Callable[[], nn.Module], backend: Backend, *, seed: int,
@@ -56,6 +58,23 @@ def prepare_model(build: Callable[[], nn.Module], backend: Backend, *, seed: int
         with backend.materialise(model):
             init_weights(model, seed)
     return model
+
+
+def init_weights(model: nn.Module, seed: int) -> None:
+    """The canonical initialisation: ``model.init_weights()`` from a freshly seeded
+    RNG. Every backend ends with it (FSDP after materialising its shards), so a
+    seed gives the same weights whatever the backend or world size. Models
+    without ``init_weights`` keep their constructor's initialisation."""
+    if hasattr(model, "init_weights"):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            model.init_weights()
+
+
+def log_model_size(model: nn.Module) -> None:
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    logger.info(f"num. model params: {total:,} (num. trained: {trained:,})")
 
 
 def _names(backend: Backend) -> str:

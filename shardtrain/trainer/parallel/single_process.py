@@ -1,5 +1,5 @@
 """One process, no communication: the backend used when the world size is 1."""
-from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
+from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend
 
 
 @BACKEND_REGISTRY.register("single_process")
