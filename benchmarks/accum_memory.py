@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_data import random_data_bin  # noqa: E402
 from memory import largest, train_and_measure  # noqa: E402
 
-from shardtrain.config.build import parse_train_args  # noqa: E402
+from shardtrain.config.run_config import parse_train_args  # noqa: E402
 from shardtrain.trainer.launch.start import call_main  # noqa: E402
 
 RUNS = {"--update-freq 1": ["--update-freq", "1"],

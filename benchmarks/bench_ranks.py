@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from shardtrain.trainer import build
+from shardtrain.trainer.resolved import Components, build_model
 from shardtrain.trainer.loop import Run
 
 
@@ -43,7 +43,7 @@ class BareFSDP:
 
     def __init__(self, cfg, task, ctx):
         with torch.device("meta"):
-            model = build.build_model(cfg, task)
+            model = build_model(cfg, Components.of(cfg), task)
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_data import random_data_bin  # noqa: E402
 
-from shardtrain.config.build import parse_train_args  # noqa: E402
-from shardtrain.trainer import build  # noqa: E402
+from shardtrain.config.run_config import parse_train_args  # noqa: E402
+from shardtrain.trainer.resolved import Components, build_model, build_task  # noqa: E402
 from shardtrain.trainer.parallel.compile import apply_compile  # noqa: E402
 
 
@@ -33,8 +33,9 @@ def setup(data: str, threads: int):
                             "--decoder-normalize-before", "--tokens-per-sample", "256", "--batch-size", "8",
                             "--dropout", "0.1", "--threads", str(threads)])
     torch.manual_seed(0)
-    task = build.build_task(cfg)
-    model = build.build_model(cfg, task)
+    components = Components.of(cfg)
+    task = build_task(cfg, components)
+    model = build_model(cfg, components, task)
     itr = task.get_batch_iterator("train", max_tokens=None, max_sentences=8, seed=1).next_epoch_itr()
     return model, [next(itr) for _ in range(8)]
 

@@ -49,12 +49,13 @@ def old_init_(tensor, fn, *args, **kwargs) -> None:
 
 
 def sharded_model(data_bin: str):
-    from shardtrain.config.build import parse_train_args
-    from shardtrain.trainer import build
+    from shardtrain.config.run_config import parse_train_args
+    from shardtrain.trainer.resolved import Components, build_model, build_task
     from shardtrain.trainer.parallel.fsdp_wrap import apply_fsdp
     cfg = parse_train_args([data_bin, "--arch", ARCH, "--tokens-per-sample", "2048"])
     with torch.device("meta"):
-        model = build.build_model(cfg, build.build_task(cfg))
+        components = Components.of(cfg)
+        model = build_model(cfg, components, build_task(cfg, components))
     apply_fsdp(model, init_device_mesh("cpu", (WORLD,)), MixedPrecisionPolicy(), reshard_after_forward=True,
                offload=OffloadPolicy(), min_params_to_wrap=0)
     return model.to_empty(device="cpu")

@@ -46,11 +46,12 @@ FAIRSEQ_BYTES_PER_PARAM = 256e9 / 13e9  # the guide: 13B parameters on a 256 GB 
 
 def count_params(data_bin: str, arch: str) -> int:
     """Parameters of ``arch`` on this dictionary, built on the meta device (no memory)."""
-    from shardtrain.config.build import parse_train_args
-    from shardtrain.trainer import build
+    from shardtrain.config.run_config import parse_train_args
+    from shardtrain.trainer.resolved import Components, build_model, build_task
     cfg = parse_train_args([data_bin, "--arch", arch, "--tokens-per-sample", "512"])
     with torch.device("meta"):
-        model = build.build_model(cfg, build.build_task(cfg))
+        components = Components.of(cfg)
+        model = build_model(cfg, components, build_task(cfg, components))
     return sum(p.numel() for p in model.parameters())
 
 

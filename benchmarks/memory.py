@@ -72,7 +72,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_data import random_data_bin  # noqa: E402
 
-from shardtrain.config.build import parse_train_args  # noqa: E402
+from shardtrain.config.run_config import parse_train_args  # noqa: E402
 from shardtrain.trainer.parallel.fsdp_wrap import MMAP_THRESHOLD  # noqa: E402
 from shardtrain.trainer.launch.start import call_main, make_context  # noqa: E402
 from shardtrain.trainer.loop import Run, train  # noqa: E402

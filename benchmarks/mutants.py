@@ -9,7 +9,9 @@ The mutants live in files named by the area of code they guard (the shape of
 one is benchmarks/mutant_spec.py); this module only gathers them, folder by
 folder. A new file of mutants is added to AREAS below.
 """
+import mutants_architecture
 import mutants_checkpoint_reading
+import mutants_checkpoint_staging
 import mutants_checkpoint_writing
 import mutants_cli
 import mutants_cli_errors
@@ -25,6 +27,7 @@ import mutants_gpu_acceptance
 import mutants_integrity
 import mutants_keep_policy
 import mutants_launch
+import mutants_loop_steps
 import mutants_metrics
 import mutants_models
 import mutants_offline_install
@@ -32,6 +35,8 @@ import mutants_optim
 import mutants_packaging
 import mutants_parallel
 import mutants_plan
+import mutants_plan_facts
+import mutants_plan_time
 import mutants_plot
 import mutants_precision
 import mutants_run_devices
@@ -46,16 +51,20 @@ __all__ = ["MUTANTS", "Mutant"]
 
 AREAS = (
     # shardtrain/trainer/: the step, precision, backends, the loop, launching, metrics, self-healing
-    mutants_trainer_step, mutants_precision, mutants_parallel, mutants_trainer_loop, mutants_skip_batches,
-    mutants_launch, mutants_metrics, mutants_spike, mutants_run_devices,
+    mutants_trainer_step, mutants_precision, mutants_parallel, mutants_trainer_loop, mutants_loop_steps,
+    mutants_skip_batches, mutants_launch, mutants_metrics, mutants_spike, mutants_run_devices,
     # shardtrain/trainer/checkpoint/ and the integrity of checkpoints and data-bins
-    mutants_checkpoint_writing, mutants_checkpoint_reading, mutants_keep_policy, mutants_integrity,
+    mutants_checkpoint_writing, mutants_checkpoint_staging, mutants_checkpoint_reading, mutants_keep_policy,
+    mutants_integrity,
     # shardtrain/optim/, models/, data/ and tasks/
     mutants_optim, mutants_models, mutants_data, mutants_data_bin,
     # shardtrain/config/ and the flags' effects
     mutants_config, mutants_config_fairseq_flags, mutants_flag_coverage, mutants_flag_effects,
     # shardtrain/cli/, plan/, plot/, core/
-    mutants_cli, mutants_cli_errors, mutants_eval_lm, mutants_plan, mutants_plot, mutants_core,
+    mutants_cli, mutants_cli_errors, mutants_eval_lm, mutants_plan, mutants_plan_facts, mutants_plan_time,
+    mutants_plot, mutants_core,
+    # the import directions of docs/ARCHITECTURE.md
+    mutants_architecture,
     # packaging, torch versions, the GPU acceptance run (benchmarks/gpu/)
     mutants_packaging, mutants_offline_install, mutants_torch_versions, mutants_gpu_acceptance,
 )

@@ -11,7 +11,7 @@ KEYS = "tests/config/test_hydra_keys.py::"
 
 MUTANTS = [
     Mutant("epoch_lists_not_normalized", "one typed representation: --lr/--update-freq are lists in every config",
-           "shardtrain/config/build.py", "        epoch_lists.normalize(cfg.optimization)\n", "",
+           "shardtrain/config/run_config.py", "        epoch_lists.normalize(cfg.optimization)\n", "",
            (LISTS + "::test_one_typed_list_from_flags_configs_and_hydra_style_values",)),
     Mutant("refused_combination_accepted", "--zero-sharding os is refused with fully_sharded",
            "shardtrain/config/checks.py",

@@ -11,6 +11,7 @@ COMMON = "tests/trainer/test_common_flag_effects.py::"
 DIST = "tests/trainer/test_distributed_flag_effects.py::"
 CHOICE = "tests/optim/test_component_choice_effects.py::"
 LOOP = "shardtrain/trainer/loop.py"
+VALIDATION = "shardtrain/trainer/validation.py"
 
 MUTANTS = [
     Mutant("coverage_skips_the_literal_check", "a flag_effect marker counts only if the module passes the flag",
@@ -35,15 +36,14 @@ MUTANTS = [
            LOOP, "max_sentences=(d.batch_size_valid or d.batch_size) if valid else d.batch_size",
            "max_sentences=d.batch_size", (BATCHING + "test_validation_batches_have_their_own_limits",)),
     Mutant("train_subset_ignored", "--train-subset names the split trained on",
-           "shardtrain/trainer/checkpoint/resume.py",
-           "return run.batch_iterator(run.cfg.dataset.train_subset, epoch=1, shuffle=True)",
-           'return run.batch_iterator("train", epoch=1, shuffle=True)',
+           LOOP, "return self.batch_iterator(self.cfg.dataset.train_subset, epoch=epoch, shuffle=True)",
+           'return self.batch_iterator("train", epoch=epoch, shuffle=True)',
            (BATCHING + "test_the_subsets_name_the_splits_trained_and_validated_on",)),
     Mutant("valid_subset_ignored", "--valid-subset names the splits validated on",
-           LOOP, 'for subset in run.cfg.dataset.valid_subset.split(","):', 'for subset in ["valid"]:',
+           VALIDATION, 'for subset in run.cfg.dataset.valid_subset.split(","):', 'for subset in ["valid"]:',
            (BATCHING + "test_the_subsets_name_the_splits_trained_and_validated_on",)),
     Mutant("fixed_validation_seed_ignored", "--fixed-validation-seed seeds validation",
-           LOOP, "        torch.manual_seed(seed)\n", "        pass\n",
+           VALIDATION, "        torch.manual_seed(seed)\n", "        pass\n",
            (BATCHING + "test_fixed_validation_seed_is_the_random_state_validation_draws_from",)),
     Mutant("seed_ignored_for_the_model", "--seed decides the initial weights",
            LOOP, "self.backend, seed=cfg.common.seed,", "self.backend, seed=1,",
@@ -78,12 +78,12 @@ MUTANTS = [
            "return decide_dtypes(chosen_precision(cfg.common), cfg.distributed.reduce_in_low_precision)",
            "return decide_dtypes(chosen_precision(cfg.common), False)",
            (DIST + "test_reduce_in_low_precision_sets_the_reduction_dtype",)),
-    Mutant("optimizer_name_ignored", "--optimizer NAME builds that optimizer", "shardtrain/trainer/build.py",
-           'info = resolve(cfg.components)["optimizer"]',
-           'info = resolve(type("C", (), dict(cfg.components, optimizer="adam")))["optimizer"]',
+    Mutant("optimizer_name_ignored", "--optimizer NAME builds that optimizer", "shardtrain/trainer/resolved.py",
+           'optimizer=slots["optimizer"].obj',
+           'optimizer=resolve(type("C", (), dict(cfg.components, optimizer="adam")))["optimizer"].obj',
            (CHOICE + "test_each_optimizer_name_builds_its_optimizer",)),
-    Mutant("lr_scheduler_name_ignored", "--lr-scheduler NAME shapes the learning rate", "shardtrain/trainer/build.py",
-           'info = resolve(cfg.components)["lr_scheduler"]',
-           'info = resolve(type("C", (), dict(cfg.components, lr_scheduler="inverse_sqrt")))["lr_scheduler"]',
+    Mutant("lr_scheduler_name_ignored", "--lr-scheduler NAME shapes the learning rate",
+           "shardtrain/trainer/resolved.py", 'lr_scheduler=slots["lr_scheduler"].obj',
+           'lr_scheduler=resolve(type("C", (), dict(cfg.components, lr_scheduler="inverse_sqrt")))["lr_scheduler"].obj',
            (CHOICE + "test_each_scheduler_name_shapes_the_learning_rate",)),
 ]

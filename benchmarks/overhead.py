@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_data import random_data_bin  # noqa: E402
 from bench_ranks import fsdp_overhead  # noqa: E402
 
-from shardtrain.config.build import parse_train_args  # noqa: E402
-from shardtrain.trainer import build  # noqa: E402
-from shardtrain.trainer.parallel.backends import build_backend  # noqa: E402
+from shardtrain.config.run_config import parse_train_args  # noqa: E402
+from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task  # noqa: E402
+from shardtrain.trainer.parallel.choose import build_backend  # noqa: E402
 from shardtrain.trainer.launch.start import call_main, make_context  # noqa: E402
 from shardtrain.trainer.precision import build_precision, run_dtypes  # noqa: E402
 from shardtrain.trainer.metrics.run_metrics import RunMetrics  # noqa: E402
@@ -46,9 +46,10 @@ def setup(data: str, threads: int):
                             "--decoder-normalize-before", "--tokens-per-sample", "256", "--batch-size", "8",
                             "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "0", "--threads", str(threads)])
     torch.manual_seed(0)
-    task = build.build_task(cfg)
-    model = build.build_model(cfg, task)
-    criterion = build.build_criterion(cfg, task)
+    components = Components.of(cfg)
+    task = build_task(cfg, components)
+    model = build_model(cfg, components, task)
+    criterion = build_criterion(cfg, components, task)
     itr = task.get_batch_iterator("train", max_tokens=None, max_sentences=8, seed=1).next_epoch_itr()
     return cfg, task, model, criterion, [next(itr) for _ in range(8)]
 
@@ -57,7 +58,8 @@ class Ours:
     def __init__(self, cfg, task, model, criterion):
         backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None), run_dtypes(cfg))
         # The benchmark's own model as built (not prepare_model's seeded init): the one process's wrap only.
-        self.trainer = Trainer(cfg, task, backend.wrap(model), criterion, backend, build_precision(cfg, backend, run_dtypes(cfg)))
+        precision = build_precision(cfg, backend, run_dtypes(cfg))
+        self.trainer = Trainer(cfg, Components.of(cfg), task, backend.wrap(model), criterion, backend, precision)
         self.metrics = RunMetrics(torch.device("cpu"))
 
     def step(self, batch):

@@ -201,7 +201,7 @@ def shard_verify_output(path, capsys):
 def tiny_plan_cfg(data: str, *flags: str):
     """The parsed config of a 4-layer, 32-wide transformer_lm on ``data`` (later flags win): what the
     planner's tests estimate and trace."""
-    from shardtrain.config.build import parse_train_args
+    from shardtrain.config.run_config import parse_train_args
 
     return parse_train_args([data, "--arch", "transformer_lm", "--decoder-layers", "4", "--decoder-embed-dim", "32",
                              "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",

@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from make_mnist_idx import make_mnist_idx  # noqa: E402
 
-from shardtrain.config.build import parse_train_args  # noqa: E402
+from shardtrain.config.run_config import parse_train_args  # noqa: E402
 from shardtrain.trainer.launch.start import call_main  # noqa: E402
 from shardtrain.trainer.loop import Run, train  # noqa: E402
 from shardtrain.trainer.metrics.state_memory import state_bytes  # noqa: E402

@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from shardtrain.core import plugins
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import hydra_keys, hydra_store
-from shardtrain.config.build import from_dict, import_user_dir
+from shardtrain.config.run_config import from_dict, import_user_dir
 from shardtrain.config.checks import check_config
 from shardtrain.config.yaml_bound import check_config_tree
 from shardtrain.config.flags import new_parser

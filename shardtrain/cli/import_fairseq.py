@@ -19,14 +19,14 @@ from shardtrain.fairseq_import.fairseq_lm import to_shardtrain
 from shardtrain.fairseq_import.fairseq_pickle import load_fairseq_checkpoint, looks_like_fairseq
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
-from shardtrain.config.build import from_dict
+from shardtrain.config.run_config import from_dict
 from shardtrain.core.fields import field
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_open
-from shardtrain.trainer import build
 from shardtrain.trainer.checkpoint.contents import FORMAT_VERSION
 from shardtrain.trainer.checkpoint.consolidate import check_output
 from shardtrain.trainer.metrics.logging_setup import setup_logging
+from shardtrain.trainer.resolved import Components, build_model, build_task
 
 logger = logging.getLogger("shardtrain.import_fairseq")
 
@@ -54,8 +54,9 @@ def main(argv):
         raise CheckpointError(not_fairseq(state, args.input))
     checkpoint = {"version": FORMAT_VERSION, **to_shardtrain(state, args.input, data=args.data)}
     cfg = from_dict(checkpoint["cfg"])
-    task = build.build_task(cfg)
-    check_fits(checkpoint["model"], cfg, task, args)
+    components = Components.of(cfg)
+    task = build_task(cfg, components)
+    check_fits(checkpoint["model"], cfg, components, task, args)
     checkpoint["task_fingerprint"] = task.fingerprint()
     updates = num_updates(state)
     with atomic_open(args.output) as f:
@@ -87,7 +88,7 @@ def num_updates(state):
     return last.get("num_updates") if isinstance(last, dict) else None
 
 
-def check_fits(weights, cfg, task, args) -> None:
+def check_fits(weights, cfg, components: Components, task, args) -> None:
     """The converted weights must be exactly what a model built from the converted
     config holds (built on the meta device: no memory, no initialisation cost)."""
     embed, symbols = weights.get("embed_tokens.weight"), len(task.source_dictionary)
@@ -97,7 +98,7 @@ def check_fits(weights, cfg, task, args) -> None:
             f"{args.input} embeds {rows} symbols but {args.data}/dict.txt gives {symbols}: the model was trained "
             "with another dictionary. Pass the data-bin fairseq-train used (--data).")
     with torch.device("meta"):
-        model = build.build_model(cfg, task)
+        model = build_model(cfg, components, task)
     own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     got = {name: tuple(t.shape) for name, t in weights.items()}
     missing, unexpected = sorted(set(own) - set(got)), sorted(set(got) - set(own))

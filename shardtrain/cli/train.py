@@ -3,7 +3,7 @@ import logging
 import os
 
 from shardtrain.cli.errors import cli_entry
-from shardtrain.config.build import parse_train_command
+from shardtrain.config.run_config import parse_train_command
 from shardtrain.config.fairseq_compat import print_notices
 from shardtrain.optim.fairseq_defaults import default_components_notice
 from shardtrain.trainer import loop, preflight

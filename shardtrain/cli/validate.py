@@ -7,11 +7,11 @@ from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
 from shardtrain.core.fields import field
 from shardtrain.config.sections import LOG_FORMATS
-from shardtrain.trainer import build
 from shardtrain.trainer.checkpoint.inference import evaluate, inference_dtype, load_for_inference
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.metrics.meters import MetricsLogger
 from shardtrain.trainer.metrics.progress import build_progress_bar
+from shardtrain.trainer.resolved import Components, build_criterion
 
 logger = logging.getLogger("shardtrain.validate")
 
@@ -38,7 +38,7 @@ def main(argv):
     dtype = inference_dtype(args.fp16, args.bf16)
     setup_logging()
     cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype)
-    criterion = build.build_criterion(cfg, task)
+    criterion = build_criterion(cfg, Components.of(cfg), task)
     results = {}
     for subset in args.valid_subset.split(","):
         itr = task.get_batch_iterator(

@@ -17,7 +17,7 @@ from shardtrain.config import flags
 from shardtrain.core.errors import ConfigError, ShardtrainError
 from shardtrain.core.fields import field
 from shardtrain.data.manifest import verify_data_bin
-from shardtrain.trainer.checkpoint.verify import verify_checkpoint
+from shardtrain.trainer.checkpoint.integrity import verify_checkpoint
 
 EXIT_DAMAGED = 1
 # What a save dir holds under checkpoint names: files (single-file format) and directories or links to them (sharded)

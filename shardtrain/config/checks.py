@@ -23,7 +23,7 @@ def _positive_or_none(value) -> bool:
 # Backend rules ask for a capability (a Backend class attribute), never a backend's name, and
 # name the backends that have it. Imported late: the backends import torch, the config does not.
 def _backend_has(cfg, capability: str) -> bool:
-    from shardtrain.trainer.parallel.backends import backend_class
+    from shardtrain.trainer.parallel.choose import backend_class
     return getattr(backend_class(cfg.distributed.ddp_backend), capability)
 
 
@@ -36,7 +36,7 @@ def _bad_windows(text: str) -> bool:
 
 
 def _with(capability: str) -> str:
-    from shardtrain.trainer.parallel.backends import names_with
+    from shardtrain.trainer.parallel.choose import names_with
     return names_with(capability)
 
 

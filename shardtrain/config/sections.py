@@ -182,7 +182,7 @@ class CheckpointConfig:
 def _ddp_backends():
     # Lazy: the backends import torch, which importing the config must not; the parser
     # calls this once plugins (--user-dir) have registered theirs.
-    from shardtrain.trainer.parallel.backends import user_choices
+    from shardtrain.trainer.parallel.choose import user_choices
     return user_choices()
 
 

@@ -8,7 +8,7 @@ from typing import Dict
 
 from omegaconf import DictConfig
 
-from shardtrain.config.build import from_dict, to_dict
+from shardtrain.config.run_config import from_dict, to_dict
 
 WIDTH = 110  # characters per line of settings
 _MISSING = object()

@@ -9,7 +9,7 @@ entry point in its packaging metadata (``pyproject.toml``)::
 
 Nothing is loaded when shardtrain is imported. Every command that builds a
 config calls :func:`load_plugins` before it resolves component names (see
-``shardtrain.config.build``), so a plugin's names work with ``--task``,
+``shardtrain.config.run_config``), so a plugin's names work with ``--task``,
 ``--arch``, ``--optimizer``, ... and in saved checkpoint configs alike.
 ``--user-dir`` remains the way to use a plugin that is not installed.
 """

@@ -16,7 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from shardtrain.fairseq_import.fairseq_pickle import FairseqStandIn
-from shardtrain.config.build import from_dict, to_dict
+from shardtrain.config.run_config import from_dict, to_dict
 from shardtrain.core.errors import CheckpointError
 
 logger = logging.getLogger(__name__)

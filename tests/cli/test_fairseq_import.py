@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 from shardtrain.fairseq_import.fairseq_lm import convert_weights, to_shardtrain
 from shardtrain.fairseq_import.fairseq_pickle import FairseqStandIn, RestrictedUnpickler
 from shardtrain.cli import import_fairseq, train, validate
-from shardtrain.config.build import from_dict
+from shardtrain.config.run_config import from_dict
 from shardtrain.core.errors import CheckpointError
-from shardtrain.trainer import build
+from shardtrain.trainer.resolved import Components, build_model, build_task
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 FAIRSEQ_CKPT = str(FIXTURES / "fairseq-0.12-transformer_lm.pt")
@@ -193,8 +193,9 @@ def test_learned_positions_and_shared_embeddings_map_onto_our_model():
               "decoder_attention_heads": 2, "decoder_learned_pos": True,
               "share_decoder_input_output_embed": True, "decoder_normalize_before": True, "max_target_positions": 64}
     cfg = from_dict({"task": {"data": DATA_BIN, "tokens_per_sample": 64}, "model": values})
-    task = build.build_task(cfg)
-    ours = build.build_model(cfg, task).state_dict()
+    components = Components.of(cfg)
+    task = build_task(cfg, components)
+    ours = build_model(cfg, components, task).state_dict()
     pad = task.dictionary.pad()
     # fairseq numbers positions from padding_idx + 1, so its learned table has max + pad + 1 rows
     assert ours["embed_positions.weight"].shape[0] == 64 + pad + 1

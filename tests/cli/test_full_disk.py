@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
-from shardtrain.trainer.checkpoint.verify import verify_checkpoint
+from shardtrain.trainer.checkpoint.integrity import verify_checkpoint
 from st_testutils import make_space_data_bin, tiny_model_flags
 
 # Runs training with a file-size limit, the same failure a full disk gives a

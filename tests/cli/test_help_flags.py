@@ -13,7 +13,7 @@ import pytest
 
 from shardtrain.cli import consolidate, eval_lm, generate, interactive, preprocess, train, validate
 from shardtrain.config import components, flags
-from shardtrain.config.build import build_train_parser
+from shardtrain.config.run_config import build_train_parser
 from shardtrain.core.fields import field
 from shardtrain.config.sections import SECTIONS
 

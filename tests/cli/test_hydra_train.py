@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from shardtrain.cli import hydra_train, train
 from shardtrain.config import hydra_keys, hydra_store
-from shardtrain.config.build import from_dict, parse_train_args, to_dict
+from shardtrain.config.run_config import from_dict, parse_train_args, to_dict
 from shardtrain.core.errors import ConfigError
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 

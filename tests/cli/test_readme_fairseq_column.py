@@ -3,7 +3,7 @@
 import os
 import re
 
-from shardtrain.config.build import parse_train_command
+from shardtrain.config.run_config import parse_train_command
 from st_testutils import tiny_model_flags
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")

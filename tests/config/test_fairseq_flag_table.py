@@ -14,7 +14,7 @@ import pytest
 
 from shardtrain.cli import train
 from shardtrain.config import fairseq_compat
-from shardtrain.config.build import build_train_parser, parse_train_command
+from shardtrain.config.run_config import build_train_parser, parse_train_command
 from shardtrain.config.fairseq_flags import TABLE
 from shardtrain.core.errors import ConfigError
 from shardtrain.models import ARCH_REGISTRY

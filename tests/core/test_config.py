@@ -1,7 +1,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from shardtrain.config.build import build_train_parser, from_dict, parse_train_args, to_dict
+from shardtrain.config.run_config import build_train_parser, from_dict, parse_train_args, to_dict
 from shardtrain.core.errors import ConfigError
 
 

@@ -7,7 +7,7 @@ import copy
 
 from torch.distributed.fsdp import FSDPModule
 
-from shardtrain.trainer.parallel.backends import unwrap
+from shardtrain.trainer.parallel.choose import unwrap
 from shardtrain.trainer.loop import Run, train
 
 # name -> cfg.distributed overrides

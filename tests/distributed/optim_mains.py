@@ -4,6 +4,7 @@ import torch
 
 from equivalence_mains import train_and_record  # noqa: F401 - an entry for run_each
 from shardtrain.trainer import build
+from shardtrain.trainer.resolved import Components
 from shardtrain.trainer.loop import Run, train
 from shardtrain.trainer.checkpoint.sharded import ShardedSaver, load_sharded_into
 
@@ -29,7 +30,7 @@ def train_and_reload_optimizer(cfg, ctx):
         trainer, backend = run.trainer, run.backend
         saved = backend.optimizer_state_dict(trainer.model, trainer.optimizer)  # full, on rank 0
         before = backend.model_state_dict(trainer.model)
-        fresh = build.build_optimizer(cfg, trainer.params, backend.optimizer_device)
+        fresh = build.build_optimizer(cfg, Components.of(cfg), trainer.params, backend.optimizer_device)
         if backend.sharded_checkpoints:
             path = ShardedSaver().save(cfg.checkpoint.save_dir, f"reload{ctx.world_size}", trainer.model,
                                        trainer.optimizer, extra={}, aliases=[])

@@ -27,8 +27,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.parallel.backends import unwrap
+from shardtrain.config.run_config import parse_train_args
+from shardtrain.trainer.parallel.choose import unwrap
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train
 from st_testutils import make_space_data_bin

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from equivalence_mains import record_losses
 from optim_mains import run_each
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train
 from shardtrain.trainer.launch.ranks import gather_to_rank0

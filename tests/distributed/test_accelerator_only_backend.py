@@ -15,7 +15,7 @@ import math
 
 
 from accelerator_only_mains import ACCELERATOR_ONLY, register, train_variants
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.launch.rendezvous import process_group_backend
 from st_testutils import make_space_data_bin

@@ -3,7 +3,7 @@ the same losses and weights as without it, and under fully_sharded each FSDP uni
 checkpointed block."""
 import numpy as np
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from ac_mains import VARIANTS, train_variants
 from st_testutils import make_space_data_bin

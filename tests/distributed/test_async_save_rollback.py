@@ -23,7 +23,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from async_save_mains import WRITE_DELAY
 from shardtrain.cli import verify as verify_cli
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.checkpoint.sharded import ShardedDirectory, load_extra
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train

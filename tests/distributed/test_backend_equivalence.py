@@ -14,7 +14,7 @@ import functools
 import numpy as np
 import pytest
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from equivalence_mains import initial_weights, train_and_record_steps
 from optim_mains import run_each

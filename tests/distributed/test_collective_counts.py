@@ -13,7 +13,7 @@ import functools
 import numpy as np
 import pytest
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from collective_mains import count_variants
 from st_testutils import make_space_data_bin

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shardtrain.cli import consolidate, validate
-from shardtrain.config.build import from_dict
+from shardtrain.config.run_config import from_dict
 from shardtrain.models.transformer_lm import TransformerLanguageModel
 from test_sharded_checkpoints import HALF, TOTAL, run
 from st_testutils import make_space_data_bin

@@ -2,7 +2,7 @@
 skip that update together, lower the scale together, and keep identical weights."""
 import pytest
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from fp16_mains import LOSS_INF_AT, SHARD_INF_AT, train_with_injected_overflows
 from st_testutils import make_space_data_bin

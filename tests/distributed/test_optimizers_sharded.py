@@ -30,7 +30,7 @@ import pytest
 
 from equivalence_mains import train_and_record_steps
 from optim_mains import initial_weights, run_each, train_and_reload_optimizer
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from st_testutils import make_space_data_bin
 

@@ -40,7 +40,7 @@ def children():
     context = multiprocessing.get_context("forkserver")
     # Ignored when this process's forkserver already runs: children then import for themselves.
     # What a child imports, lazily too (torch._dynamo and torch.onnx by the first meta-device model).
-    context.set_forkserver_preload(["shardtrain.trainer.loop", "shardtrain.config.build", "shardtrain.trainer.checkpoint.resume",
+    context.set_forkserver_preload(["shardtrain.trainer.loop", "shardtrain.config.run_config", "shardtrain.trainer.checkpoint.resume",
                                     "shardtrain.models.transformer_lm", "shardtrain.tasks.language_modeling",
                                     "torch.distributed.checkpoint", "torch._dynamo", "torch.onnx"])
     return context

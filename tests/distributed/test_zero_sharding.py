@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from st_testutils import make_space_data_bin
 from zero_mains import record, record_all

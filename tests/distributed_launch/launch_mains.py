@@ -83,7 +83,7 @@ def main_in_process(cfg, ctx):
 
 
 if __name__ == "__main__":  # under torchrun: launch_mains.py OUT_DIR [shard-train flags]
-    from shardtrain.config.build import parse_train_args
+    from shardtrain.config.run_config import parse_train_args
     from shardtrain.trainer.launch.start import call_main
 
     out_dir = sys.argv[1]

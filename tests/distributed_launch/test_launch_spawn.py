@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 import launch_mains
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import CollectiveTimeoutError, DataError, ShardtrainError
 from shardtrain.trainer.launch.start import RankFailedError, call_main
 from st_testutils import scaled

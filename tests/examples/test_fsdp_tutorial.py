@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shardtrain.cli import train
-from shardtrain.config.build import import_user_dir
+from shardtrain.config.run_config import import_user_dir
 from shardtrain.core.errors import DataError
 from shardtrain.trainer.parallel.fsdp_wrap import size_based_units
 from st_testutils import json_records

@@ -21,7 +21,7 @@ STATES = {"works": "works", "accepted": "accepted, ignored", "accepted_if": "acc
 
 def _defined_flags(group: str):
     """The flags shard-train defines for ``group``'s component (empty when it is not registered)."""
-    from shardtrain.config.build import build_train_parser
+    from shardtrain.config.run_config import build_train_parser
     from shardtrain.core.errors import ConfigError
     argv = [SELECT[group.split(":")[0]], group.split(":")[1]] if ":" in group else []
     try:

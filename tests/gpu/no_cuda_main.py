@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer import loop
 from shardtrain.trainer.launch import start as launch
 

@@ -17,7 +17,7 @@ import torch
 
 import gpu_runs
 from conftest import needs_gpus
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run
 from shardtrain.trainer.checkpoint.sharded import ShardedSaver

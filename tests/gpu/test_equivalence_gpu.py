@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import gpu_count, needs_gpus
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed"))

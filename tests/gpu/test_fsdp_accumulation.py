@@ -12,7 +12,7 @@ import math
 import pytest
 
 import gpu_runs
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from accum_mains import train_and_measure_cuda
 from conftest import needs_gpus

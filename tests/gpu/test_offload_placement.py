@@ -7,7 +7,7 @@ from torch.distributed.tensor import DTensor
 
 import gpu_runs
 from conftest import needs_gpus
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.loop import Run
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.tasks.language_modeling import LanguageModelingTask
-from shardtrain.trainer.build import build_model
+from shardtrain.trainer.resolved import Components, build_model
 
 V, PAD = 24, 1
 SMALL = ["--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "24", "--decoder-layers", "1",
@@ -29,7 +29,7 @@ def model(*flags, seed=0):
     for i in range(V - 4):
         dictionary.add_symbol(f"w{i}")
     torch.manual_seed(seed)
-    return build_model(cfg, LanguageModelingTask(cfg.task, dictionary=dictionary))
+    return build_model(cfg, Components.of(cfg), LanguageModelingTask(cfg.task, dictionary=dictionary))
 
 
 def tokens(length=6, seed=0):

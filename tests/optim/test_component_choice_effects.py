@@ -4,8 +4,9 @@ formulas worked by hand, with --lr 1.0 so each rate reads as a fraction of the p
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.build import build_lr_scheduler, build_optimizer
+from shardtrain.trainer.resolved import Components
 
 # --optimizer NAME -> the optimizer object that steps (adam, the default, is torch's AdamW)
 OPTIMIZERS = {
@@ -18,7 +19,7 @@ OPTIMIZERS = {
 
 def built(*flags):
     cfg = parse_train_args(["data-bin", *flags])
-    optimizer = build_optimizer(cfg, [torch.nn.Parameter(torch.zeros(3))], torch.device("cpu"))
+    optimizer = build_optimizer(cfg, Components.of(cfg), [torch.nn.Parameter(torch.zeros(3))], torch.device("cpu"))
     return cfg, optimizer
 
 
@@ -31,7 +32,7 @@ def test_each_optimizer_name_builds_its_optimizer(name):
 
 def lrs(*flags, updates):
     cfg, optimizer = built("--lr", "1.0", *flags)
-    scheduler = build_lr_scheduler(cfg, optimizer)
+    scheduler = build_lr_scheduler(cfg, Components.of(cfg), optimizer)
     out = []
     for n in updates:
         scheduler.step_update(n)

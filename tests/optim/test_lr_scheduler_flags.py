@@ -9,16 +9,18 @@ import math
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.build import build_lr_scheduler, build_optimizer
+from shardtrain.trainer.resolved import Components
 
 
 def schedule(*flags):
     """The run's scheduler and optimizer for ``shard-train data-bin FLAGS``."""
     cfg = parse_train_args(["data-bin", *flags])
-    optimizer = build_optimizer(cfg, [torch.nn.Parameter(torch.zeros(3))], torch.device("cpu"))
-    return build_lr_scheduler(cfg, optimizer), optimizer
+    components = Components.of(cfg)
+    optimizer = build_optimizer(cfg, components, [torch.nn.Parameter(torch.zeros(3))], torch.device("cpu"))
+    return build_lr_scheduler(cfg, components, optimizer), optimizer
 
 
 def lrs_after(scheduler, optimizer, updates):

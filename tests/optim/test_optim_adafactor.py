@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.optim import OPTIMIZER_REGISTRY
 from shardtrain.optim.adafactor import Adafactor

@@ -3,7 +3,7 @@ instead of the fused kernel, --fp16-adam-stats keeps the moments in fp16."""
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.optim.cpu_adam import CPUAdam
 from shardtrain.optim.optimizers import adam

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from shardtrain.cli import train
-from shardtrain.config.build import from_dict, parse_train_args
+from shardtrain.config.run_config import from_dict, parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.optim import LR_SCHEDULER_REGISTRY
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags

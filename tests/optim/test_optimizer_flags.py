@@ -9,8 +9,9 @@ value must really change the result (it differs from the run without the flag).
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.build import build_optimizer
+from shardtrain.trainer.resolved import Components
 
 LR = 0.1
 START = [1.0, -2.0, 0.5, 3.0]
@@ -30,7 +31,7 @@ def run(make_optimizer, grads=GRADS, start=START):
 
 def shard_train(*flags):
     cfg = parse_train_args(["data-bin", "--lr", str(LR), *flags])
-    return lambda params: build_optimizer(cfg, params, torch.device("cpu"))
+    return lambda params: build_optimizer(cfg, Components.of(cfg), params, torch.device("cpu"))
 
 
 def torch_optim(cls, **kwargs):

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from shardtrain.cli import preprocess, train
-from shardtrain.config.build import build_train_parser
+from shardtrain.config.run_config import build_train_parser
 from shardtrain.core.errors import ConfigError
 from st_testutils import MarkovChain, json_records, write_markov_corpus
 

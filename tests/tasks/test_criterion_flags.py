@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.tasks.language_modeling import LanguageModelingTask
-from shardtrain.trainer.build import build_criterion
 from shardtrain.trainer.metrics.meters import MetricsLogger
+from shardtrain.trainer.resolved import Components, build_criterion
 
 UNIFORM = [0.0, 0.0, 0.0, 0.0]  # every token p = 1/4
 FAVOURS_2 = [0.0, 0.0, math.log(2), 0.0]  # p = (1/5, 1/5, 2/5, 1/5)
@@ -30,7 +30,7 @@ class FixedLogits(torch.nn.Module):
 
 def criterion(*flags):
     cfg = parse_train_args(["data-bin", *flags])
-    return build_criterion(cfg, LanguageModelingTask(cfg.task, dictionary=Dictionary()))
+    return build_criterion(cfg, Components.of(cfg), LanguageModelingTask(cfg.task, dictionary=Dictionary()))
 
 
 def loss_of(crit, logits, target):

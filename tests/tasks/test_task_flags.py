@@ -7,8 +7,8 @@ fairseq's TokenBlockDataset. The samples are written out below as text.
 """
 import pytest
 
-from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.build import build_task
+from shardtrain.config.run_config import parse_train_args
+from shardtrain.trainer.resolved import Components, build_task
 
 LINES = "a b c\nd e\nf g h i j\n"
 
@@ -27,7 +27,8 @@ def data_bin(tmp_path_factory):
 
 def samples(data_bin, *flags):
     """(source, target) of every valid sample, as text."""
-    task = build_task(parse_train_args([data_bin, *flags]))
+    cfg = parse_train_args([data_bin, *flags])
+    task = build_task(cfg, Components.of(cfg))
     task.load_dataset("valid")
     words = task.dictionary
     dataset = task.datasets["valid"]

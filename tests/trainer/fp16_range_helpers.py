@@ -4,7 +4,7 @@ import os
 import numpy as np
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.loop import Run
 

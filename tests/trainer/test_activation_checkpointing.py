@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing, checkpointed_indices

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shardtrain.cli import train
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.precision import build_scaler, run_dtypes
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 

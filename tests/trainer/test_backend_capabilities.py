@@ -2,12 +2,12 @@
 build_backend ask a backend's capabilities (class attributes), never its name."""
 import pytest
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.core.registry import Entry
 from shardtrain.trainer.launch.start import make_context
-from shardtrain.trainer.parallel.backend import BACKEND_REGISTRY, Backend
-from shardtrain.trainer.parallel.backends import build_backend, user_choices
+from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend
+from shardtrain.trainer.parallel.choose import build_backend, user_choices
 from shardtrain.trainer.parallel.single_process import SingleProcessBackend
 from shardtrain.trainer.precision import run_dtypes
 

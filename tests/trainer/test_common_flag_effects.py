@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from shardtrain.cli import train
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.data.collate import collate
 from shardtrain.trainer import loop
 from shardtrain.trainer.launch.start import make_context

@@ -9,9 +9,10 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import make_context
-from shardtrain.trainer.parallel.backends import build_backend
+from shardtrain.trainer.launch.one_rank_group import OneRankGroup
+from shardtrain.trainer.parallel.choose import build_backend
 from shardtrain.trainer.parallel.ddp import DDPBackend
 from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.precision import run_dtypes
@@ -73,11 +74,8 @@ class Flat(nn.Module):
 
 def fully_sharded(model_cls, check, *flags):
     cfg = parse_train_args(["data-bin", "--ddp-backend", "fully_sharded", *flags])
-    backend = build_backend(cfg, one_rank(), run_dtypes(cfg))
-    try:
-        return check(prepare_model(model_cls, backend, seed=1))
-    finally:
-        backend.close()
+    with OneRankGroup(torch.device("cpu")):  # as a one-process run starts it for fully_sharded
+        return check(prepare_model(model_cls, build_backend(cfg, one_rank(), run_dtypes(cfg)), seed=1))
 
 
 def units(model):

@@ -125,7 +125,7 @@ def test_memory_efficient_fp16_unscales_inside_the_optimizer(optimizer):
     would not move them at all. The optimizer applies the multiplier in fp32 instead."""
     from shardtrain.optim.adafactor import Adafactor
     from shardtrain.optim.cpu_adam import CPUAdam
-    from shardtrain.trainer.parallel.backend import Backend
+    from shardtrain.trainer.parallel.base import Backend
     from shardtrain.trainer.loss_scaler import DynamicLossScaler
     from shardtrain.trainer.precision import MemoryEfficientFP16Precision
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy
 
-from shardtrain.config.build import parse_train_args
-from shardtrain.trainer.parallel.backends import build_backend
+from shardtrain.config.run_config import parse_train_args
+from shardtrain.trainer.launch.one_rank_group import OneRankGroup
+from shardtrain.trainer.parallel.choose import build_backend
 from shardtrain.trainer.parallel.fsdp_wrap import offload_policy, shard_group_size
 from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.precision import run_dtypes
@@ -40,10 +41,8 @@ def test_hybrid_shard_group_counts_gpus_only_for_a_cuda_run(gpu_machine):
 def test_a_cpu_run_wraps_with_unpinned_shards_on_a_gpu_machine(gpu_machine, tmp_path):
     # Pinning on this CPU-only torch raises, so this also fails if the backend pins.
     cfg = parse_train_args([str(tmp_path), "--cpu", "--ddp-backend", "fully_sharded", "--cpu-offload"])
-    backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None), run_dtypes(cfg))
-    try:
+    with OneRankGroup(CPU):  # as a one-process run starts it for fully_sharded
+        backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None), run_dtypes(cfg))
         model = prepare_model(TwoBlocks, backend, seed=1)  # built on the meta device, sharded, materialised
         shards = [p.to_local() for p in model.parameters()]
         assert shards and all(s.device.type == "cpu" and not s.is_pinned() for s in shards)
-    finally:
-        backend.close()

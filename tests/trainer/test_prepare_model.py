@@ -6,11 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.launch.start import make_context
-from shardtrain.trainer.parallel.backend import Backend
-from shardtrain.trainer.parallel.backends import build_backend
+from shardtrain.trainer.parallel.base import Backend
+from shardtrain.trainer.launch.one_rank_group import OneRankGroup
+from shardtrain.trainer.parallel.choose import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.precision import run_dtypes
 
@@ -71,14 +72,12 @@ def test_the_same_seed_gives_the_same_weights_whatever_the_path():
 def test_fully_sharded_on_one_rank_starts_from_the_unsharded_weights(tmp_path):
     """A real 1-rank FSDP2 mesh: sharded on the meta device, materialised, then initialised."""
     reference = prepare_model(Blocks, _backend(parse_train_args([str(tmp_path), "--cpu"])), seed=3)
-    backend = _backend(parse_train_args([str(tmp_path), "--cpu", "--ddp-backend", "fully_sharded"]))
-    try:
-        sharded = prepare_model(Blocks, backend, seed=3, checkpoint_activations_every=1)
+    cfg = parse_train_args([str(tmp_path), "--cpu", "--ddp-backend", "fully_sharded"])
+    with OneRankGroup(torch.device("cpu")):  # as a one-process run starts it for fully_sharded
+        sharded = prepare_model(Blocks, _backend(cfg), seed=3, checkpoint_activations_every=1)
         for a, b in zip(sharded.parameters(), reference.parameters()):
             assert torch.equal(a.full_tensor(), b)
         assert all("forward" in vars(block) for block in sharded.blocks)
-    finally:
-        backend.close()
 
 
 class NoInit(nn.Module):

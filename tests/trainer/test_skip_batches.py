@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.data.batch_windows import BatchWindows, format_batches
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train

@@ -4,11 +4,11 @@ import math
 import pytest
 import torch
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.data.collate import collate
-from shardtrain.trainer import build
-from shardtrain.trainer.parallel.backends import build_backend
+from shardtrain.trainer.parallel.choose import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
+from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task
 from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.precision import build_precision, run_dtypes
 from shardtrain.trainer.trainer import Trainer, TrainingDivergedError
@@ -26,12 +26,13 @@ def make_trainer(data_bin, *extra):
                             "--tokens-per-sample", "16", "--batch-size", "4", "--dropout", "0", "--optimizer", "sgd", "--lr-scheduler", "fixed",
                             "--lr", "0.1", *extra])
     torch.manual_seed(0)
-    task = build.build_task(cfg)
+    components = Components.of(cfg)
+    task = build_task(cfg, components)
     backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None), run_dtypes(cfg))
     precision = build_precision(cfg, backend, run_dtypes(cfg))
-    model = prepare_model(lambda: build.build_model(cfg, task), backend, seed=cfg.common.seed,
+    model = prepare_model(lambda: build_model(cfg, components, task), backend, seed=cfg.common.seed,
                           param_dtype=precision.param_dtype)
-    trainer = Trainer(cfg, task, model, build.build_criterion(cfg, task), backend, precision)
+    trainer = Trainer(cfg, components, task, model, build_criterion(cfg, components, task), backend, precision)
     return trainer, task
 
 

@@ -6,10 +6,11 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-from shardtrain.config.build import parse_train_args
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer import build
+from shardtrain.trainer.resolved import Components
 from shardtrain.trainer.parallel.zero import ShardedStateOptimizer, shards_optimizer_state
 
 ADAMW = OptimizerSpec(torch.optim.AdamW, {"betas": (0.9, 0.98), "eps": 1e-8, "weight_decay": 0.1, "fused": True})
@@ -49,7 +50,7 @@ def test_when_the_optimizer_state_is_sharded():
 
 def test_one_process_keeps_the_plain_optimizer():
     cfg = parse("--zero-sharding", "os", "--optimizer", "adam", "--weight-decay", "0.1")
-    optimizer = build.build_optimizer(cfg, [torch.nn.Parameter(torch.ones(3))], torch.device("cpu"))
+    optimizer = build.build_optimizer(cfg, Components.of(cfg), [torch.nn.Parameter(torch.ones(3))], torch.device("cpu"))
     assert type(optimizer) is torch.optim.AdamW
 
 

@@ -1,9 +1,9 @@
 """Does a checkpoint fit this run? Errors that name the flags to change, before anything is loaded."""
 from typing import Dict
 
-from shardtrain.config.build import to_dict
+from shardtrain.config.run_config import to_dict
 from shardtrain.core.errors import CheckpointError
-from shardtrain.trainer.parallel.backends import unwrap
+from shardtrain.trainer.parallel.choose import unwrap
 
 
 def check_same_optimizer(state: Dict, path: str, cfg) -> None:

@@ -9,7 +9,7 @@ directory is sharded); no other module asks which format it has.
 import os
 from typing import Callable, Dict, List, Optional
 
-from shardtrain.trainer.checkpoint.verify import check_checksums
+from shardtrain.trainer.checkpoint.integrity import check_checksums
 
 
 class CheckpointFormat:
