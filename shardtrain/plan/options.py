@@ -59,8 +59,9 @@ def alternatives(cfg, world_size: int, ranks_per_node: int, device: str) -> List
         backends.append(("fully_sharded hybrid", {**fsdp, "distributed.fsdp_sharding_strategy": "hybrid_shard"}))
     if device == "cuda":
         backends += [(f"{label} + offload", {**o, "distributed.cpu_offload": True})
-                     for label, o in list(backends) if o["distributed.ddp_backend"] == "fully_sharded"]
-    stats = [False, True] if cfg.components.optimizer == "cpu_adam" else [None]
+                     for label, o in list(backends) if backend_class(o["distributed.ddp_backend"]).supports_cpu_offload]
+    # --fp16-adam-stats is an option of the optimizer's own config (cpu_adam's), not a flag of every optimizer
+    stats = [False, True] if "fp16_adam_stats" in cfg.optimizer else [None]
     options = []
     for (label, backend), checkpoint, precision, fp16_stats in itertools.product(
             backends, (False, True), PRECISIONS, stats):
