@@ -1,4 +1,4 @@
-"""Mutants of shardtrain/core/: the file lock, the registry, step timing. Each mutant was seen to fail its tests."""
+"""Mutants of shardtrain/core/: the file lock, the registry, step timing, the private torch APIs. Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
 DEMO = "tests/cli/test_demo.py::"
@@ -14,4 +14,8 @@ MUTANTS = [
     Mutant("slow_step_untimed", "a step that can take seconds says how long it took",
            "shardtrain/core/timing.py", '    logger.info("%s: done in %.1f s", what, time.perf_counter() - start)\n',
            "", (DEMO + "test_demo_runs_on_a_small_stdlib_corpus",)),
+    Mutant("fake_mode_never_left", "shard-plan builds its model with real (meta) tensors inside the fake mode",
+           "shardtrain/core/torch_private.py", "    return unset_fake_temporarily()",
+           "    import contextlib\n    return contextlib.nullcontext()",
+           ("tests/core/test_torch_private.py::test_fake_tensors_hold_no_memory_and_real_ones_come_back_inside",)),
 ]

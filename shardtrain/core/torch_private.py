@@ -88,6 +88,29 @@ def init_fake_process_group(world_size: int, rank: int = 0) -> None:
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
 
 
+def fake_tensor_mode():
+    """A mode in which new tensors are fake: shapes, dtypes and devices, no memory, no values (real
+    tensors are accepted as inputs). shard-plan runs a training step in it.
+
+    Why private: FakeTensorMode lives in torch._subclasses; torch's compiler and memory tools use it, and
+    it has no public home."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError:
+        raise _moved("torch._subclasses.fake_tensor.FakeTensorMode", "to plan memory (shard-plan)") from None
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def outside_fake_tensor_mode():
+    """Inside ``fake_tensor_mode``: a context in which tensors are real again (a model built on the meta
+    device there, so that its parameters are ordinary meta tensors a backend can wrap)."""
+    try:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+    except ImportError:
+        raise _moved("torch._subclasses.fake_tensor.unset_fake_temporarily", "to plan memory (shard-plan)") from None
+    return unset_fake_temporarily()
+
+
 def dtensor_around(like, local: torch.Tensor):
     """A DTensor laid out as ``like`` (same mesh, placements, global shape) whose local shard is ``local``,
     which stays where it is (a host copy of an accelerator shard, for an async save).

@@ -24,10 +24,11 @@ from typing import Dict
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed.fsdp import FSDPModule
 
-from shardtrain.core.torch_private import init_fake_process_group, memory_tracker
+from shardtrain.core.torch_private import (
+    fake_tensor_mode, init_fake_process_group, memory_tracker, outside_fake_tensor_mode,
+)
 from shardtrain.plan import many_ranks
 from shardtrain.trainer import build
 from shardtrain.trainer.launch.start import DistributedContext
@@ -110,14 +111,14 @@ def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
     rows = []
 
     def build_on_meta():
-        with unset_fake_temporarily(), torch.device("meta"):  # built for real, holding nothing
+        with outside_fake_tensor_mode(), torch.device("meta"):  # built for real, holding nothing
             model = build_model(cfg, components, task)
         rows.extend(many_ranks.shard_rows(model))
         model.init_weights = _no_values  # fake tensors hold no values to draw (init_ reads one)
         return model
 
     checkpointing = d.checkpoint_activations or d.offload_activations
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = fake_tensor_mode()
     with _fake_group(sizes.world), torch.random.fork_rng(devices=[]):
         backend = build_backend(cfg, DistributedContext(0, 0, sizes.world, CPU, "fake"), dtypes)  # mesh: real
         precision = build_precision(cfg, backend, dtypes)

@@ -111,6 +111,24 @@ def test_moved_memory_tools_are_named(monkeypatch):
         torch_private.init_fake_process_group(2)
 
 
+def test_fake_tensors_hold_no_memory_and_real_ones_come_back_inside():
+    with torch_private.fake_tensor_mode():
+        fake = torch.ones(1000, 1000)
+        with torch_private.outside_fake_tensor_mode():
+            real = torch.ones(2)
+    assert type(fake).__name__ == "FakeTensor" and fake.shape == (1000, 1000)
+    assert type(real) is torch.Tensor and real.tolist() == [1.0, 1.0]
+
+
+def test_moved_fake_tensors_are_named(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "torch._subclasses.fake_tensor", None)
+    with pytest.raises(RuntimeError, match="no longer provides torch._subclasses.fake_tensor.FakeTensorMode"):
+        torch_private.fake_tensor_mode()
+    with pytest.raises(RuntimeError, match="no longer provides torch._subclasses.fake_tensor.unset_fake"):
+        torch_private.outside_fake_tensor_mode()
+
+
 class _Buffered(torch.nn.Module):
     def __init__(self, value: float):
         super().__init__()
