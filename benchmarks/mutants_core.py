@@ -18,4 +18,9 @@ MUTANTS = [
            "shardtrain/core/torch_private.py", "    return unset_fake_temporarily()",
            "    import contextlib\n    return contextlib.nullcontext()",
            ("tests/core/test_torch_private.py::test_fake_tensors_hold_no_memory_and_real_ones_come_back_inside",)),
+    Mutant("dtensor_moved_to_the_mesh", "a DTensor built around a host shard keeps it in host memory",
+           "shardtrain/core/torch_private.py",
+           "    return DTensor(local, DTensorSpec(mesh, tuple(placements), tensor_meta=meta), requires_grad=False)",
+           "    return DTensor.from_local(local, mesh, placements, shape=shape, stride=meta.stride)",
+           ("tests/core/test_torch_private.py::test_a_dtensor_keeps_its_shard_where_it_is_and_a_moved_spec_is_named",)),
 ]

@@ -77,4 +77,6 @@ MUTANTS = [
            RUNNER, "            except Exception as e:  # noqa: BLE001",
            "            except ZeroDivisionError as e:  # noqa: BLE001",
            (R + "test_a_case_whose_runner_raises_fails_and_the_next_one_runs",)),
+    Mutant("gpu_basetemp_parent_missing", "pytest's --basetemp parent exists (the first GPU run failed every tmp_path "
+           "test without it)", RUNNER, "    os.makedirs(os.path.dirname(basetemp), exist_ok=True)\n", "", (REAL,)),
 ]

@@ -83,4 +83,11 @@ MUTANTS = [
     Mutant("memory_efficient_bf16_torch_adam", "--memory-efficient-bf16 with adam keeps fp32 moments",
            "shardtrain/trainer/build.py", "    if chosen_precision(cfg.common) in LOW_PRECISION_STORAGE:",
            '    if chosen_precision(cfg.common) == "memory_efficient_fp16":', (ME_BF16,)),
+    Mutant("adafactor_state_follows_the_mesh", "adafactor's sharded statistics stay in the gradient's memory "
+           "(host memory under --cpu-offload on a GPU; the first GPU run failed so)", "shardtrain/optim/adafactor.py",
+           "    return dtensor_where_it_is(local.new_zeros(local_shape, dtype=dtype), like.device_mesh, placements, shape)",
+           "    return DTensor.from_local(local.new_zeros(local_shape, dtype=dtype), like.device_mesh, placements,\n"
+           "                              shape=shape, stride=torch.empty(shape, device='meta').stride())",
+           ("tests/optim/test_optim_adafactor.py::test_sharded_state_stays_in_the_gradients_memory_when_the_mesh_is_"
+            "elsewhere",)),
 ]

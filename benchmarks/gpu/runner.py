@@ -107,6 +107,8 @@ def _number(text: str):
 def run_pytest_case(case: Case, timeout_s: float, ctx: Context) -> Outcome:
     junit = os.path.join(ctx.workdir, "junit", case.name + ".xml")
     basetemp = os.path.join(ctx.workdir, "pytest", case.name)
+    # pytest creates --basetemp itself but not its parent (the first GPU run failed every tmp_path test on it)
+    os.makedirs(os.path.dirname(basetemp), exist_ok=True)
     argv = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--basetemp", basetemp,
             "--junitxml", junit, "-o", "junit_logging=system-out", "-o", f"junit_suite_name={case.name}",
             *case.tests]

@@ -123,6 +123,25 @@ def dtensor_around(like, local: torch.Tensor):
     return DTensor(local, like._spec, requires_grad=False)
 
 
+def dtensor_where_it_is(local: torch.Tensor, mesh, placements, shape) -> "torch.Tensor":
+    """``DTensor.from_local(local, mesh, placements, shape=shape, stride=contiguous)``, except that
+    ``local`` stays on its own device: an optimizer's host-memory state under --cpu-offload, whose
+    mesh is the GPU's (FSDP2 keeps its offloaded parameter and gradient shards the same way).
+
+    Why private: the public ``DTensor.from_local`` moves the shard to the mesh's device (the first
+    GPU run failed so: adafactor's factored statistics landed on cuda:0 beside CPU gradients), and
+    the constructor that does not takes a ``DTensorSpec``, whose module is private."""
+    from torch.distributed.tensor import DTensor
+    try:
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    except ImportError:
+        raise _moved("torch.distributed.tensor._dtensor_spec.DTensorSpec",
+                     "to keep sharded optimizer state in host memory under --cpu-offload") from None
+    shape = torch.Size(shape)
+    meta = TensorMeta(shape, torch.empty(shape, device="meta").stride(), local.dtype)
+    return DTensor(local, DTensorSpec(mesh, tuple(placements), tensor_meta=meta), requires_grad=False)
+
+
 def ddp_without_forward_buffer_sync(module, ddp_class=None, **kwargs):
     """``DistributedDataParallel(module, **kwargs)`` that broadcasts rank 0's buffers once, when it is
     built (as it does the parameters), and never again before a forward. shardtrain's models have no

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from shardtrain.core.fields import field
+from shardtrain.core.torch_private import dtensor_where_it_is
 from shardtrain.core.errors import ConfigError
 from shardtrain.optim.optimizers import parse_float_tuple
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer
@@ -148,9 +149,8 @@ def _zeros_without_dim(like: torch.Tensor, dim: int, dtype: torch.dtype) -> torc
     placements, local_shape = like.placements, local.shape[:dim] + local.shape[dim + 1:]
     if dim == 0:
         placements, local_shape = [Replicate()] * like.device_mesh.ndim, shape
-    # shape and stride given: from_local cannot infer them for uneven shards
-    return DTensor.from_local(local.new_zeros(local_shape, dtype=dtype), like.device_mesh, placements,
-                              shape=shape, stride=torch.empty(shape, device="meta").stride())
+    # Not DTensor.from_local: it would move a --cpu-offload shard (host memory) to the mesh's GPU.
+    return dtensor_where_it_is(local.new_zeros(local_shape, dtype=dtype), like.device_mesh, placements, shape)
 
 
 def _step_size(group, step: float, param_rms: torch.Tensor):

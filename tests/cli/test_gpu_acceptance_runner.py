@@ -215,7 +215,8 @@ def test_write_benchmarks_replaces_the_section(tmp_path, monkeypatch):
 def test_the_real_runner_reads_pytest_and_kills_a_hanging_case_with_its_children(tmp_path):
     (tmp_path / "test_fake.py").write_text(
         "import subprocess, sys, time\n"
-        "def test_prints():\n"
+        "def test_prints(tmp_path):\n"  # tmp_path: the first GPU run failed every test taking one
+        "    (tmp_path / 'x').write_text('x')\n"
         "    print('2026-11-26 07:42:19 | INFO | shardtrain.trainer.loop | a log record, not a figure')\n"
         "    print('figure: 42 GB/s')\n"
         "    print('RESULT fake_speed=3.5 target>=2')\n"

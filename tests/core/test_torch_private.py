@@ -129,6 +129,28 @@ def test_moved_fake_tensors_are_named(monkeypatch):
         torch_private.outside_fake_tensor_mode()
 
 
+def test_a_dtensor_keeps_its_shard_where_it_is_and_a_moved_spec_is_named(tmp_path, monkeypatch):
+    import sys
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        monkeypatch.setattr(type(mesh), "device_type", property(lambda self: "meta"))  # a GPU mesh, say
+        local = torch.arange(6.0).reshape(3, 2)
+        dt = torch_private.dtensor_where_it_is(local, mesh, [Shard(0)], (3, 2))
+        assert dt.to_local().data_ptr() == local.data_ptr() and dt.device_mesh is mesh and dt.placements == (Shard(0),)
+        assert dt.shape == (3, 2) and dt.stride() == (2, 1) and dt.dtype == torch.float32
+        assert torch_private.dtensor_where_it_is(torch.zeros(5), mesh, [Replicate()], (5,)).to_local().device.type \
+            == "cpu"
+        monkeypatch.setitem(sys.modules, "torch.distributed.tensor._dtensor_spec", None)
+        with pytest.raises(RuntimeError, match="no longer provides torch.distributed.tensor._dtensor_spec"):
+            torch_private.dtensor_where_it_is(local, mesh, [Shard(0)], (3, 2))
+    finally:
+        dist.destroy_process_group()
+
+
 class _Buffered(torch.nn.Module):
     def __init__(self, value: float):
         super().__init__()

@@ -198,3 +198,39 @@ def test_refuses_a_sharding_other_than_rows(tmp_path):
         np.testing.assert_allclose(by_rows.detach().full_tensor().numpy(), 1 - LR, rtol=1e-6)  # RMS-clipped unit step
     finally:
         dist.destroy_process_group()
+
+
+def test_sharded_state_stays_in_the_gradients_memory_when_the_mesh_is_elsewhere(tmp_path, monkeypatch):
+    """--cpu-offload on a GPU: FSDP2's parameter and gradient shards are in host memory while the mesh is
+    the GPU's. The first GPU run failed there ("cuda:0 and cpu"): DTensor.from_local moved the factored
+    statistics to the mesh's device. Here the mesh's device type becomes "meta" once the tensors are laid
+    out, so a state that followed the mesh would land on meta; it must stay on the CPU, beside its
+    gradient, and the step must be the unsharded one."""
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp_path, 'rendezvous')}", rank=0,
+                            world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        torch.manual_seed(0)
+        values = [torch.randn(4, 6), torch.randn(6)]
+        grads = [torch.randn(4, 6), torch.randn(6)]
+        sharded = [torch.nn.Parameter(distribute_tensor(v.clone(), mesh, [Shard(0)])) for v in values]
+        for p, g in zip(sharded, grads):
+            p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+        # as a CUDA mesh is to a host-memory shard
+        monkeypatch.setattr(type(mesh), "device_type", property(lambda self: "meta"))
+        plain = [torch.nn.Parameter(v.clone()) for v in values]
+        for p, g in zip(plain, grads):
+            p.grad = g.clone()
+        optimizers = [Adafactor(ps, lr=LR, beta1=0.9) for ps in (sharded, plain)]
+        for optimizer in optimizers:
+            optimizer.step()
+        state = optimizers[0].state[sharded[0]]
+        assert sorted(state) == ["exp_avg", "exp_avg_sq_col", "exp_avg_sq_row", "step"]
+        for key in ("exp_avg_sq_row", "exp_avg_sq_col"):
+            assert state[key].device_mesh is mesh and state[key].to_local().device.type == "cpu", key
+        assert optimizers[0].state[sharded[1]]["exp_avg_sq"].to_local().device.type == "cpu"
+        for p, q, value in zip(sharded, plain, values):
+            np.testing.assert_array_equal(p.detach().to_local().numpy(), q.detach().numpy())
+            assert not torch.equal(q.detach(), value)  # it stepped
+    finally:
+        dist.destroy_process_group()
