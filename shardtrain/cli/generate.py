@@ -20,8 +20,10 @@ from tqdm import tqdm
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
 from shardtrain.core.errors import ConfigError
+from shardtrain.core.user_dir import LOADING_HELP as USER_DIR_HELP
 from shardtrain.core.fields import field
 from shardtrain.data.tokenizers import load_tokenizer
+from shardtrain.models import capabilities
 from shardtrain.models.beam_search import beam_search
 from shardtrain.models.sampling import sample_scored
 from shardtrain.trainer.checkpoint.inference import inference_dtype, load_for_inference
@@ -51,6 +53,7 @@ class DecodeConfig:
                                    "(the loss/log-probs in fp32); no fp32 copy of the model is ever held")
     bf16: bool = field(False, help="load the weights straight into bf16 on the device and compute in bf16 "
                                    "(the loss/log-probs in fp32); no fp32 copy of the model is ever held")
+    user_dir: Optional[str] = field(None, help=USER_DIR_HELP)
 
 
 @dataclasses.dataclass
@@ -70,7 +73,8 @@ class Generator:
     def __init__(self, args: DecodeConfig):
         self.args = args
         dtype = check_args(args)
-        cfg, task, self.model, self.device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype)
+        cfg, task, self.model, self.device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype,
+                                                                  user_dir=args.user_dir)
         self.tokenizer = load_tokenizer(args.data)
         self.dictionary = d = task.source_dictionary
         # A sample starts after an end-of-sentence, as every line does in training (after bos too, for a model
@@ -82,8 +86,9 @@ class Generator:
         """``--nbest`` continuations of ``prompt``, best first."""
         args, d = self.args, self.dictionary
         ids = self.lead + [d.index(p) for p in self.tokenizer.encode(prompt)]
-        if len(ids) >= self.model.max_positions and args.max_len > 0:
-            raise ConfigError(f"The prompt takes {len(ids)} of the model's {self.model.max_positions} positions "
+        limit = capabilities.max_positions(self.model)  # None: the model takes any length
+        if limit is not None and len(ids) >= limit and args.max_len > 0:
+            raise ConfigError(f"The prompt takes {len(ids)} of the model's {limit} positions "
                               "(with the end-of-sentence it starts after), which leaves none to generate into. "
                               "Shorten the prompt.")
         prompt_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -93,7 +98,7 @@ class Generator:
             if beam:
                 found = [Hypothesis(ids[len(self.lead):] + f.new_tokens, f.scores[len(self.lead) - 1:], f.score)
                          for f in beam_search(self.model, prompt_ids, args.beam, args.max_len, d.eos(), args.lenpen,
-                                              on_step=bar.update)]
+                                              on_step=bar.update, pad=d.pad())]
             else:
                 found = [self._draw(ids, prompt_ids, bar.update) for _ in range(draws)]
                 found.sort(key=lambda h: -h.score)  # stable: equal scores keep the order drawn
@@ -105,7 +110,7 @@ class Generator:
         new, scores = sample_scored(
             self.model, prompt_ids, args.max_len, temperature=args.temperature if args.sampling else 1.0,
             topk=max(args.sampling_topk, 0), topp=max(args.sampling_topp, 0.0), eos=self.dictionary.eos(),
-            generator=self.rng, greedy=not args.sampling, on_step=on_step)
+            generator=self.rng, greedy=not args.sampling, on_step=on_step, pad=self.dictionary.pad())
         scores = scores[len(self.lead) - 1:]
         return Hypothesis(ids[len(self.lead):] + new.tolist(), scores, sum(scores) / len(scores) if scores else 0.0)
 

@@ -5,6 +5,7 @@ from typing import Optional
 
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
+from shardtrain.core.user_dir import LOADING_HELP as USER_DIR_HELP
 from shardtrain.core.fields import field
 from shardtrain.config.sections import LOG_FORMATS
 from shardtrain.trainer.checkpoint.inference import evaluate, inference_dtype, load_for_inference
@@ -30,6 +31,7 @@ class ValidateConfig:
                                    "(the loss/log-probs in fp32); no fp32 copy of the model is ever held")
     log_format: str = field("tqdm", help="log format (tqdm: a progress bar on a terminal, simple lines "
                                          "elsewhere)", choices=LOG_FORMATS)
+    user_dir: Optional[str] = field(None, help=USER_DIR_HELP)
 
 
 @cli_entry("shard-validate")
@@ -37,7 +39,8 @@ def main(argv):
     args = flags.parse_dataclass(ValidateConfig, argv, "shard-validate", __doc__)
     dtype = inference_dtype(args.fp16, args.bf16)
     setup_logging()
-    cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype)
+    cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype,
+                                                    user_dir=args.user_dir)
     criterion = build_criterion(cfg, Components.of(cfg), task)
     results = {}
     for subset in args.valid_subset.split(","):

@@ -1,8 +1,5 @@
 """Build the typed run config: from command-line flags, or from a saved dict."""
-import importlib
-import os
-import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -12,6 +9,7 @@ from shardtrain.config import components, epoch_lists, fairseq_compat, flags
 from shardtrain.config.checks import check_config
 from shardtrain.config.sections import SECTIONS, ComponentsConfig, ShardtrainConfig
 from shardtrain.core.errors import ConfigError
+from shardtrain.core.user_dir import import_user_dir, with_user_dir_imported
 
 _TITLES = {
     "components": "components", "common": "common", "dataset": "dataset and batching",
@@ -27,34 +25,6 @@ The flags of the selected --task, --arch, --criterion, --optimizer and
 --lr-scheduler are listed in their own groups below. Components come from
 shardtrain, from installed plugins (entry-point group "shardtrain.plugins")
 and from --user-dir."""
-
-
-def import_user_dir(path: Optional[str]) -> None:
-    """Import a plugin package so its components register themselves."""
-    if not path:
-        return
-    path = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isdir(path):
-        raise ConfigError(f"--user-dir {path} does not exist or is not a directory. "
-                          "Pass the path of a Python package whose __init__.py registers your components.")
-    parent, name = os.path.split(path)
-    if name in sys.modules:
-        if os.path.dirname(os.path.abspath(getattr(sys.modules[name], "__file__", "") or "")) == path:
-            if parent not in sys.path:  # see below
-                sys.path.insert(0, parent)
-            return
-        raise ConfigError(f"--user-dir {path}: a module named {name!r} is already imported from elsewhere. "
-                          "Rename the plugin folder so its name does not clash.")
-    # The folder stays on sys.path: ranks started with multiprocessing's spawn copy the
-    # launcher's sys.path, and they import the plugin again to rebuild its components.
-    if parent not in sys.path:
-        sys.path.insert(0, parent)
-    try:
-        importlib.import_module(name)
-    except Exception as e:  # noqa: BLE001 - any plugin failure is the user's to fix
-        raise ConfigError(f"--user-dir {path} failed to import: {type(e).__name__}: {e}. "
-                          f"Fix the error in the plugin (run `python -c 'import {name}'` from "
-                          f"{parent} to see the traceback).") from e
 
 
 def build_train_parser(argv: Sequence[str], prog: str = "shard-train"):
@@ -112,7 +82,7 @@ def from_dict(values: Dict) -> DictConfig:
     # Every command builds its config here (shard-validate/-generate from a
     # checkpoint's), so a checkpoint of a plugin's model finds its components.
     plugins.load_plugins()
-    import_user_dir((values.get("common") or {}).get("user_dir"))  # the run's --user-dir plugin, likewise
+    values = with_user_dir_imported(values)  # the run's --user-dir plugin, likewise (its absolute path kept)
     names = ComponentsConfig(**(values.get("components") or {}))
     cfg = OmegaConf.structured(ShardtrainConfig(components=names))
     try:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.models import capabilities
 
 
 class Finished(NamedTuple):
@@ -27,17 +28,20 @@ class Finished(NamedTuple):
 
 @torch.no_grad()
 def beam_search(model, prompt_ids: torch.Tensor, beam: int, max_len: int, eos: int,
-                lenpen: float = 1.0, on_step: Optional[Callable[[], None]] = None) -> List[Finished]:
+                lenpen: float = 1.0, on_step: Optional[Callable[[], None]] = None,
+                pad: Optional[int] = None) -> List[Finished]:
     """The ``beam`` best continuations of ``prompt_ids`` [T] (``prompt_ids[0]`` the end-of-sentence
     it starts after), at most ``max_len`` new tokens before the end-of-sentence; best first.
-    ``on_step`` is called once per step (a progress bar's update)."""
+    ``on_step`` is called once per step (a progress bar's update); ``pad``: the dictionary's padding
+    symbol, never produced (for a model without ``padding_idx``)."""
     if beam < 1 or max_len < 0:
         raise ConfigError(f"beam search needs --beam >= 1 and --max-len >= 0 (got {beam} and {max_len}).")
-    budget = min(max_len, model.max_positions - prompt_ids.numel())
+    budget = capabilities.room_after(model, prompt_ids.numel(), max_len)
+    pad = capabilities.padding_idx(model, pad)
     was_training = model.training
     model.eval()
     try:
-        lprobs = _log_probs(model, prompt_ids.view(1, -1), model.padding_idx)[0]
+        lprobs = _log_probs(model, prompt_ids.view(1, -1), pad)[0]
         prompt_scores = lprobs[:-1].gather(1, prompt_ids[1:].view(-1, 1)).view(-1).tolist()
         tokens, summed, steps = prompt_ids.view(1, -1), lprobs.new_zeros(1), [[]]
         last, finished = lprobs[-1:], []
@@ -67,15 +71,16 @@ def beam_search(model, prompt_ids: torch.Tensor, beam: int, max_len: int, eos: i
             steps = [steps[b] + [float(last[b, t])] for b, t, _ in keep]
             tokens = torch.cat([tokens[rows], new], dim=1)
             summed = torch.tensor([v for _, _, v in keep], device=tokens.device)
-            last = _log_probs(model, tokens, model.padding_idx)[:, -1]
+            last = _log_probs(model, tokens, pad)[:, -1]
     finally:
         model.train(was_training)
     return sorted(finished, key=lambda f: -f.score)[:beam]
 
 
-def _log_probs(model, tokens: torch.Tensor, pad: int) -> torch.Tensor:
+def _log_probs(model, tokens: torch.Tensor, pad: Optional[int]) -> torch.Tensor:
     lprobs = F.log_softmax(model(tokens).float(), dim=-1)
-    lprobs[..., pad] = -math.inf  # never chosen, as in fairseq
+    if pad is not None:
+        lprobs[..., pad] = -math.inf  # never chosen, as in fairseq
     return lprobs
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from shardtrain.core.errors import ConfigError, ShardtrainError
+from shardtrain.models import capabilities
 
 
 @torch.no_grad()
@@ -28,36 +29,40 @@ def sample(
     generator: Optional[torch.Generator] = None,
     greedy: bool = False,
     use_cache: bool = True,
+    pad: Optional[int] = None,
 ) -> torch.Tensor:
     """Continue ``prompt_ids`` [T]; return the new tokens (ending with ``eos``
     if it was produced), at most ``max_len`` of them.
 
-    ``model`` is a :class:`~shardtrain.models.transformer_lm.TransformerLanguageModel`
-    (anything with ``forward(tokens, cache=None)``, ``new_kv_cache()``,
-    ``padding_idx`` and ``max_positions``). It runs in eval mode; its
+    ``model``: anything with ``forward(tokens)``; ``new_kv_cache()`` with ``forward(tokens, cache=...)``,
+    ``padding_idx`` and ``max_positions`` are used when it has them (models/capabilities.py), as a
+    :class:`~shardtrain.models.transformer_lm.TransformerLanguageModel` does. It runs in eval mode; its
     train/eval mode is restored afterwards.
     """
     return sample_scored(model, prompt_ids, max_len, temperature, topk, topp, eos, generator, greedy,
-                         use_cache, force_eos=False)[0]
+                         use_cache, force_eos=False, pad=pad)[0]
 
 
 @torch.no_grad()
 def sample_scored(model, prompt_ids: torch.Tensor, max_len: int, temperature: float = 1.0, topk: int = 0,
                   topp: float = 0.0, eos: Optional[int] = None, generator: Optional[torch.Generator] = None,
                   greedy: bool = False, use_cache: bool = True, force_eos: bool = True,
-                  on_step: Optional[Callable[[], None]] = None):
+                  on_step: Optional[Callable[[], None]] = None, pad: Optional[int] = None):
     """:func:`sample`, and fairseq's positional scores (``on_step`` is called once per token): -> (new tokens, log-probs [base e] of
     ``prompt_ids[1:]`` (``prompt_ids[0]`` is the end-of-sentence it starts after) and of every new token, under the temperature's distribution, unfiltered by
     top-k/top-p, as fairseq's ``SequenceGenerator`` scores them). ``force_eos``: when the budget ends
-    without ``eos``, append it with its log-prob, as fairseq ends every hypothesis at its maximum length."""
-    _check_sampling_args(prompt_ids, max_len, temperature, topk, topp, model.max_positions)
-    budget = min(max_len, model.max_positions - prompt_ids.numel())
+    without ``eos``, append it with its log-prob, as fairseq ends every hypothesis at its maximum length.
+    ``pad``: the dictionary's padding symbol, never produced (for a model without ``padding_idx``)."""
+    _check_sampling_args(prompt_ids, max_len, temperature, topk, topp, capabilities.max_positions(model))
+    budget = capabilities.room_after(model, prompt_ids.numel(), max_len)
+    use_cache = use_cache and capabilities.has_kv_cache(model)
     cache = model.new_kv_cache() if use_cache else None
+    pad = capabilities.padding_idx(model, pad)
     new_tokens, scores = [], []
     was_training = model.training
     model.eval()
     try:
-        logits = model(prompt_ids.view(1, -1), cache=cache)[0]
+        logits = _forward(model, prompt_ids.view(1, -1), cache)[0]
         scores += _log_probs(logits[:-1], temperature).gather(1, prompt_ids[1:].view(-1, 1)).view(-1).tolist()
         logits = logits[-1]
         for step in range(budget + 1):
@@ -68,7 +73,7 @@ def sample_scored(model, prompt_ids: torch.Tensor, max_len: int, temperature: fl
                     break
                 token = torch.tensor(eos, device=prompt_ids.device)
             else:
-                token = choose_next(logits, temperature, topk, topp, generator, greedy, model.padding_idx)
+                token = choose_next(logits, temperature, topk, topp, generator, greedy, pad)
             new_tokens.append(token)
             scores.append(float(_log_probs(logits, temperature)[token]))
             if eos is not None and token.item() == eos:
@@ -76,12 +81,16 @@ def sample_scored(model, prompt_ids: torch.Tensor, max_len: int, temperature: fl
             if step + 1 < budget or force_eos:
                 tokens = (token.view(1, 1) if use_cache else
                           torch.cat([prompt_ids, torch.stack(new_tokens)]).view(1, -1))
-                logits = model(tokens, cache=cache)[0, -1]
+                logits = _forward(model, tokens, cache)[0, -1]
     finally:
         model.train(was_training)
     if not new_tokens:
         return prompt_ids.new_empty(0), scores
     return torch.stack(new_tokens), scores
+
+
+def _forward(model, tokens: torch.Tensor, cache) -> torch.Tensor:
+    return model(tokens) if cache is None else model(tokens, cache=cache)
 
 
 def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -131,7 +140,7 @@ def _check_sampling_args(prompt_ids, max_len, temperature, topk, topp, max_posit
             f"The prompt must be a non-empty 1-D tensor of token ids (got shape {tuple(prompt_ids.shape)}); "
             "start it with the end-of-sentence symbol if there is no text, as fairseq does."
         )
-    if prompt_ids.numel() > max_positions:
+    if max_positions is not None and prompt_ids.numel() > max_positions:
         raise ShardtrainError(
             f"The prompt has {prompt_ids.numel()} tokens but the model has only {max_positions} "
             "positions; shorten the prompt."
@@ -156,14 +165,15 @@ def sample_lines(model, context_ids: torch.Tensor, lines: int, eos: int, max_lin
     Each line is one :func:`sample` call whose prompt is the text so far, lines separated by ``eos`` as
     the training data has them, cut to the last positions the model has (keeping ``max_line_len`` free
     for the new line): so a model of 128 positions can write many lines that each see the ones before.
-    ``decoding``: :func:`sample`'s temperature, topk, topp, generator, greedy."""
-    keep = model.max_positions - max_line_len
-    if keep < 1:
+    ``decoding``: :func:`sample`'s temperature, topk, topp, generator, greedy, pad."""
+    limit = capabilities.max_positions(model)
+    keep = None if limit is None else limit - max_line_len  # None: all of the context
+    if keep is not None and keep < 1:
         raise ShardtrainError(f"A line of up to {max_line_len} tokens leaves no room for context in the model's "
-                              f"{model.max_positions} positions; sample shorter lines.")
+                              f"{limit} positions; sample shorter lines.")
     context, out = context_ids, []
     for _ in range(lines):
-        new = sample(model, context[-keep:], max_line_len, eos=eos, **decoding)
+        new = sample(model, context if keep is None else context[-keep:], max_line_len, eos=eos, **decoding)
         line = new[:-1] if new.numel() and new[-1].item() == eos else new
         out.append(line.tolist())
         context = torch.cat([context, line, context.new_tensor([eos])])

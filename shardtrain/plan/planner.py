@@ -8,6 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.models.capabilities import repeated_layers_field
 from shardtrain.plan.estimate import GPU_MEMORY_GBPS, Estimate, Machine, estimate
 from shardtrain.plan.options import Option, alternatives, as_given, trace_key
 from shardtrain.plan.trace import batch_shape, traced_peak
@@ -157,7 +158,7 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
 def _flops_per_token(cfg, components: Components, task, length: int) -> float:
     """The model's own count, from meta builds with one and two layers (extrapolated, as deep
     models take long to build even on meta)."""
-    layers_field = getattr(components.model, "repeated_layers_field", None)
+    layers_field = repeated_layers_field(components.model)
 
     def count(layers: Optional[int]) -> float:
         variant = cfg.copy()

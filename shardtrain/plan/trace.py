@@ -29,6 +29,7 @@ from torch.distributed.fsdp import FSDPModule
 from shardtrain.core.torch_private import (
     fake_tensor_mode, init_fake_process_group, memory_tracker, outside_fake_tensor_mode,
 )
+from shardtrain.models.capabilities import repeated_layers_field
 from shardtrain.plan import many_ranks
 from shardtrain.trainer import build
 from shardtrain.trainer.launch.start import DistributedContext
@@ -51,7 +52,7 @@ EMPTY = {kind: 0 for kind in dict.fromkeys(KINDS.values())}
 
 def traced_peak(cfg, task, world_size: int) -> Dict[str, int]:
     """Bytes by kind at one rank's peak of a training step of ``cfg`` on ``world_size`` ranks."""
-    layers_field = getattr(Components.of(cfg).model, "repeated_layers_field", None)
+    layers_field = repeated_layers_field(Components.of(cfg).model)
     layers = cfg.model[layers_field] if layers_field else None
     d = cfg.distributed
     checkpoints_some = (d.checkpoint_activations or d.offload_activations) and d.checkpoint_activations_every > 1

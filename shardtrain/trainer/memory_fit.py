@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 from torch.overrides import TorchFunctionMode
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.models.capabilities import repeated_layers_field
 from shardtrain.trainer.build import optimizer_spec
 from shardtrain.trainer.host_memory import host_memory
 from shardtrain.trainer.launch.threads import local_ranks
@@ -76,7 +77,7 @@ def model_sizes(cfg, components: Components, task, activations: bool = False) ->
     """(parameter count, buffer bytes, parameter tensors, activation bytes) of the model ``cfg``
     describes, built on the meta device; the activations (fp32) are counted when ``activations``."""
     model_cls = components.model
-    layers_field = getattr(model_cls, "repeated_layers_field", None)
+    layers_field = repeated_layers_field(model_cls)
     layers = cfg.model[layers_field] if layers_field else None
     length = task.max_positions() if activations else None
     if not layers or layers <= 2:
@@ -88,7 +89,7 @@ def model_sizes(cfg, components: Components, task, activations: bool = False) ->
 def one_layer_config(cfg, components: Components):
     """``cfg.model`` with its repeated layers (if the model names them) cut to one: what a quick meta build of
     the model needs, as building 100,000 layers even on the meta device takes minutes and gigabytes."""
-    layers_field = getattr(components.model, "repeated_layers_field", None)
+    layers_field = repeated_layers_field(components.model)
     if not layers_field or cfg.model[layers_field] <= 1:
         return cfg.model
     return _with(cfg.model, layers_field, 1)

@@ -191,7 +191,7 @@ def abcd_bin(tmp_path_factory):
 def eval_with(model, monkeypatch, data, *extra):
     from shardtrain.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
-    def load(path, data, cpu, dtype):  # the checkpoint's part; the task, data and batching are shard-eval-lm's
+    def load(path, data, cpu, dtype, user_dir=None):  # the checkpoint's part; the task, data and batching are shard-eval-lm's
         task = LanguageModelingTask(LanguageModelingConfig(data=data, tokens_per_sample=model.max_positions))
         return SimpleNamespace(task=task.cfg), task, model, torch.device("cpu")
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from shardtrain.core.errors import CheckpointError
+from shardtrain.core.user_dir import HEADER_KEY
 from shardtrain.core.fileio import atomic_open, atomic_write_bytes, probe_writable_dir
 from shardtrain.trainer.checkpoint.async_staging import on_host
 from shardtrain.trainer.checkpoint.checksums import shard_writer
@@ -21,7 +22,7 @@ from shardtrain.trainer.checkpoint.contents import TENSOR_PARTS
 from shardtrain.trainer.checkpoint.sharded import COMPLETE, FORMAT, ShardedDirectory, finalize
 from shardtrain.trainer.checkpoint.single_file import SingleFile
 
-MODEL_ONLY_KEYS = ("version", "cfg", "task_fingerprint")
+MODEL_ONLY_KEYS = ("version", "cfg", "task_fingerprint", HEADER_KEY)  # the header (contents.header)
 
 
 def check_output(path: str, overwrite: bool, directory: bool) -> None:

@@ -10,6 +10,7 @@ and the task's fingerprint. Saving is ``state_of(parts)``; resuming is
 from typing import Callable, Dict, List, Optional
 
 from shardtrain.config.run_config import to_dict
+from shardtrain.core import user_dir
 from shardtrain.optim.registry import kernel_choice_kept
 from shardtrain.trainer.rng import gather_rng_states, reseed_for_resume, rng_for_this_rank, set_rng_state
 
@@ -22,7 +23,10 @@ WHEN_MISSING = {"precision": {}, "meters": SKIP, "training_seconds": 0.0, "rng_p
 
 
 def header(cfg, task_fingerprint) -> Dict:
-    return {"version": FORMAT_VERSION, "cfg": to_dict(cfg), "task_fingerprint": task_fingerprint}
+    """Beside the config, the plugin folder (``--user-dir``) and the module it was imported as, so that
+    loading from any working directory finds it (core/user_dir.py)."""
+    return {"version": FORMAT_VERSION, "cfg": to_dict(cfg), "task_fingerprint": task_fingerprint,
+            **user_dir.record(cfg.common.user_dir)}
 
 
 def trainer_parts(trainer) -> Dict:

@@ -16,6 +16,8 @@ import torch
 
 from shardtrain.config.run_config import from_dict
 from shardtrain.core.errors import CheckpointError, ConfigError
+from shardtrain.core.user_dir import for_checkpoint
+from shardtrain.models import capabilities
 from shardtrain.trainer.checkpoint.contents import ModelPart
 from shardtrain.trainer.checkpoint.fit import check_fingerprint
 from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
@@ -38,19 +40,20 @@ def inference_dtype(fp16: bool, bf16: bool) -> torch.dtype:
 
 
 def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False,
-                       dtype: torch.dtype = torch.float32) -> Tuple:
+                       dtype: torch.dtype = torch.float32, user_dir: Optional[str] = None) -> Tuple:
     """-> (cfg, task, model in eval mode with ``dtype`` weights, device).
 
     The checkpoint's config is enough to rebuild the model; ``data`` points the
     task at another copy of the data-bin (its dictionary must match). Either
     form works: a single file, or a sharded directory (``checkpoint_last.pt``
-    finds the directory ``checkpoint_last`` when there is no such file).
+    finds the directory ``checkpoint_last`` when there is no such file). ``user_dir``: the plugin
+    folder to import instead of the one the checkpoint recorded (--user-dir).
     """
     path = resolve_checkpoint_path(path)
     meter = LoadMeter()
     fmt = format_of(path)
     state = fmt.read_state(path, model_only=True)
-    cfg = _config(state, data, cpu)
+    cfg = _config(state, data, cpu, for_checkpoint(user_dir, state, path))
     components = Components.of(cfg)
     task = build_task(cfg, components)
     check_fingerprint(task, state, path)
@@ -70,11 +73,12 @@ def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False,
     return cfg, task, model, device
 
 
-def _config(state, data: Optional[str], cpu: bool):
+def _config(state, data: Optional[str], cpu: bool, user_dir: Optional[str]):
     values = dict(state["cfg"])
     if data is not None:
         values["task"] = {**values.get("task", {}), "data": data}
-    values["common"] = {**values.get("common", {}), "cpu": cpu or values.get("common", {}).get("cpu", False)}
+    common = values.get("common", {})
+    values["common"] = {**common, "cpu": cpu or common.get("cpu", False), "user_dir": user_dir}
     return from_dict(values)
 
 
@@ -102,7 +106,7 @@ def _recompute_buffers(model: torch.nn.Module) -> None:
     for name, _ in model.named_buffers():
         if name not in saved:
             owner = model.get_submodule(name.rpartition(".")[0])
-            if not hasattr(owner, "init_weights"):
+            if not capabilities.has_init_weights(owner):
                 raise TypeError(f"{type(owner).__name__} has the non-persistent buffer {name} but no "
                                 "init_weights() to recompute it after loading on the meta device")
             owner.init_weights()

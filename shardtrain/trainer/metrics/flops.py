@@ -17,6 +17,8 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
+from shardtrain.models import capabilities
+
 logger = logging.getLogger(__name__)
 
 # Dense (not sparse) tensor-core peaks in TFLOP/s from NVIDIA's data sheets, where a figure marked
@@ -43,11 +45,12 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f
 
 
 def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """Training FLOPs (forward + backward) per token of ``model`` on sequences of ``seq_len``."""
-    own = getattr(model, "flops_per_token", None)
-    if callable(own):
-        return float(own(seq_len))
-    return 6.0 * sum(p.numel() for p in model.parameters())
+    """Training FLOPs (forward + backward) per token of ``model`` on sequences of ``seq_len``
+    (models/capabilities.py); a model that does not count its own is said so, in the log."""
+    if not capabilities.declares_flops(model):
+        logger.info(f"{type(model).__name__} has no flops_per_token(seq_len): tflops and mfu count 6 x its "
+                    "parameters per token, which leaves attention out (docs/plugins.md)")
+    return capabilities.flops_per_token(model, seq_len)
 
 
 def gpu_peak_tflops(name: str, dtype: torch.dtype, tf32: bool) -> Optional[float]:

@@ -32,6 +32,7 @@ from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.models import capabilities
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,8 @@ def apply_activation_checkpointing(model: nn.Module, every: int, offload: bool,
     (pinned on CUDA). ``device``: where the model computes. Call before the
     backend wraps the model (works on meta-device models: nothing is moved).
     """
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
+    blocks = capabilities.blocks(model)
+    if blocks is None:
         raise ConfigError(
             f"--checkpoint-activations checkpoints each of the model's repeated blocks, but "
             f"{type(model).__name__} has no `blocks` attribute (an nn.ModuleList of its transformer layers). "

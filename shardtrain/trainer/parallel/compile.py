@@ -18,14 +18,15 @@ import torch
 from torch import nn
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.models import capabilities
 
 logger = logging.getLogger(__name__)
 
 
 def apply_compile(model: nn.Module) -> int:
     """Compile every block of ``model.blocks`` in place; returns how many."""
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
+    blocks = capabilities.blocks(model)
+    if blocks is None:
         raise ConfigError(
             f"--compile compiles each of the model's repeated blocks, but {type(model).__name__} has no `blocks` "
             "attribute (an nn.ModuleList of its layers). Add one (see shardtrain/models/transformer_lm.py) or drop "

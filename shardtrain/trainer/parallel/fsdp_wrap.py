@@ -9,6 +9,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.models import capabilities
 
 
 def shard_group_size(world_size: int, requested: Optional[int], device: torch.device) -> int:
@@ -74,7 +75,7 @@ def apply_fsdp(model: nn.Module, mesh, mp_policy: MixedPrecisionPolicy, *, resha
     Order matters: inner units first, so the root's unit holds only what is
     left (embeddings, final norm, output projection).
     """
-    blocks = getattr(model, "blocks", None)
+    blocks = capabilities.blocks(model)
     units = list(blocks) if blocks is not None and len(blocks) else size_based_units(model, min_params_to_wrap)
     kwargs = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
     for unit in units:

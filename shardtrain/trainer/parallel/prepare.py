@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.models import capabilities
 from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
 from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.parallel.compile import apply_compile
@@ -31,7 +32,7 @@ def prepare_model(build: Callable[[], nn.Module], backend: Backend, *, seed: int
     #    whole model; the others initialise now, from a freshly seeded RNG.
     with torch.device("meta") if backend.init_on_meta else contextlib.nullcontext():
         model = build()
-    if backend.init_on_meta and not hasattr(model, "init_weights"):
+    if backend.init_on_meta and not capabilities.has_init_weights(model):
         raise ConfigError(f"--ddp-backend {_names(backend)} builds the model on the meta device and needs "
                           f"{type(model).__name__}.init_weights() to initialise its shards; add that method "
                           "(see shardtrain.models.init) or use --ddp-backend pytorch_ddp.")
@@ -65,7 +66,7 @@ def init_weights(model: nn.Module, seed: int) -> None:
     RNG. Every backend ends with it (FSDP after materialising its shards), so a
     seed gives the same weights whatever the backend or world size. Models
     without ``init_weights`` keep their constructor's initialisation."""
-    if hasattr(model, "init_weights"):
+    if capabilities.has_init_weights(model):
         torch.manual_seed(seed)
         with torch.no_grad():
             model.init_weights()

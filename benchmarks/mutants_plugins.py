@@ -1,0 +1,57 @@
+"""Mutants of plugins at inference time: the plugin folder a checkpoint records and the commands find,
+and a model's optional capabilities with their defaults (models/capabilities.py). Each mutant was seen
+to fail its tests."""
+from mutant_spec import Mutant
+
+E2E = "tests/plugins/test_plugin_inference.py"
+CAPS = "tests/plugins/test_capabilities.py"
+DEFAULTS = CAPS + "::test_a_bare_model_gets_the_documented_defaults"
+GENERATION = CAPS + "::test_generation_without_max_positions_padding_idx_or_cache"
+PROBES = CAPS + "::test_every_capability_is_documented_and_probed_only_in_capabilities"
+CHOICE = CAPS + "::test_the_plugin_folder_a_checkpoint_is_loaded_with"
+USER_DIR = "shardtrain/core/user_dir.py"
+
+MUTANTS = [
+    Mutant("checkpoint_records_no_plugin", "a checkpoint records the plugin's absolute path and module name",
+           "shardtrain/trainer/checkpoint/contents.py", "            **user_dir.record(cfg.common.user_dir)}",
+           "            }", (E2E,)),
+    Mutant("config_keeps_relative_user_dir", "the config keeps --user-dir as an absolute path",
+           USER_DIR, '"user_dir": import_user_dir(common["user_dir"])}}',
+           '"user_dir": import_user_dir(common["user_dir"]) and common["user_dir"]}}', (E2E,)),
+    Mutant("recorded_user_dir_wins", "an explicit --user-dir wins over the recorded one",
+           USER_DIR, "    if explicit:\n        return explicit\n    recorded = state.get(HEADER_KEY) or {}\n",
+           "    recorded = state.get(HEADER_KEY) or {}\n"
+           "    if explicit and not os.path.isdir(recorded.get('user_dir') or ''):\n        return explicit\n",
+           (CHOICE, E2E)),
+    Mutant("inference_ignores_user_dir_flag", "shard-validate/-eval-lm/-generate/-interactive take --user-dir",
+           "shardtrain/trainer/checkpoint/inference.py", "for_checkpoint(user_dir, state, path)",
+           "for_checkpoint(None, state, path)", (E2E,)),
+    Mutant("missing_plugin_error_says_no_flag", "a moved plugin's error names the recorded path and --user-dir",
+           USER_DIR, "    if not path or os.path.isdir(path):\n        return path\n",
+           "    if True:\n        return path\n", (CHOICE, E2E)),
+    Mutant("model_only_drops_plugin_record", "shard-consolidate --model-only keeps the plugin record",
+           "shardtrain/trainer/checkpoint/consolidate.py", '"task_fingerprint", HEADER_KEY)',
+           '"task_fingerprint")', (E2E,)),
+    Mutant("no_max_positions_means_no_room", "a model without max_positions is unbounded",
+           "shardtrain/models/capabilities.py", "return wanted if limit is None else", "return 0 if limit is None else",
+           (DEFAULTS, GENERATION)),
+    Mutant("eval_lm_bounds_by_the_task", "a model without max_positions takes any --tokens-per-sample",
+           "shardtrain/cli/eval_lm.py", "if limit is not None and tokens > limit:",
+           "if tokens > (limit or cfg.task.tokens_per_sample):", (E2E,)),
+    Mutant("generate_refuses_unbounded_prompt", "a model without max_positions takes any prompt",
+           "shardtrain/cli/generate.py", "if limit is not None and len(ids) >= limit and args.max_len > 0:",
+           "if len(ids) >= (limit or 0) and args.max_len > 0:", (E2E,)),
+    Mutant("pad_default_ignored", "without padding_idx generation never produces the dictionary's padding",
+           "shardtrain/models/capabilities.py", "return own if own is not None else dictionary_pad", "return own",
+           (DEFAULTS, GENERATION)),
+    Mutant("kv_cache_assumed", "a model without new_kv_cache generates by recomputing the prefix",
+           "shardtrain/models/sampling.py", "    use_cache = use_cache and capabilities.has_kv_cache(model)\n",
+           "", (GENERATION,)),
+    Mutant("no_flops_notice", "a model without flops_per_token is said to be counted as 6 x its parameters",
+           "shardtrain/trainer/metrics/flops.py", "    if not capabilities.declares_flops(model):\n",
+           "    if False:\n", (E2E,)),
+    Mutant("capability_probed_outside_capabilities", "capabilities are asked in one place",
+           "shardtrain/trainer/parallel/prepare.py",
+           "    if backend.init_on_meta and not capabilities.has_init_weights(model):",
+           '    if backend.init_on_meta and not hasattr(model, "init_weights"):', (PROBES,)),
+]

@@ -1,0 +1,98 @@
+"""A model's optional capabilities: each has its default in models/capabilities.py, documented in
+docs/plugins.md, and no other module probes a model for one itself. And the choice of the plugin
+folder a checkpoint is loaded with (core/user_dir.py)."""
+import os
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import shardtrain
+from shardtrain.core.errors import ConfigError
+from shardtrain.core.user_dir import for_checkpoint, record
+from shardtrain.models import capabilities
+from shardtrain.models.beam_search import beam_search
+from shardtrain.models.sampling import sample_lines, sample_scored
+
+ROOT = os.path.dirname(os.path.dirname(shardtrain.__file__))
+
+
+class Bare(nn.Module):
+    """forward(src_tokens) only; prefers token 1 (the padding symbol of a shardtrain dictionary), then 5."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(3))
+        self.longest = 0  # the longest input seen
+
+    def forward(self, src_tokens):
+        self.longest = max(self.longest, src_tokens.shape[-1])
+        logits = torch.zeros(*src_tokens.shape, 8)
+        logits[..., 1], logits[..., 5] = 9.0, 5.0
+        return logits
+
+
+def test_a_bare_model_gets_the_documented_defaults():
+    bare = Bare()
+    assert capabilities.max_positions(bare) is None
+    assert capabilities.room_after(bare, 1000, 7) == 7  # unbounded
+    assert capabilities.flops_per_token(bare, 10) == 18.0  # 6 x 3 parameters
+    assert capabilities.padding_idx(bare, 1) == 1 and not capabilities.has_kv_cache(bare)
+    assert capabilities.blocks(bare) is None and not capabilities.has_init_weights(bare)
+    assert capabilities.repeated_layers_field(Bare) is None
+    bare.max_positions, bare.padding_idx = 4, 2
+    bare.flops_per_token = lambda seq_len: 100.0 * seq_len
+    assert capabilities.room_after(bare, 3, 7) == 1 and capabilities.padding_idx(bare, 1) == 2
+    assert capabilities.flops_per_token(bare, 10) == 1000.0
+
+
+def test_generation_without_max_positions_padding_idx_or_cache():
+    prompt = torch.tensor([2, 5, 5])
+    new, scores = sample_scored(Bare(), prompt, max_len=4, greedy=True, eos=2, pad=1)
+    assert new.tolist() == [5, 5, 5, 5, 2]  # the padding symbol is never chosen; eos forced at the end
+    assert len(scores) == 2 + 5
+    found = beam_search(Bare(), prompt, beam=2, max_len=3, eos=2, pad=1)
+    assert found[0].new_tokens == [5, 5, 5, 2]
+    # without a position limit every line sees all the lines before it
+    bare = Bare()
+    assert sample_lines(bare, torch.tensor([2] * 50), lines=2, eos=2, max_line_len=3, greedy=True, pad=1) == [[5] * 3] * 2
+    assert bare.longest == 50 + 4 + 2  # the second line's prompt (the context, line one and its eos) + 2 new tokens
+
+
+def test_every_capability_is_documented_and_probed_only_in_capabilities():
+    with open(os.path.join(ROOT, "docs", "plugins.md")) as f:
+        docs = f.read()
+    expected = {"max_positions", "flops_per_token", "padding_idx", "new_kv_cache", "init_weights", "blocks",
+                "repeated_layers_field"}
+    assert set(capabilities.DEFAULTS) == expected
+    for name in expected:
+        assert re.search(rf"^\| `{name}", docs, re.M), f"docs/plugins.md has no row for {name}"
+    probe = re.compile(r"(getattr|hasattr)\([^,()]+, \"(%s)\"" % "|".join(expected))
+    package = os.path.join(ROOT, "shardtrain")
+    for folder, _, files in os.walk(package):
+        for name in files:
+            path = os.path.join(folder, name)
+            if name.endswith(".py") and path != capabilities.__file__:
+                with open(path) as f:
+                    found = probe.search(f.read())
+                assert found is None, f"{os.path.relpath(path, ROOT)} probes {found.group(0)}: ask capabilities"
+
+
+def test_the_plugin_folder_a_checkpoint_is_loaded_with(tmp_path):
+    plugin = tmp_path / "my_plugin"
+    plugin.mkdir()
+    state = {**record(str(plugin)), "cfg": {"common": {"user_dir": str(plugin)}}}
+    assert state["plugin"] == {"user_dir": str(plugin), "module": "my_plugin"}
+    assert for_checkpoint(None, state, "ck.pt") == str(plugin)  # the recorded one
+    assert for_checkpoint("elsewhere/p", state, "ck.pt") == "elsewhere/p"  # an explicit --user-dir wins
+    assert for_checkpoint(None, {"cfg": {"common": {"user_dir": None}}}, "ck.pt") is None  # none used
+    assert record(None) == {}
+    plugin.rmdir()
+    with pytest.raises(ConfigError, match=f"ck.pt was trained with the plugin 'my_plugin' from --user-dir {plugin}, "
+                                          "which does not exist here. Pass --user-dir"):
+        for_checkpoint(None, state, "ck.pt")
+    # a checkpoint written before the header recorded it: the config's (relative) path, said so
+    with pytest.raises(ConfigError, match="from --user-dir plugins/old_one \\(relative to the folder training ran "
+                                          "in, not "):
+        for_checkpoint(None, {"cfg": {"common": {"user_dir": "plugins/old_one"}}}, "ck.pt")
