@@ -51,8 +51,9 @@ MUTANTS = [
            (PRE + "test_a_requeue_that_does_not_happen_is_an_error_naming_the_command",
             PRE + "test_a_failed_requeue_exits_non_zero_after_saving")),
     Mutant("plot_nan_panel_silent", "shard-plot says which panel it leaves out for nan/inf values",
-           "shardtrain/cli/plot.py", "    for note in nonfinite_notes(runs, metrics, args.metrics):",
-           "    for note in []:",
+           "shardtrain/cli/plot.py",
+           "    for note in no_training_notes(args.runs, runs) + nonfinite_notes(runs, metrics, args.metrics):",
+           "    for note in no_training_notes(args.runs, runs):",
            (NAN + "test_an_all_nan_panel_is_left_out_with_a_note",
             NAN + "test_a_run_whose_curve_is_all_nan_is_named_in_the_panel_others_fill")),
 ]

@@ -15,9 +15,9 @@ MUTANTS = [
            "shardtrain/plot/records.py", 'prefix = f"{tag}_"', 'prefix = "\\0"',
            (PLOT + "test_every_log_format_reads_back",)),
     Mutant("plot_log_axis_unscaled", "ppl is drawn on a log axis consistently",
-           "shardtrain/plot/svg.py", "top + h - (_scale(y, log) - ymin) / (ymax - ymin) * h",
-           "top + h - (y - ymin) / (ymax - ymin) * h", (PLOT + "test_curves_are_drawn_where_their_values_are",)),
+           "shardtrain/plot/svg.py", "        return self.px(x), self.py(_scale(y, self.log))",
+           "        return self.px(x), self.py(y)", (PLOT + "test_curves_are_drawn_where_their_values_are",)),
     Mutant("plot_ticks_not_nearest", "axis ticks are round values about four to a panel",
-           "shardtrain/plot/svg.py", "step *= min((1, 2, 5, 10), key=lambda m: abs(math.log(step * m / raw)))",
-           "step *= next(m for m in (1, 2, 5, 10) if step * m >= raw)", (PLOT + "test_ticks_are_round_and_inside",)),
+           "shardtrain/plot/axes.py", "            if last - first + 1 >= at_least:",
+           "            if last - first + 1 >= 1:", (PLOT + "test_ticks_are_round_and_inside",)),
 ]

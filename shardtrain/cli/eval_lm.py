@@ -7,7 +7,9 @@ each with up to N tokens before it, which are seen but not scored (fairseq's
 112) reaches back over several blocks. A window not below --tokens-per-sample is refused in one
 paragraph (fairseq-eval-lm fails on the block size of 0 or less it is left with). ``--remove-bpe`` merges subwords into words and reports the word-level
 perplexity (the log-probs of a word's pieces summed), for subword-nmt's ``@@`` marker as fairseq
-does, and for sentencepiece's word-start marker as well. The last lines are fairseq's:
+does, and for sentencepiece's word-start marker as well; ``--remove-bpe`` alone removes the marks of the
+tokenizer the data-bin records (sentencepiece's for shard-preprocess's default ``--tokenizer spm``,
+subword-nmt's, fairseq's meaning, otherwise). The last lines are fairseq's:
 ``Evaluated N tokens in Ts (R tokens/s)`` and ``Loss (base 2): X, Perplexity: Y``.
 """
 import dataclasses
@@ -24,8 +26,11 @@ import torch.nn.functional as F
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
 from shardtrain.core.errors import ConfigError
+from shardtrain.core.user_dir import LOADING_HELP as USER_DIR_HELP
 from shardtrain.core.fields import field
 from shardtrain.data.token_block import BREAK_MODES
+from shardtrain.data.tokenizers import load_tokenizer
+from shardtrain.models import capabilities
 from shardtrain.trainer.checkpoint.inference import inference_dtype, load_for_inference
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 
@@ -34,6 +39,9 @@ logger = logging.getLogger("shardtrain.eval_lm")
 LN2 = math.log(2)
 DEFAULT_MAX_TOKENS = 36000  # fairseq-eval-lm's, when neither --max-tokens nor --batch-size is given
 POST_PROCESS = {"subword_nmt": "@@", "@@ ": "@@", "sentencepiece": "\u2581"}
+# A bare --remove-bpe, by the tokenizer the data-bin's preprocess.json records: fairseq's subword_nmt would
+# leave sentencepiece's pieces unmerged, and the word perplexity silently equal to the token perplexity.
+BARE_REMOVE_BPE = {"spm": "sentencepiece", "space": "subword_nmt"}
 
 
 @dataclasses.dataclass
@@ -54,33 +62,60 @@ class EvalLMConfig:
                                              help="how blocks are cut (default: the checkpoint's)")
     post_process: Optional[str] = field(None, choices=tuple(POST_PROCESS),
                                         help="merge subwords into words and report word-level perplexity "
-                                             "(--remove-bpe alone means subword_nmt, as in fairseq)")
+                                             "(--remove-bpe alone: the marks of the tokenizer that made the "
+                                             "data-bin; subword_nmt, as in fairseq, for a space-split one)")
     cpu: bool = field(False, help="evaluate on the CPU even when CUDA is available")
     fp16: bool = field(False, help="load the weights straight into fp16 and compute in fp16 (log-probs in fp32)")
     bf16: bool = field(False, help="load the weights straight into bf16 and compute in bf16 (log-probs in fp32)")
+    user_dir: Optional[str] = field(None, help=USER_DIR_HELP)
 
 
-def fairseq_aliases(argv: List[str]) -> List[str]:
-    """fairseq's spellings: ``--remove-bpe [X]`` is ``--post-process X`` (X defaults to subword_nmt)."""
-    out = []
+def fairseq_aliases(argv: List[str]) -> Tuple[List[str], bool]:
+    """fairseq's spellings: ``--remove-bpe X`` is ``--post-process X``; and whether ``--remove-bpe`` came
+    without a value (the data-bin then decides: see :func:`bare_remove_bpe`)."""
+    out, bare = [], False
     for i, arg in enumerate(argv):
-        if arg == "--remove-bpe":
+        if arg == "--remove-bpe" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            bare = True
+        elif arg == "--remove-bpe":
             out.append("--post-process")
-            if i + 1 == len(argv) or argv[i + 1].startswith("-"):
-                out.append("subword_nmt")
         elif arg.startswith("--remove-bpe="):
             out.append("--post-process=" + arg.split("=", 1)[1])
         else:
             out.append(arg)
-    return out
+    return out, bare
+
+
+def bare_remove_bpe(data: str) -> str:
+    """What ``--remove-bpe`` alone means on this data-bin: the marks of the tokenizer that made it."""
+    name = load_tokenizer(data).name
+    logger.info(f"--remove-bpe: {data} was made with --tokenizer {name}: removing {BARE_REMOVE_BPE[name]}'s marks")
+    return BARE_REMOVE_BPE[name]
+
+
+def check_marker(dictionary, post_process: str, marker: str) -> None:
+    """A marker that no symbol carries makes every token a word: say so, and which value would merge."""
+    def carried(mark):
+        return any(s.endswith(mark) if mark == "@@" else s.startswith(mark) for s in dictionary.symbols)
+
+    if carried(marker):
+        return
+    other = next((name for name, mark in POST_PROCESS.items() if mark != marker and carried(mark)), None)
+    logger.warning(f"--remove-bpe {post_process}: no symbol of the dictionary carries {marker!r}, so every token "
+                   "counts as a word and the word perplexity equals the token perplexity."
+                   + (f" Its symbols carry {POST_PROCESS[other]!r}: pass --remove-bpe {other}." if other else ""))
 
 
 @cli_entry("shard-eval-lm")
 def main(argv):
-    args = flags.parse_dataclass(EvalLMConfig, fairseq_aliases(list(argv)), "shard-eval-lm", __doc__)
+    argv, bare = fairseq_aliases(list(argv))
+    args = flags.parse_dataclass(EvalLMConfig, argv, "shard-eval-lm", __doc__)
     dtype = check_args(args)
     setup_logging()
-    cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype)
+    if bare and args.post_process is None:
+        args.post_process = bare_remove_bpe(args.data)
+    cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype,
+                                                    user_dir=args.user_dir)
     block = blocks_for(args, cfg, model)
     task.cfg.tokens_per_sample = block
     task.cfg.sample_break_mode = args.sample_break_mode or task.cfg.sample_break_mode
@@ -91,6 +126,8 @@ def main(argv):
                 + (f" with up to {args.context_window} tokens of context" if args.context_window else ""))
     batches = batch_indices(dataset.sizes, args.max_tokens, args.batch_size, args.context_window)
     marker = POST_PROCESS.get(args.post_process)
+    if marker is not None:
+        check_marker(dictionary, args.post_process, marker)
     total = Totals()
     start = time.perf_counter()
     for index, tokens, scores in score_split(model, dataset, batches, args.context_window, dictionary.pad(),
@@ -148,9 +185,10 @@ def check_args(args: EvalLMConfig) -> torch.dtype:
 def blocks_for(args: EvalLMConfig, cfg, model) -> int:
     """The number of scored tokens per block: --tokens-per-sample less the context window (fairseq)."""
     tokens = args.tokens_per_sample or cfg.task.tokens_per_sample
-    if tokens > model.max_positions:
-        raise ConfigError(f"--tokens-per-sample {tokens} exceeds the model's {model.max_positions} positions. "
-                          f"Pass --tokens-per-sample {model.max_positions} or less.")
+    limit = capabilities.max_positions(model)  # None: the model takes any length
+    if limit is not None and tokens > limit:
+        raise ConfigError(f"--tokens-per-sample {tokens} exceeds the model's {limit} positions. "
+                          f"Pass --tokens-per-sample {limit} or less.")
     if args.context_window >= tokens:
         raise ConfigError(f"--context-window {args.context_window} leaves no token to score in blocks of "
                           f"--tokens-per-sample {tokens}: the window is taken out of the block. Use a window "

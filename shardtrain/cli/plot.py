@@ -1,9 +1,10 @@
 """``shard-plot RUN [RUN ...] --output curves.svg``: training and validation curves of one or more runs.
 
 A RUN is a log file written with ``shard-train --log-file`` (any ``--log-format`` but ``none``) or a
-``--tensorboard-logdir``. Each metric gets a panel (x: updates); each run a colour; training is solid,
-validation dashed. By default the panels are loss, ppl, lr, gnorm, loss_scale, wps and memory (gb_rss,
-or gb_peak_alloc on a GPU), those the runs have; ``--metrics`` picks any recorded stat.
+``--tensorboard-logdir``. Each metric gets a panel (x: updates, y: the metric in its unit); each run a
+colour and a marker; training is solid, validation dashed (validation throughput has a panel of its own).
+By default the panels are loss, ppl, lr, gnorm, loss_scale, wps and memory (gb_rss, or gb_peak_alloc on
+a GPU), those the runs have; ``--metrics`` picks any recorded stat. One line per RUN says what it holds.
 """
 import argparse
 import sys
@@ -14,7 +15,7 @@ from shardtrain.config.flags import new_parser
 from shardtrain.core.errors import ConfigError
 from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.plot import svg
-from shardtrain.plot.records import read_run
+from shardtrain.plot.records import NO_INTERVAL_RECORDS, TRAIN, Run, read_run
 
 DEFAULT_METRICS = ("loss", "ppl", "lr", "gnorm", "loss_scale", "wps", "gb_peak_alloc", "gb_rss")
 
@@ -43,7 +44,9 @@ def main(argv):
                           "comma-separated, or leave it out.")
     runs = [read_run(path, name) for path, name in zip(args.runs, names)]
     metrics = choose_metrics(runs, args.metrics)
-    for note in nonfinite_notes(runs, metrics, args.metrics):
+    for path, run in zip(args.runs, runs):
+        print(f"{path}: {found(run)}")
+    for note in no_training_notes(args.runs, runs) + nonfinite_notes(runs, metrics, args.metrics):
         print(f"shard-plot: note: {note}", file=sys.stderr)
     try:
         atomic_write_bytes(args.output, svg.render(runs, metrics).encode("utf-8"))
@@ -52,6 +55,21 @@ def main(argv):
                           "writable directory.") from None
     print(f"wrote {args.output} ({', '.join(metrics)} of {len(runs)} run(s))")
     return args.output
+
+
+def found(run: Run) -> str:
+    """The metrics of each record kind, in the order first recorded: "train_inner loss, ppl; valid loss"."""
+    tags = {}
+    for tag, metric in run.series:
+        tags.setdefault(tag, []).append(metric)
+    return "; ".join(f"{tag} {', '.join(metrics)}" for tag, metrics in tags.items())
+
+
+def no_training_notes(paths: List[str], runs: List[Run]) -> List[str]:
+    """A run drawn without its training curve (validation only): why, and what to pass."""
+    return [f"{path} has no training curve, only {', '.join(sorted({tag for tag, _ in run.series}))}: it holds no "
+            f"interval records (train_inner). {NO_INTERVAL_RECORDS}"
+            for path, run in zip(paths, runs) if not any(tag == TRAIN for tag, _ in run.series)]
 
 
 def nonfinite_notes(runs, drawn: List[str], wanted: str) -> List[str]:

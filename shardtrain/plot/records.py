@@ -25,15 +25,22 @@ TRAIN = "train_inner"
 _LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| [A-Z]+ \| (?P<tag>[\w-]+) \| (?P<body>.*)$")
 _NOT_CURVES = {"train"}  # epoch summaries repeat the train_inner curve's last stretch
 _EVENTS = "events.out.tfevents"
+# Why a log file can lack the training curve, and what to do: said where one is missing.
+NO_INTERVAL_RECORDS = ("Logs written under --log-format tqdm (the default on a terminal) by earlier shardtrain "
+                       "versions hold no interval records, and a run shorter than its --log-interval writes none. "
+                       "Pass the run's --tensorboard-logdir instead, or train with --log-format simple (or json) "
+                       "and a --log-interval below the number of updates.")
 
 
 @dataclasses.dataclass
 class Run:
     """One run's curves: ``series[(tag, metric)]`` = [(num_updates, value)], sorted by num_updates;
-    ``nonfinite[metric]``: how many of its values were nan or inf (not drawable, so not in series)."""
+    ``nonfinite[metric]``: how many of its values were nan or inf (not drawable, so not in series);
+    ``summaries``: how many epoch summaries (``train`` records) a log file held."""
     name: str
     series: Dict[Tuple[str, str], List[Tuple[float, float]]]
     nonfinite: Dict[str, int] = dataclasses.field(default_factory=dict)
+    summaries: int = 0
 
     def metrics(self) -> List[str]:
         return sorted({metric for _, metric in self.series})
@@ -45,21 +52,27 @@ def read_run(path: str, name: Optional[str] = None) -> Run:
         raise ConfigError(f"{path} does not exist. Pass a log file written with shard-train --log-file, or a "
                           "directory given to --tensorboard-logdir.")
     name = name or os.path.basename(os.path.normpath(path))
+    summaries = 0
     if os.path.isdir(path):
         points = _tensorboard_points(path)
         what = "tensorboard events"
     else:
-        points = _log_points(path)
+        records = list(_log_records(path))
+        summaries = sum(tag in _NOT_CURVES for tag, _ in records)
+        points = (p for tag, stats in records if tag not in _NOT_CURVES for p in _points(tag, stats))
         what = "training records"
     series, nonfinite = _series(points)
     if not series and nonfinite:
         raise ConfigError(f"{path}: every value it records ({', '.join(sorted(nonfinite))}) is nan or inf, so there "
                           "is nothing to draw (a run that diverged logs nan). Pass a run with finite records.")
+    if not series and summaries:
+        raise ConfigError(f"{path} holds {summaries} epoch summaries but no interval records (train_inner) and no "
+                          f"validation records, so there is no curve to draw. {NO_INTERVAL_RECORDS}")
     if not series:
         raise ConfigError(f"{path} holds no {what} with num_updates: shard-plot draws what shard-train writes "
                           "with --log-file (any --log-format but none) or --tensorboard-logdir. Pass such a file "
                           "or directory.")
-    return Run(name, series, nonfinite)
+    return Run(name, series, nonfinite, summaries)
 
 
 def _series(points: Iterable[Tuple[str, str, float, float]]):
@@ -79,14 +92,14 @@ def _series(points: Iterable[Tuple[str, str, float, float]]):
     return series, nonfinite
 
 
-def _log_points(path: str):
+def _log_records(path: str):
+    """(tag, stats) of each record of a log file; the lines of modules' loggers (dotted names) are not."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 match = _LINE.match(line.rstrip("\n"))
-                if match and match["tag"] not in _NOT_CURVES and "." not in match["tag"]:
-                    stats = parse_record(match["tag"], match["body"])
-                    yield from _points(match["tag"], stats)
+                if match and "." not in match["tag"]:
+                    yield match["tag"], parse_record(match["tag"], match["body"])
     except OSError as e:
         raise ConfigError(f"Cannot read {path}: {e.strerror or e}. Pass a readable log file.") from None
 

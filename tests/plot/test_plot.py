@@ -1,13 +1,13 @@
 """shard-plot: records read back from each log format and from tensorboard, drawn where they belong."""
 import math
 import os
-import xml.etree.ElementTree as ET
 
 import pytest
 
 from shardtrain.cli import plot
-from shardtrain.plot import svg
+from shardtrain.plot import axes
 from shardtrain.plot.records import read_run
+from svg_panels import read_panels
 from shardtrain.trainer.metrics.logging_setup import setup_logging, teardown_logging
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 
@@ -67,13 +67,6 @@ def test_a_resumed_run_repeating_updates_keeps_the_later_values(tmp_path):
     assert read_run(str(path)).series[("train_inner", "loss")][0] == (2.0, pytest.approx(7.7))
 
 
-def polylines(svg_text):
-    root = ET.fromstring(svg_text)  # well-formed XML
-    return [(p.get("data-run"), p.get("data-tag"), p.get("data-metric"),
-             [tuple(map(float, xy.split(","))) for xy in p.get("points").split()])
-            for p in root.iter("{http://www.w3.org/2000/svg}polyline")]
-
-
 def test_curves_are_drawn_where_their_values_are(tmp_path):
     """Each panel maps updates and values onto pixels by one affine map (log10 for ppl), the same for
     every curve in it: a point drawn at another curve's value or update would break it."""
@@ -83,31 +76,41 @@ def test_curves_are_drawn_where_their_values_are(tmp_path):
     b.write_text(b.read_text().replace('"loss": "9.3"', '"loss": "12"'))  # run b differs at one point
     out = tmp_path / "curves.svg"
     assert plot.main([str(a), str(b), "--output", str(out), "--names", "a,b"]) == str(out)
-    lines = polylines(out.read_text())
+    panels = read_panels(out.read_text())
     runs = {name: read_run(str(path), name) for name, path in (("a", a), ("b", b))}
     metrics = plot.choose_metrics(list(runs.values()), "")
     assert metrics == ["loss", "ppl", "lr", "gnorm", "wps", "gb_rss"]
-    assert {(r, t, m) for r, t, m, _ in lines} == {(r, t, m) for r in "ab" for (t, m) in runs[r].series
-                                                   if m in metrics}
-    for index, metric in enumerate(metrics):
-        left, top, width, height = svg.panel_box(index)
-        pairs = [(value, pixel) for r, t, m, points in lines if m == metric
-                 for value, pixel in zip(runs[r].series[(t, m)], points)]
+    # wps: training and validation apart
+    assert list(panels) == ["loss", "ppl (log scale)", "lr", "gnorm", "wps (training)", "wps (validation)", "gb_rss"]
+    drawn = {(c["run"], c["tag"], c["metric"]) for panel in panels.values() for c in panel.curves}
+    assert drawn == {(r, t, m) for r in "ab" for (t, m) in runs[r].series if m in metrics}
+    for panel in panels.values():
+        left, top, width, height = panel.area
+        pairs = [(value, pixel) for c in panel.curves
+                 for value, pixel in zip(runs[c["run"]].series[(c["tag"], c["metric"])], c["points"])]
         for axis in (0, 1):
-            values = [(math.log10(v[axis]) if metric == "ppl" and axis else v[axis]) for v, _ in pairs]
+            values = [(math.log10(v[axis]) if panel.metric == "ppl" and axis else v[axis]) for v, _ in pairs]
             pixels = [p[axis] for _, p in pairs]
             lo, hi = values.index(min(values)), values.index(max(values))
+            if values[lo] == values[hi]:  # validation's flat wps: one line across the middle of its panel
+                assert pixels == [pytest.approx(top + height / 2, abs=0.01)] * len(pixels)
+                continue
             scale = (pixels[hi] - pixels[lo]) / (values[hi] - values[lo])
             assert (scale > 0) == (axis == 0)  # x grows right, values grow up
             for value, pixel in zip(values, pixels):
                 assert pixel == pytest.approx(pixels[lo] + (value - values[lo]) * scale, abs=0.02)
         assert all(left <= p[0] <= left + width and top <= p[1] <= top + height for _, p in pairs)
+        # markers sit on their run's curve points
+        for marker in panel.markers:
+            assert any(marker["at"] == pytest.approx(p, abs=0.01) for c in panel.curves if c["run"] == marker["run"]
+                       for p in c["points"]), marker
 
 
 def test_ticks_are_round_and_inside():
-    assert svg.nice_ticks(0.3, 9.7) == [2, 4, 6, 8]
-    assert svg.nice_ticks(0, 1000) == [0, 200, 400, 600, 800, 1000]
-    assert [round(10 ** t, 6) for t in svg.log_ticks(math.log10(30), math.log10(1500))] == [50, 100, 200, 500, 1000]
+    assert axes.nice_ticks(0.3, 9.7) == [2, 4, 6, 8]
+    assert axes.nice_ticks(0, 1000) == [0, 200, 400, 600, 800, 1000]
+    assert axes.nice_ticks(0, 1000, at_least=3) == [0, 500, 1000]
+    assert [round(10 ** t, 6) for t in axes.log_ticks(math.log10(30), math.log10(1500))] == [50, 100, 200, 500, 1000]
 
 
 @pytest.mark.parametrize("argv,says", [
