@@ -9,8 +9,8 @@ module or in a tests/ helper module it imports: a marker is a claim, the literal
 that the test passes the flag at all.
 
 The flags are every option of ``shard-train`` for every registered task, model, criterion, optimizer
-and lr scheduler (not only the defaults). fairseq's flags from the compatibility table (hidden from
---help, ACCEPTED or REFUSED) are not listed: tests/config/test_flag_coverage.py holds them to lists
+and lr scheduler (not only the defaults). fairseq's flags from the compatibility table (ACCEPTED,
+in --help's "fairseq compatibility" group, or REFUSED) are not listed: tests/config/test_flag_coverage.py holds them to lists
 written down there.
 
     python benchmarks/flag_coverage.py [--tests DIR]

@@ -15,12 +15,14 @@ import mutants_checkpoint_staging
 import mutants_checkpoint_writing
 import mutants_cli
 import mutants_cli_errors
+import mutants_cli_start
 import mutants_config
 import mutants_config_fairseq_flags
 import mutants_core
 import mutants_data
 import mutants_data_bin
 import mutants_eval_lm
+import mutants_eval_lm_remove_bpe
 import mutants_flag_coverage
 import mutants_flag_effects
 import mutants_gpu_acceptance
@@ -38,6 +40,8 @@ import mutants_plan
 import mutants_plan_facts
 import mutants_plan_time
 import mutants_plot
+import mutants_plot_axes
+import mutants_plugins
 import mutants_precision
 import mutants_run_devices
 import mutants_skip_batches
@@ -61,8 +65,10 @@ AREAS = (
     # shardtrain/config/ and the flags' effects
     mutants_config, mutants_config_fairseq_flags, mutants_flag_coverage, mutants_flag_effects,
     # shardtrain/cli/, plan/, plot/, core/
-    mutants_cli, mutants_cli_errors, mutants_eval_lm, mutants_plan, mutants_plan_facts, mutants_plan_time,
-    mutants_plot, mutants_core,
+    mutants_cli, mutants_cli_errors, mutants_cli_start, mutants_eval_lm, mutants_eval_lm_remove_bpe, mutants_plan,
+    mutants_plan_facts, mutants_plan_time, mutants_plot, mutants_plot_axes, mutants_core,
+    # plugins: --user-dir at inference, the models' optional capabilities
+    mutants_plugins,
     # the import directions of docs/ARCHITECTURE.md
     mutants_architecture,
     # packaging, torch versions, the GPU acceptance run (benchmarks/gpu/)

@@ -52,8 +52,8 @@ MUTANTS = [
            ("tests/cli/test_interrupted_commands.py::test_signal_while_writing_is_one_line_and_leaves_nothing",)),
     Mutant("signals_unanswered_while_importing", "Ctrl-C and SIGTERM are answered with one line, from the start",
            "shardtrain/cli/entry.py",
-           "    with answering_signals(prog):\n        main = importlib.import_module(COMMANDS[prog]).main\n",
-           "    main = importlib.import_module(COMMANDS[prog]).main\n",
+           "    with answering_signals(prog), said_if_slow(",
+           "    with said_if_slow(",
            ("tests/cli/test_interrupted_commands.py::test_signal_while_importing_is_one_line",)),
     # -- checksummed checkpoints (issue 16) ---------------------------------------------------------------
     Mutant("load_not_verified", "every load verifies the checkpoint's checksums before any value is used",

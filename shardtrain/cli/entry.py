@@ -3,13 +3,16 @@
 A console script imports its command's module before it calls ``main()``, and that import (torch
 and all) takes seconds; a signal then printed a KeyboardInterrupt traceback, or (SIGTERM) ended the
 process without a word. Each function here installs the answer first, importing nothing heavy,
-then imports the command and runs its ``main`` (whose ``cli_entry`` answers from then on).
+then imports the command and runs its ``main`` (whose ``cli_entry`` answers from then on). The
+import says so when it takes more than a second, and ``--help`` comes from help_cache.py when it can.
 """
+import contextlib
 import functools
 import importlib
 import sys
+import threading
 
-from shardtrain.cli import memory_floor
+from shardtrain.cli import help_cache, memory_floor
 from shardtrain.cli.errors import EXIT_USER_ERROR, answering_signals
 
 COMMANDS = {
@@ -29,14 +32,41 @@ COMMANDS = {
 }
 
 
+WITHOUT_TORCH = ("shard-plot",)  # the commands that never import torch
+FIRST_LINE_AFTER_S = 1.0  # a command still importing then says so: every command speaks within 2 s
+
+
 def run(prog: str):
     too_low = memory_floor.refusal()  # before torch: below this limit its import aborts in native code
     if too_low:
         print(f"{prog}: error: {too_low}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
-    with answering_signals(prog):
+    argv = sys.argv[1:]
+    if help_cache.asks_help(argv):
+        text = help_cache.lookup(prog, argv)
+        if text is not None:  # no torch import: the text of an earlier --help with the same code and flags
+            sys.stdout.write(text)
+            return None
+    with answering_signals(prog), said_if_slow(f"{prog}: starting (importing torch and the components)..."):
+        if prog not in WITHOUT_TORCH:  # here, under the timer: shard-plan's own import would leave it to main
+            importlib.import_module("torch")
         main = importlib.import_module(COMMANDS[prog]).main
+    if help_cache.asks_help(argv):
+        with help_cache.recording(prog, argv):
+            return main()
     return main()
+
+
+@contextlib.contextmanager
+def said_if_slow(line: str, after_s: float = FIRST_LINE_AFTER_S, stream=None):
+    """Print ``line`` (flushed, to stderr) if the block is still running after ``after_s`` seconds."""
+    timer = threading.Timer(after_s, lambda: print(line, file=stream or sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 # One per console script, named as setup.py names it.

@@ -21,10 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from shardtrain.core import plugins
+from shardtrain.cli import train
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import hydra_keys, hydra_store
 from shardtrain.config.run_config import from_dict, import_user_dir
 from shardtrain.config.checks import check_config
+from shardtrain.config.fairseq_compat import print_notices
 from shardtrain.config.yaml_bound import check_config_tree
 from shardtrain.config.flags import new_parser
 from shardtrain.config.sections import COMPONENT_SLOTS
@@ -41,7 +43,10 @@ DESCRIPTION = f"""Train a model from a Hydra config: shard-train's options as YA
 Keys are shard-train's flags with '_' for '-' under their section (common, dataset,
 optimization, checkpoint, distributed) or component (task, model, criterion, optimizer,
 lr_scheduler); the components are config groups with one option per registered name
-(model: per architecture, with its preset). A config file extends the base config:
+(model: per architecture, with its preset). Choosing another one on the command line
+(optimizer=adafactor on a config written for adam) drops the file's keys that only
+the old one has and keeps the others; ~KEY gives a key its default back. A config
+file extends the base config:
 
   defaults:
     - shardtrain
@@ -88,11 +93,12 @@ def build_config(args: argparse.Namespace) -> DictConfig:
     user_dir = prescan_user_dir(path, overrides)
     plugins.load_plugins()  # installed and --user-dir plugins register before the store lists the registries
     import_user_dir(user_dir)
-    composed, choices = hydra_store.compose(config_dir, name, overrides, source)
+    composed, choices, notes = hydra_store.compose(config_dir, name, overrides, source)
     composed_user_dir = OmegaConf.select(composed, "common.user_dir", throw_on_resolution_failure=False)
     if composed_user_dir != user_dir:  # set where the pre-scan does not look (a file the defaults list adds)
         import_user_dir(composed_user_dir)
-        composed, choices = hydra_store.compose(config_dir, name, overrides, source)
+        composed, choices, notes = hydra_store.compose(config_dir, name, overrides, source)
+    print_notices([f"notice: {note}" for note in notes], PROG)
     try:
         values = {key: OmegaConf.to_container(composed[key], resolve=True)
                   for key in hydra_store.FRAMEWORK_SECTIONS + hydra_store.GROUPS}
@@ -142,6 +148,7 @@ def main(argv):
     if args.cfg == "job":
         print(OmegaConf.to_yaml(cfg), end="")
         return cfg
+    print_notices(train.cpu_precision_warning(cfg), PROG)
     preflight.check_before_launch(cfg)  # before any rank starts
     return start.call_main(cfg, loop.main)
 

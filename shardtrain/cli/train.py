@@ -1,8 +1,10 @@
 """``shard-train DATA --task ... --arch ...``: train a model (on one or many processes)."""
 import logging
 import os
+from typing import List
 
 from shardtrain.cli.errors import cli_entry
+from shardtrain.config import cpu_precision
 from shardtrain.config.run_config import parse_train_command
 from shardtrain.config.fairseq_compat import print_notices
 from shardtrain.optim.fairseq_defaults import default_components_notice
@@ -13,10 +15,16 @@ from shardtrain.trainer.metrics.logging_setup import setup_logging
 logger = logging.getLogger(__name__)
 
 
+def cpu_precision_warning(cfg) -> List[str]:
+    """What --fp16 (or --bf16 without bfloat16 instructions) costs when the run trains on the CPU."""
+    text = cpu_precision.warning(cfg.common, not start.training_on_cuda(cfg), cpu_precision.cpu_flags())
+    return [text] if text else []
+
+
 @cli_entry("shard-train")
 def main(argv):
     cfg, notices = parse_train_command(argv)
-    print_notices(notices, "shard-train")
+    print_notices(notices + cpu_precision_warning(cfg), "shard-train")
     notice = default_components_notice(argv)
     if notice:  # logged once, by rank 0, before any rank starts
         launched = rendezvous.from_environment(os.environ, cfg.distributed.distributed_init_method)

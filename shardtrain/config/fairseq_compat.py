@@ -2,7 +2,7 @@
 component the run did not select.
 
 The table (shardtrain/config/fairseq_flags.py) decides; this module adds its flags to the train
-parser (hidden from --help, with fairseq's arity), turns what was given into notices or one
+parser (with fairseq's arity; the accepted ones in --help's "fairseq compatibility" group), turns what was given into notices or one
 ConfigError, and explains a flag argparse did not recognise when a component the run did not select
 owns it (fairseq rejects those too, as unrecognized; so does argparse's error, now naming the owner).
 """
@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import textwrap
 from typing import List, Optional, Sequence, Set, Tuple
 
 from shardtrain.config.fairseq_flags import TABLE, FairseqFlag
@@ -40,22 +41,43 @@ def selected_owners(names) -> Set[str]:
             f"optimizer:{names.optimizer}", f"lr_scheduler:{names.lr_scheduler}"}
 
 
+GROUP_TITLE = "fairseq compatibility"
+GROUP_DESCRIPTION = textwrap.fill(  # filled here: the train parser prints descriptions as written
+    "fairseq flags that shard-train accepts so that a fairseq command line runs as it is: each is ignored, with a "
+    "notice that says what happens instead. (The fairseq flags that would change results if ignored are refused, "
+    "with the reason and the flag to use.)", width=76)
+
+
 def add_table_flags(parser: argparse.ArgumentParser, owners: Set[str]) -> None:
-    """The table's flags for the framework and the selected components, hidden from --help.
+    """The table's flags for the framework and the selected components: the accepted ones in --help's
+    "fairseq compatibility" group, the refused ones hidden (they only say why they are refused).
 
     A name the parser already defines is skipped: it works (the table test reports the stale entry)."""
+    group = parser.add_argument_group(GROUP_TITLE, GROUP_DESCRIPTION)
     for index, entry in enumerate(TABLE):
         if entry.owner and entry.owner not in owners:
             continue
         for name in entry.names:
             kwargs = dict(dest=f"{_DEST}{index}", action=_Given, nargs=_NARGS[entry.arity],
-                          default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+                          default=argparse.SUPPRESS, help=_help(entry))
             if entry.arity == "?":
                 kwargs["const"] = ""
+            if entry.arity != "store_true":
+                kwargs["metavar"] = "VALUE"
             try:
-                parser.add_argument(name, **kwargs)
+                (parser if entry.state == "refused" else group).add_argument(name, **kwargs)
             except argparse.ArgumentError:
                 pass
+
+
+def _help(entry: FairseqFlag) -> str:
+    if entry.state == "refused":
+        return argparse.SUPPRESS
+    text = f"ignored: {entry.notice}"
+    if entry.state == "accepted_if":
+        values = " or ".join(repr(v) for v in entry.values)
+        text = f"accepted as {values} and ignored: {entry.notice}; any other value is refused"
+    return text.replace("%", "%%")
 
 
 def given(namespace: argparse.Namespace) -> List[Tuple[FairseqFlag, str, Optional[str]]]:

@@ -71,6 +71,15 @@ TABLE = (
            "plasma store", FLAG),
     accept("--plasma-path", "datasets are memory-mapped, so the ranks on a node share the pages without a "
            "plasma store"),
+    # --- fairseq's registries (get_parser adds one flag per registry; --criterion and the others work)
+    accept("--bpe", "shard-train trains on the data-bin's token ids and applies no BPE: shard-preprocess encoded the "
+           "text with the tokenizer its --tokenizer chose (recorded in the data-bin's preprocess.json), and "
+           "shard-generate / shard-interactive decode with that same one"),
+    accept("--tokenizer", "shard-train trains on the data-bin's token ids and runs no pre-tokenizer (moses, nltk): "
+           "shard-preprocess split the text when it built the data-bin, and shard-generate / shard-interactive "
+           "use the data-bin's tokenizer"),
+    accept("--scoring", "a language model is scored by its loss and perplexity (the valid records, shard-eval-lm); "
+           "fairseq's BLEU/chrF/WER scorers grade generated translations, which shard-train does not make"),
     # --- distributed_training
     refuse("--distributed-num-procs", "shard-train has one process count: use --distributed-world-size (the "
            "ranks to start on this machine), or start them with torchrun --nproc-per-node"),
@@ -128,8 +137,11 @@ TABLE = (
                 "the data is sharded across the ranks automatically; drop --num-shards/--shard-id"),
     refuse("--grouped-shuffling", "batches are shuffled one by one (fairseq's default); grouped shuffling "
            "is not supported", FLAG),
-    refuse("--update-epoch-batch-itr", "batches are built once and reshuffled every epoch (fairseq's default); "
-           "rebuilding them each epoch is not supported", FLAG),
+    # A bool with an interpolated default (--grouped-shuffling's), so fairseq's flag takes a value: True or False.
+    accept_only("--update-epoch-batch-itr", ("False", "false", "0"), "batches are built once and reshuffled every "
+                "epoch (fairseq's default, as --grouped-shuffling is off)", "batches are built once and reshuffled "
+                "every epoch (fairseq's default); rebuilding them each epoch is not supported: drop the flag or "
+                "give it False"),
     refuse("--update-ordered-indices-seed", "the order of samples by size is not re-seeded per epoch (fairseq's "
            "default); this is not supported", FLAG),
     # --- optimization

@@ -9,9 +9,10 @@ second builds the full parser with just the selected components' flags.
 import argparse
 import ast
 import dataclasses
+import difflib
 import re
 import typing
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from shardtrain.config import epoch_lists
 from shardtrain.core.errors import ConfigError
@@ -123,9 +124,36 @@ def section_values(namespace: argparse.Namespace, section: str) -> Dict[str, Any
     return {k[len(prefix):]: v for k, v in vars(namespace).items() if k.startswith(prefix)}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "unrecognized arguments" error names the nearest known flags."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments: "):  # one paragraph: the usage would not help
+            self.exit(2, f"{self.prog}: error: {unrecognized_message(message, self._visible_flags(), self.prog)}\n")
+        super().error(message)
+
+    def _visible_flags(self) -> List[str]:
+        return [name for action in self._actions if action.help != argparse.SUPPRESS
+                for name in action.option_strings]
+
+
+def unrecognized_message(message: str, known: Sequence[str], prog: str) -> str:
+    """argparse's ``unrecognized arguments: ...`` with, per mistyped flag, the nearest of ``known``."""
+    hints = []
+    for token in message[len("unrecognized arguments: "):].split():
+        name = token.split("=", 1)[0]
+        if not name.startswith("-"):
+            continue
+        near = difflib.get_close_matches(name, known, n=2, cutoff=0.7)
+        if near:
+            hints.append(f"{name}: did you mean {' or '.join(near)}?")
+    advice = f" ({prog} --help lists the flags)" if prog else ""
+    return f"{message}. {' '.join(hints) + ' ' if hints else ''}Remove or correct the flag{advice}."
+
+
 def new_parser(prog: str, description: str, add_help: bool = True,
                usage: Optional[str] = None) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
+    return Parser(
         prog=prog, description=description, add_help=add_help, allow_abbrev=False, usage=usage,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -28,7 +28,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from shardtrain.config import components
+from shardtrain.config import components, hydra_switch
 from shardtrain.config.sections import COMPONENT_SLOTS, SECTIONS, ComponentsConfig
 from shardtrain.core.errors import ConfigError
 
@@ -118,41 +118,47 @@ def _schema_message(key: str, schema: Dict[str, List[str]], where: str, choices:
 
 
 def compose(config_dir: str, config_name: str, overrides: Sequence[str],
-            source: str) -> Tuple[DictConfig, Dict[str, str]]:
+            source: str) -> Tuple[DictConfig, Dict[str, str], List[str]]:
     """Fill the store and compose ``config_name`` from ``config_dir`` (an
-    absolute path) with Hydra-syntax ``overrides``; returns (config, group choices).
+    absolute path) with Hydra-syntax ``overrides``; returns (config, group choices,
+    notes on the file's keys that went with a component switched by an override).
 
     ``source`` names the primary config in messages. Hydra's global state is
     restored when this returns.
     """
     fill_config_store(ConfigStore.instance())
     with initialize_config_dir(config_dir=config_dir, version_base="1.3", job_name="shard-hydra-train"):
-        return _compose_checked(config_name, overrides, source)
+        return _compose_checked(config_dir, config_name, overrides, source)
 
 
-def _compose_checked(config_name: str, overrides: Sequence[str], source: str) -> Tuple[DictConfig, Dict[str, str]]:
-    """Two passes: the group choices alone first (they decide which keys exist),
-    so an unknown key in an override is named with the valid keys and the
-    nearest match; then everything."""
+def _compose_checked(config_dir: str, config_name: str, overrides: Sequence[str],
+                     source: str) -> Tuple[DictConfig, Dict[str, str], List[str]]:
+    """The group choices first (they decide which keys exist), so an unknown key in an override is
+    named with the valid keys and the nearest match; then everything."""
     parsed = parse_overrides(overrides)
     choosing = [o for o in parsed if o.key_or_group in GROUPS or "/" in o.key_or_group or o.package]
     for o in choosing:
         if o.key_or_group in GROUPS and not o.is_delete():
             check_option(o.key_or_group, o.value(), f"in the override '{o.input_line}'")
-    _, choices = _compose_once(config_name, [o.input_line for o in choosing], source)
+    primary = hydra_switch.prepare(config_dir, config_name, parsed,
+                                   lambda name, lines: _compose_once(name, lines, source),
+                                   lambda group, name: list(OmegaConf.create(option_node(group, name)).keys()),
+                                   ConfigStore.instance())
+    _, choices = _compose_once(primary.name, [o.input_line for o in choosing], source)
     schema = schema_keys(choices)
     for o in parsed:
-        if o not in choosing and not o.is_hydra_override():
+        handled = o.is_delete() and o.key_or_group in primary.dropped  # a key the file set, now gone
+        if o not in choosing and not o.is_hydra_override() and not handled:
             bad = unknown_key(o.key_or_group, schema)
             if bad:
                 raise ConfigError(_schema_message(bad, schema, f"in the override '{o.input_line}'", choices))
-    cfg, choices = _compose_once(config_name, list(overrides), f"{source} with its overrides")
+    cfg, choices = _compose_once(primary.name, primary.overrides, f"{source} with its overrides")
     try:
         _check_composed(cfg, schema, source, choices)
     except OmegaConfBaseException as e:  # reading a value resolves its ${...}
         raise ConfigError(f"Cannot resolve {source} with its overrides: {' '.join(str(e).split())}. Fix the "
                           "interpolation (${...}) named above.") from None
-    return cfg, choices
+    return cfg, choices, primary.notes
 
 
 def parse_overrides(overrides: Sequence[str]):

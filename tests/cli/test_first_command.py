@@ -23,4 +23,5 @@ def test_fully_sharded_cpu_offload_with_defaults_only(tmp_path):
         ("language_modeling", "transformer_lm", "cross_entropy")
     assert cfg["components"]["lr_scheduler"] == "inverse_sqrt" and state["train_state"]["num_updates"] == 3
     assert state["train_iterator"]["num_shards"] == (torch.cuda.device_count() or 1)  # all GPUs, or 1 process
-    assert result.stderr == ""
+    # Nothing on stderr but the line a slow import prints within its first second (cli/entry.py).
+    assert result.stderr in ("", "shard-train: starting (importing torch and the components)...\n"), result.stderr

@@ -12,7 +12,7 @@ from typing import List, Tuple
 import pytest
 
 from shardtrain.cli import consolidate, eval_lm, generate, interactive, preprocess, train, validate
-from shardtrain.config import components, flags
+from shardtrain.config import components, fairseq_compat, flags
 from shardtrain.config.run_config import build_train_parser
 from shardtrain.core.fields import field
 from shardtrain.config.sections import SECTIONS
@@ -39,11 +39,15 @@ def help_entries(text: str) -> List[Tuple[str, List[str], str]]:
 
     An entry starts at an indent of two spaces; argparse puts the help after
     two or more spaces, or on the following, deeper-indented lines."""
-    entries, group = [], None
+    entries, group, describing = [], None, False
     for line in text.splitlines():
         if line and not line[0].isspace() and line.endswith(":") and (group or line in FIRST_GROUPS):
             group = line[:-1]
+            describing = group == fairseq_compat.GROUP_TITLE  # the one group with a description, before its flags
+        elif describing and not line.startswith("  -"):
+            continue
         elif group and re.match(r"  \S", line):
+            describing = False
             invocation, *rest = re.split(r"\s{2,}", line.strip(), maxsplit=1)
             help_text = rest[0] if rest else ""
             names = [part.split(" ")[0] for part in invocation.split(", ")]
@@ -130,6 +134,9 @@ def assert_readable(text: str, where: str) -> None:
         if names[0] == "-h":
             continue
         assert help_text, f"{where}: {names} in [{group}] has no help text"
+        if group == fairseq_compat.GROUP_TITLE:  # no default to show: each says it is ignored, and why
+            assert re.match(r"ignored: |accepted as '", help_text), f"{where}: {names}: {help_text!r}"
+            continue
         assert SHOWS_DEFAULT.search(help_text), f"{where}: {names} in [{group}] does not show its default: " \
                                                 f"{help_text!r}"
 

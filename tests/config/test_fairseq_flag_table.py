@@ -28,9 +28,10 @@ with open(JSON_PATH) as _f:
 GROUPS = FAIRSEQ["groups"]
 SELECT = {"task": "--task", "model": "--arch", "optimizer": "--optimizer", "lr_scheduler": "--lr-scheduler"}
 
-# WORKS flags whose default differs from fairseq's on purpose, and why. (Our default --optimizer adam and
-# --lr-scheduler inverse_sqrt are not in these groups: fairseq has no default optimizer and uses fixed.)
+# WORKS flags whose default differs from fairseq's on purpose, and why.
 INTENTIONAL = {
+    ("registries", "--optimizer"): "adam: fairseq has none (the flag is required there)",
+    ("registries", "--lr-scheduler"): "inverse_sqrt, fairseq's LM recipe, so a run with no schedule flags warms up",
     ("common", "--log-format"): "tqdm, falling back to simple off a terminal: what fairseq's None does",
     ("distributed_training", "--distributed-world-size"): "None: all visible GPUs (fairseq computes it at import)",
     ("distributed_training", "--distributed-backend"): "None: nccl on CUDA, gloo on the CPU, where nccl fails",
@@ -230,3 +231,50 @@ def test_the_checked_in_flag_list_is_what_fairseqs_source_gives():
     assert counts["common"] == 37 and counts["distributed_training"] == 36 and counts["checkpoint"] == 26
     assert counts["model:transformer_lm"] == 46 and "transformer_lm_gbw" in GROUPS["model:transformer_lm"][
         "architectures"]
+
+
+def test_update_epoch_batch_itr_takes_fairseqs_value(capsys):
+    # fairseq 0.12.2: a bool with an interpolated default, so argparse gives it one value (issue 31).
+    _, notices = parse_train_command(["data-bin", "--update-epoch-batch-itr", "False"])
+    assert notices == ["notice: --update-epoch-batch-itr False is accepted for fairseq compatibility and ignored: "
+                       "batches are built once and reshuffled every epoch (fairseq's default, as --grouped-shuffling "
+                       "is off)"]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["data-bin", "--update-epoch-batch-itr", "True"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exit_info.value.code == 2 and "unrecognized" not in err
+    assert "--update-epoch-batch-itr True: batches are built once and reshuffled every epoch" in err
+    assert "drop the flag or give it False" in err
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--bpe", "gpt2", "applies no BPE"), ("--tokenizer", "moses", "runs no pre-tokenizer"),
+    ("--scoring", "sacrebleu", "scored by its loss and perplexity")])
+def test_bpe_tokenizer_and_scoring_are_accepted_with_a_notice(flag, value, says):
+    _, notices = parse_train_command(["data-bin", flag, value])
+    assert len(notices) == 1 and notices[0].startswith(f"notice: {flag} {value} is accepted for fairseq "
+                                                       "compatibility and ignored: ") and says in notices[0]
+
+
+def test_accepted_flags_are_in_help_in_their_own_group_and_refused_ones_are_not(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one line per flag
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    text = capsys.readouterr().out
+    group = text.split("\nfairseq compatibility:\n", 1)[1]
+    lines = {}
+    for line in group.split("\n\n", 1)[1].splitlines():  # after the group's description
+        if line.startswith("  --"):
+            flag = line.split()[0]
+            lines[flag] = " ".join(line.split()[1:])
+        else:  # a long flag's help starts on the next line
+            lines[flag] = f"{lines[flag]} {' '.join(line.split())}".strip()
+    for flag in ("--num-workers", "--skip-invalid-size-inputs-valid-test", "--dataset-impl", "--distributed-port",
+                 "--local_rank", "--bpe", "--tokenizer", "--scoring", "--update-epoch-batch-itr"):
+        assert flag in lines, flag
+    assert lines["--num-workers"].startswith("VALUE ignored: batches are read in the training process")
+    assert lines["--skip-invalid-size-inputs-valid-test"].startswith("ignored: nothing is skipped")
+    assert lines["--dataset-impl"].startswith("VALUE accepted as 'mmap' and ignored: data-bins are read as mmap")
+    assert lines["--dataset-impl"].endswith("any other value is refused")
+    assert "--tpu" not in lines and "--grouped-shuffling" not in lines  # refused: said when given
+    assert len(lines) >= 40

@@ -8,13 +8,15 @@ dataclass with ``ast`` (or, for the optimizers that still use ``add_args``, its
 gen_parser_from_dataclass does: ``--`` + the field name with ``-`` for ``_``, the
 ``argparse_alias`` as a second name, ``_name`` skipped, ``data`` positional, a field whose
 default is an ``II(...)`` interpolation skipped when it has no help (another group adds it),
-otherwise kept with no default. Booleans are store_true (store_false when the default is True);
-an ``argparse_const`` makes the value optional.
+otherwise kept with no default. Booleans are store_true (store_false when the default is True),
+except that a field with an interpolated default takes one value whatever its type (fairseq adds no
+action for it: ``--update-epoch-batch-itr True``); an ``argparse_const`` makes the value optional.
 """
 import argparse
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any, Dict, List, Optional
@@ -50,6 +52,9 @@ GROUPS = {
     "lr_scheduler:reduce_lr_on_plateau": ("fairseq/optim/lr_scheduler/reduce_lr_on_plateau.py",
                                           "ReduceLROnPlateauLRScheduleConfig"),
 }
+# fairseq's get_parser adds one flag per registry set up by these files (--criterion, --bpe, ...), after common's.
+REGISTRY_FILES = ("fairseq/criterions/__init__.py", "fairseq/data/encoders/__init__.py", "fairseq/optim/__init__.py",
+                  "fairseq/optim/lr_scheduler/__init__.py", "fairseq/scoring/__init__.py")
 
 
 class Source:
@@ -192,6 +197,8 @@ def _arity(name: str, type_text: str, default: Any, has_const: bool) -> str:
     """"store_true" / "store_false" (no value), "?" (optional value), "1" (one value), "positional"."""
     if name == "data":
         return "positional"
+    if isinstance(default, str) and default.startswith("${"):
+        return "1"  # gen_parser_from_dataclass gives an interpolated default no action, so the flag takes a value
     if type_text in ("bool", "Optional[bool]"):
         return "store_false" if default is True else "store_true"
     return "?" if has_const else "1"
@@ -215,6 +222,30 @@ def add_args_flags(source: Source, path: str) -> List[Dict]:
                     "help": value_or_text(kw["help"], source, path) if "help" in kw else None,
                     "default": default, "arity": action or "1"})
     return sorted(out, key=lambda e: call_order(e, add_args))
+
+
+def registry_flags(source: Source) -> List[Dict]:
+    """The ``--NAME`` of each ``registry.setup_registry("--NAME", default=...)``, with the names its decorator
+    (the second name the call is assigned to) registers in fairseq/ as choices."""
+    out = []
+    for path in REGISTRY_FILES:
+        for node in ast.walk(source.tree(path)):
+            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                    and getattr(node.value.func, "attr", None) == "setup_registry"):
+                continue
+            kw = _keywords(node.value)
+            name = ast.literal_eval(node.value.args[0])
+            default = ast.literal_eval(kw["default"]) if "default" in kw else None
+            out.append({"flags": [name], "field": name[2:].replace("-", "_"), "type": "Optional[str]", "help": None,
+                        "default": default, "arity": "1",
+                        "choices": registered_names(source, node.targets[0].elts[1].id)})
+    return out
+
+
+def registered_names(source: Source, decorator: str) -> List[str]:
+    run = subprocess.run(["git", "--git-dir", source.mirror, "grep", "-h", "-A2", f"@{decorator}(", TAG, "--",
+                          "fairseq"], capture_output=True, text=True, check=True)
+    return sorted(set(re.findall(rf"@{decorator}\(\s*[\"']([^\"']+)[\"']", run.stdout)))
 
 
 def call_order(entry: Dict, fn: ast.FunctionDef) -> int:
@@ -244,6 +275,8 @@ def generate(mirror: str) -> Dict:
             raise SystemExit(f"{TAG}:{path} is not in the git mirror {mirror}")
         flags = dataclass_flags(source, path, class_name) if class_name else add_args_flags(source, path)
         groups[group] = {"source": path, "flags": flags}
+        if group == "common":
+            groups["registries"] = {"source": "fairseq/options.py", "flags": registry_flags(source)}
     groups["model:transformer_lm"]["architectures"] = architectures(
         source, "fairseq/models/transformer_lm.py", "transformer_lm")
     return {"fairseq": TAG, "generated_by": "tests/fairseq_flags/generate_flag_list.py", "groups": groups}

@@ -31,6 +31,7 @@ from shardtrain.core.fileio import atomic_write_bytes, remove_quietly
 from shardtrain.trainer.launch import rendezvous
 from shardtrain.trainer.launch import threads
 from shardtrain.trainer.launch import peer_lost
+from shardtrain.trainer.launch import waiting
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.launch.preemption import forwarding_signals
 
@@ -128,8 +129,8 @@ def _run_launched(cfg, main, launched: rendezvous.LaunchedRank, use_cuda: bool) 
 
 
 def _run_rank(cfg, main, ctx: DistributedContext, init_method: str, launcher: Optional[str],
-              spawned_ranks: int = 1) -> Any:
-    """Call main inside this rank's process group (none for a single rank)."""
+              spawned_ranks: int = 1, on_joined: Callable[[], None] = lambda: None) -> Any:
+    """Call main inside this rank's process group (none for a single rank); ``on_joined`` once in it."""
     # Every launcher's ranks come through here: the one place the thread policy is applied.
     threads.apply_threads(cfg.common.threads, ctx.rank, launcher, spawned_ranks)
     # The rank's GPU is the current device before anything else runs, with or without a process group:
@@ -141,6 +142,9 @@ def _run_rank(cfg, main, ctx: DistributedContext, init_method: str, launcher: Op
     if ctx.backend is None:
         return main(cfg, ctx)
     timeout = rendezvous.process_group_timeout(cfg.distributed.heartbeat_timeout)
+    if launcher is not None and ctx.rank == 0:  # spawned ranks: the launching process says it (waiting.py)
+        logger.info(f"waiting at the rendezvous ({init_method}) for all {ctx.world_size} ranks {launcher} started "
+                    "to join the process group")
     try:
         store = rendezvous.attempt_store(os.environ, init_method, ctx.rank, ctx.world_size, timeout)
         dist.init_process_group(backend=rendezvous.process_group_backend(ctx.backend),
@@ -151,6 +155,7 @@ def _run_rank(cfg, main, ctx: DistributedContext, init_method: str, launcher: Op
         if missing is None:
             raise
         raise missing from None
+    on_joined()
     try:
         result = main(cfg, ctx)
     except Exception as e:  # a peer's loss may come wrapped (a checkpoint writer's own exception)
@@ -188,18 +193,22 @@ def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
         plan = _SpawnPlan(world_size, backend, init_method, use_cuda, run_dir, time.time())
         context = mp.start_processes(_spawned_rank, args=(cfg, main, plan), nprocs=world_size,
                                      join=False, start_method="spawn")
+        watch = waiting.StartWatch(run_dir, world_size, backend)
+        watch.begin(init_method)
         with forwarding_signals(context.processes):
-            _supervise(context, run_dir)
+            _supervise(context, run_dir, watch)
         return _read_result(run_dir)
 
 
 def _spawned_rank(rank: int, cfg, main, plan: _SpawnPlan) -> None:
     """Body of each spawned process (torch.multiprocessing passes the rank first)."""
     try:
+        waiting.mark(plan.run_dir, "started", rank)
         setup_logging(cfg.common.log_file, rank)
         logger.info(f"started {plan.world_size} ranks ({plan.backend}) in {time.time() - plan.started:.1f} s")
         ctx = make_context(rank, rank, plan.world_size, plan.use_cuda, plan.backend)
-        result = _run_rank(cfg, main, ctx, plan.init_method, launcher=None, spawned_ranks=plan.world_size)
+        result = _run_rank(cfg, main, ctx, plan.init_method, launcher=None, spawned_ranks=plan.world_size,
+                           on_joined=lambda: waiting.mark(plan.run_dir, "joined", rank))
         # Every rank marks that main returned: a rank that exits 0 without it was
         # cut short (torch.multiprocessing turns Ctrl-C into exit code 0).
         atomic_write_bytes(_result_path(plan.run_dir, rank), pickle.dumps(result if rank == 0 else None))
@@ -220,10 +229,10 @@ def _report_failure(run_dir: str, rank: int, error: Exception) -> None:
     atomic_write_bytes(_report_path(run_dir, rank), pickle.dumps(report))
 
 
-def _supervise(context, run_dir: str) -> None:
+def _supervise(context, run_dir: str, watch: Optional[waiting.StartWatch] = None) -> None:
     """Wait for every rank; on the first failure stop the others and raise that failure."""
     try:
-        failed = _wait_until_failure_or_done(context.processes, run_dir)
+        failed = _wait_until_failure_or_done(context.processes, run_dir, watch)
     finally:
         # After a failure the others may wait in a collective for the failed rank,
         # and after Ctrl-C here nobody would end them: never leave ranks behind.
@@ -234,8 +243,9 @@ def _supervise(context, run_dir: str) -> None:
         raise _failure(run_dir, context.processes, failed)
 
 
-def _wait_until_failure_or_done(processes, run_dir: str) -> List[int]:
-    """Indices of the ranks that failed on their own, before any rank was stopped by us."""
+def _wait_until_failure_or_done(processes, run_dir: str, watch: Optional[waiting.StartWatch] = None) -> List[int]:
+    """Indices of the ranks that failed on their own, before any rank was stopped by us. ``watch`` is
+    polled every second until every rank has joined."""
     while True:
         codes = [p.exitcode for p in processes]  # read once: a rank may exit while we look
         failed = [rank for rank, code in enumerate(codes)
@@ -243,7 +253,10 @@ def _wait_until_failure_or_done(processes, run_dir: str) -> List[int]:
         running = [p for p, code in zip(processes, codes) if code is None]
         if failed or not running:
             return failed
-        ready = multiprocessing.connection.wait([p.sentinel for p in running])
+        watching = watch is not None and not watch.done
+        ready = multiprocessing.connection.wait([p.sentinel for p in running], timeout=1.0 if watching else None)
+        if watching:
+            watch.poll()
         for process in running:
             if process.sentinel in ready:  # it closed its end of the pipe: it is exiting; reap it
                 process.join()
