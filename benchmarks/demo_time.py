@@ -1,9 +1,10 @@
-"""shard-demo's wall time on this machine, phase by phase (issue 18's target: at most 3 minutes on an idle
-2-core machine).
+"""shard-demo's wall time on this machine, phase by phase (issues 18 and 31's target: at most 3 minutes on an
+idle 2-core machine).
 
 Runs ``shard-demo`` as a user would (a fresh work directory, default flags) in a subprocess and reads the
 phase lines it prints (``== shard-demo: ...`` then ``== shard-demo: (N s)``). There is no baseline to divide
-by: the target is a wall time a new user waits, so the RESULT is seconds. CPU seconds (user + sys of every
+by: the target is a wall time a new user waits, so the RESULT is seconds; each phase is also shown as a fraction
+of the wall time ("outside the phases": the interpreter's start and the imports). CPU seconds (user + sys of every
 process) say how much of the wall time a busier machine would stretch.
 
     python benchmarks/demo_time.py [--keep DIR]
@@ -26,6 +27,18 @@ def seconds(text: str) -> float:
     return (int(minutes.group(1)) * 60 if minutes else 0) + (int(secs.group(1)) if secs else 0)
 
 
+def read_phases(stdout: str):
+    """(what, seconds) of each phase, from the pair of lines the demo prints for it."""
+    what = None
+    for line in stdout.splitlines():
+        match = PHASE.match(line)
+        if match and match["what"] is not None and not match["what"].startswith("done in"):
+            what = match["what"]
+        elif match and match["took"] is not None and what is not None:
+            yield what, seconds(match["took"])
+            what = None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one)")
@@ -38,15 +51,10 @@ def main() -> None:
     if done.returncode != 0:
         sys.exit(f"shard-demo failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    what = None
-    print(f"{'phase':<78} seconds")
-    for line in done.stdout.splitlines():
-        match = PHASE.match(line)
-        if match and match["what"] is not None:
-            what = match["what"]
-        elif match and what is not None:
-            print(f"{what[:78]:<78} {seconds(match['took']):>7.0f}")
-            what = None
+    print(f"{'phase':<78} seconds fraction")
+    phases = list(read_phases(done.stdout))
+    for what, took in phases + [("(outside the phases)", wall - sum(took for _, took in phases))]:
+        print(f"{what[:78]:<78} {took:>7.0f} {took / wall:>8.2f}")
     print(f"wall {wall:.1f} s; CPU {usage.ru_utime + usage.ru_stime:.1f} s (user {usage.ru_utime:.1f}, "
           f"sys {usage.ru_stime:.1f}); wall / target {wall / TARGET_SECONDS:.2f}")
     print(f"RESULT demo_seconds={wall:.1f} target<={TARGET_SECONDS}")

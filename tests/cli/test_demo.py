@@ -29,7 +29,9 @@ def test_demo_runs_on_a_small_stdlib_corpus(tmp_path, capfd):
         curves = f.read()
     for tag in ("train_inner", "valid"):
         assert f'data-tag="{tag}" data-metric="loss"' in curves
-    assert re.search(r"== shard-demo: done in \d+ s", out)
+    # where the time went: every phase's share of the wall time, in the order they ran
+    assert re.search(r"== shard-demo: done in (\d+ min )?\d+ s \(preprocess \d+%, train \d+%, resume \d+%, "
+                     r"validate \d+%, sample \d+%, plot \d+%\)\. Open ", out), out[-600:]
     assert os.path.exists(os.path.join(work, "data-bin", "spm.model"))
     last = os.path.join(work, "checkpoints", "checkpoint_last")  # sharded: a directory, written by both ranks
     assert os.path.isdir(last) and os.path.exists(os.path.join(last, "COMPLETE"))
@@ -126,13 +128,16 @@ class FakeTools:
         self.calls, self.signal_in_phase = [], signal_in_phase
         monkeypatch.setattr(demo.preprocess, "main", lambda argv: self.calls.append("preprocess"))
         monkeypatch.setattr(demo.train, "main", self.train)
-        monkeypatch.setattr(demo.validate, "main", lambda argv: self.calls.append("validate"))
+        self.argvs = {}
+        monkeypatch.setattr(demo.validate, "main", lambda argv: self.calls.append("validate") or
+                            self.argvs.setdefault("validate", argv))
         monkeypatch.setattr(demo, "print_sample", lambda data, path: self.calls.append("sample"))
         monkeypatch.setattr(demo.plot, "main", lambda argv: self.calls.append("plot"))
 
     def train(self, argv):
         phase = sum(c.startswith("train") for c in self.calls) + 1
         self.calls.append(f"train {argv[argv.index('--max-update') + 1]}")
+        self.argvs.setdefault("train", argv)
         watcher = PreemptionWatcher()
         try:
             if phase == self.signal_in_phase:
@@ -146,6 +151,17 @@ def test_both_phases_have_a_positive_limit(tmp_path, monkeypatch):
     tools = FakeTools(monkeypatch)
     demo.main(["--workdir", str(tmp_path / "demo"), "--corpus-mb", "0.1", "--max-update", "3"])
     assert tools.calls == ["preprocess", "train 1", "train 3", "validate", "sample", "plot"]
+
+
+def test_defaults_fit_three_minutes(tmp_path, monkeypatch):
+    # 500 updates took 4.5 min on 2 idle cores (issue 31); 240 fit in 3 (benchmarks/demo_time.py)
+    tools = FakeTools(monkeypatch)
+    demo.main(["--workdir", str(tmp_path / "demo"), "--corpus-mb", "0.1"])
+    assert tools.calls == ["preprocess", "train 120", "train 240", "validate", "sample", "plot"]
+    train = tools.argvs["train"]
+    assert train[train.index("--validate-interval-updates") + 1] == "60"  # 4 points on the valid curve
+    validate = tools.argvs["validate"]
+    assert validate[validate.index("--batch-size") + 1] == "64" and "--max-valid-steps" not in validate
 
 
 @pytest.mark.parametrize("phase", [1, 2])
