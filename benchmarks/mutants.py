@@ -21,6 +21,8 @@ import mutants_config_fairseq_flags
 import mutants_core
 import mutants_data
 import mutants_data_bin
+import mutants_demo
+import mutants_docs
 import mutants_eval_lm
 import mutants_eval_lm_remove_bpe
 import mutants_flag_coverage
@@ -65,7 +67,7 @@ AREAS = (
     # shardtrain/config/ and the flags' effects
     mutants_config, mutants_config_fairseq_flags, mutants_flag_coverage, mutants_flag_effects,
     # shardtrain/cli/, plan/, plot/, core/
-    mutants_cli, mutants_cli_errors, mutants_cli_start, mutants_eval_lm, mutants_eval_lm_remove_bpe, mutants_plan,
+    mutants_cli, mutants_cli_errors, mutants_cli_start, mutants_demo, mutants_docs, mutants_eval_lm, mutants_eval_lm_remove_bpe, mutants_plan,
     mutants_plan_facts, mutants_plan_time, mutants_plot, mutants_plot_axes, mutants_core,
     # plugins: --user-dir at inference, the models' optional capabilities
     mutants_plugins,

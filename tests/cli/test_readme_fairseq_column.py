@@ -1,4 +1,4 @@
-"""Every fairseq flag README's "Coming from fairseq" table names in its fairseq column is one shard-train takes
+"""Every fairseq flag docs/coming_from_fairseq.md's FSDP options table names in its fairseq column is one shard-train takes
 (issue 17 found three that failed when passed)."""
 import os
 import re
@@ -6,7 +6,8 @@ import re
 from shardtrain.config.run_config import parse_train_command
 from st_testutils import tiny_model_flags
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs",
+                      "coming_from_fairseq.md")
 VALUES = {"--ddp-backend": "fully_sharded", "--optimizer": "cpu_adam", "--zero-sharding": "os",
           "--min-params-to-wrap": "1000"}
 NEEDS = {"--zero-sharding": ["--ddp-backend", "pytorch_ddp"], "--memory-efficient-fp16": ["--ddp-backend", "pytorch_ddp",
@@ -18,7 +19,7 @@ NEEDS = {"--zero-sharding": ["--ddp-backend", "pytorch_ddp"], "--memory-efficien
 def fairseq_column_flags():
     with open(README) as f:
         text = f.read()
-    start = text.index("## Coming from fairseq or Accelerate: FSDP options")
+    start = text.index("## FSDP options: fairseq, Accelerate and shardtrain")
     section = text[start:text.index("\n## ", start + 10)]
     rows = [line for line in section.splitlines() if line.startswith("| `") or line.startswith("| (")]
     return sorted({flag for row in rows for flag in re.findall(r"`(--[a-z0-9-]+)", row.split("|")[1])})

@@ -1,7 +1,7 @@
-"""README.md's fairseq flag section is the table the code holds (fails until the section is pasted in).
+"""docs/fairseq_flags.md's fairseq flag section is the table the code holds (fails until the section is pasted in).
 
 Regenerate the section: PYTHONPATH=. python tests/fairseq_flags/flag_table_markdown.py, and put its
-output between the two markers below in README.md.
+output between the two markers below in docs/fairseq_flags.md.
 """
 import importlib.util
 import json
@@ -23,12 +23,12 @@ def test_readme_fairseq_flag_section_is_generated_from_the_table():
     script = _script()
     with open(script.JSON_PATH) as f:
         expected = script.markdown(json.load(f))
-    with open(os.path.join(REPO, "README.md")) as f:
+    with open(os.path.join(REPO, "docs", "fairseq_flags.md")) as f:
         readme = f.read()
-    assert START in readme and END in readme, f"README.md lacks the {START} ... {END} section"
+    assert START in readme and END in readme, f"docs/fairseq_flags.md lacks the {START} ... {END} section"
     section = readme.split(START, 1)[1].split(END, 1)[0]
     assert section.strip("\n") == expected.strip("\n"), (
-        "README.md's fairseq flag section is stale: regenerate it with "
+        "docs/fairseq_flags.md's fairseq flag section is stale: regenerate it with "
         "PYTHONPATH=. python tests/fairseq_flags/flag_table_markdown.py")
 
 

@@ -1,9 +1,9 @@
-"""Print the README's fairseq flag section: every fairseq 0.12.2 flag of the language-modeling groups, per
+"""Print docs/fairseq_flags.md's fairseq flag section: every fairseq 0.12.2 flag of the language-modeling groups, per
 group, as works / accepted / refused.
 
     PYTHONPATH=. python tests/fairseq_flags/flag_table_markdown.py
 
-README.md holds the output between ``<!-- fairseq-flags:start -->`` and ``<!-- fairseq-flags:end -->``
+docs/fairseq_flags.md holds the output between ``<!-- fairseq-flags:start -->`` and ``<!-- fairseq-flags:end -->``
 (tests/config/test_fairseq_flags_readme.py checks it). A flag is WORKS when shard-train's parser defines
 it with the group's component selected, else its state is the table's
 (shardtrain/config/fairseq_flags.py).

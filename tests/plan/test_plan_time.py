@@ -13,7 +13,7 @@ BILLION = 10 ** 9
 # The memory a trace would report does not enter the time: any kinds will do.
 KINDS = {"params": 4 * BILLION, "gathered_params": 0, "grads": 0, "gathered_grads": 0, "optimizer": 8 * BILLION,
          "buffers": 0, "activations": 0, "temporaries": 0, "comm_buffers": 0}
-# README's example (shard-plan's section): 16 GPUs of 80 GiB, 8 a node, planned from this CPU.
+# docs/planning.md's example: 16 GPUs of 80 GiB, 8 a node, planned from this CPU.
 README_GPUS = ["--distributed-world-size", "16", "--gpus-per-node", "8", "--gpu-memory", "80", "--peak-tflops", "989"]
 
 

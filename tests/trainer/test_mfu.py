@@ -43,7 +43,7 @@ def test_the_models_count_is_torchs_count(overrides):
 
 
 def test_the_formula_by_hand():
-    """README's formula for the default shape: 6 x (4d^2 + 2 d f per layer + V d) + 12 L d T."""
+    """docs/training.md's formula for the default shape: 6 x (4d^2 + 2 d f per layer + V d) + 12 L d T."""
     d, f, layers = 32, 80, 3
     by_hand = 6 * (layers * (4 * d * d + 2 * d * f) + VOCAB * d) + 12 * layers * d * LENGTH
     assert _model().flops_per_token(LENGTH) == by_hand
