@@ -45,6 +45,7 @@ import mutants_plot
 import mutants_plot_axes
 import mutants_plugins
 import mutants_precision
+import mutants_resume_records
 import mutants_run_devices
 import mutants_skip_batches
 import mutants_spike
@@ -58,7 +59,7 @@ __all__ = ["MUTANTS", "Mutant"]
 AREAS = (
     # shardtrain/trainer/: the step, precision, backends, the loop, launching, metrics, self-healing
     mutants_trainer_step, mutants_precision, mutants_parallel, mutants_trainer_loop, mutants_loop_steps,
-    mutants_skip_batches, mutants_launch, mutants_metrics, mutants_spike, mutants_run_devices,
+    mutants_skip_batches, mutants_launch, mutants_metrics, mutants_spike, mutants_run_devices, mutants_resume_records,
     # shardtrain/trainer/checkpoint/ and the integrity of checkpoints and data-bins
     mutants_checkpoint_writing, mutants_checkpoint_staging, mutants_checkpoint_reading, mutants_keep_policy,
     mutants_integrity,

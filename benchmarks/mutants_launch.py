@@ -3,8 +3,8 @@ from mutant_spec import T, Mutant
 
 MUTANTS = [
     Mutant("preemption_not_agreed", "every rank stops at the same update on SIGTERM/SIGUSR1",
-           T + "launch/preemption.py", "        if backend.world_size == 1:\n            return local\n",
-           "        return local\n",
+           T + "launch/preemption.py", "        if backend.world_size > 1:\n",
+           "        if False:\n",
            ("tests/cli/test_preemption.py::test_a_stop_on_one_rank_is_agreed_by_every_rank",
             "tests/cli/test_preemption.py::test_signal_saves_and_exits_zero_then_resumes")),
     Mutant("process_group_backend_unchanged", "on CUDA the group maps cuda:nccl,cpu:gloo",

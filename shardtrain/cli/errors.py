@@ -23,7 +23,7 @@ class Terminated(BaseException):
     A BaseException, like KeyboardInterrupt, so that no ``except Exception`` swallows it."""
 
 
-def cli_entry(prog: str, rewrite: Optional[Callable[[str], str]] = None):
+def cli_entry(prog: str, rewrite: Optional[Callable[[str], str]] = None, interrupted: str = _NOTHING_HALF_WRITTEN):
     """Decorate a ``main(argv)``: a ShardtrainError prints ``PROG: error: ...``
     (no traceback) and exits 2; Ctrl-C and SIGTERM print one line and exit 130 / 143;
     anything else is a bug and keeps its traceback.
@@ -31,15 +31,16 @@ def cli_entry(prog: str, rewrite: Optional[Callable[[str], str]] = None):
     Called with an explicit ``argv`` (from Python), the wrapper returns main's
     result; called as a console script (``argv=None``) it returns None, since
     a console script passes its return value to ``sys.exit``. ``rewrite`` rewords the error's text
-    (shard-hydra-train names config keys where the message names flags)."""
-    return functools.partial(_wrap, prog=prog, rewrite=rewrite)
+    (shard-hydra-train names config keys where the message names flags); ``interrupted``: what is true
+    after Ctrl-C or SIGTERM (shard-train resumes rather than redoes)."""
+    return functools.partial(_wrap, prog=prog, rewrite=rewrite, interrupted=interrupted)
 
 
-def _wrap(fn, prog: str, rewrite: Optional[Callable[[str], str]] = None):
+def _wrap(fn, prog: str, rewrite: Optional[Callable[[str], str]] = None, interrupted: str = _NOTHING_HALF_WRITTEN):
     @functools.wraps(fn)
     def wrapper(argv=None):
         try:
-            with answering_signals(prog):
+            with answering_signals(prog, interrupted):
                 result = fn(sys.argv[1:] if argv is None else list(argv))
             return None if argv is None else result
         except ShardtrainError as e:
@@ -50,17 +51,18 @@ def _wrap(fn, prog: str, rewrite: Optional[Callable[[str], str]] = None):
 
 
 @contextlib.contextmanager
-def answering_signals(prog: str):
-    """Ctrl-C or SIGTERM within the block: the clean-up on the way out runs, then one line, exit 130 / 143."""
+def answering_signals(prog: str, then: str = _NOTHING_HALF_WRITTEN):
+    """Ctrl-C or SIGTERM within the block: the clean-up on the way out runs, then one line (ending in ``then``),
+    exit 130 / 143."""
     try:
         with sigterm_raises():
             yield
     except BaseException as e:
         signal_error = _signal_behind(e)
         if isinstance(signal_error, KeyboardInterrupt):
-            _stop(prog, "interrupted (Ctrl-C / SIGINT)", EXIT_INTERRUPTED)
+            _stop(prog, "interrupted (Ctrl-C / SIGINT)", EXIT_INTERRUPTED, then)
         if isinstance(signal_error, Terminated):
-            _stop(prog, "terminated by SIGTERM", EXIT_TERMINATED)
+            _stop(prog, "terminated by SIGTERM", EXIT_TERMINATED, then)
         raise
 
 
@@ -72,8 +74,8 @@ def _signal_behind(error: BaseException):
     return error
 
 
-def _stop(prog: str, what: str, status: int) -> None:
-    print(f"{prog}: {what} before it finished; {_NOTHING_HALF_WRITTEN}.", file=sys.stderr)
+def _stop(prog: str, what: str, status: int, then: str = _NOTHING_HALF_WRITTEN) -> None:
+    print(f"{prog}: {what} before it finished; {then}.", file=sys.stderr)
     sys.exit(status)
 
 

@@ -10,6 +10,7 @@ from shardtrain.config.fairseq_compat import print_notices
 from shardtrain.optim.fairseq_defaults import default_components_notice
 from shardtrain.trainer import loop, preflight
 from shardtrain.trainer.launch import rendezvous, start
+from shardtrain.trainer.launch.preemption import STOPPED_AT_ONCE
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ def cpu_precision_warning(cfg) -> List[str]:
     return [text] if text else []
 
 
-@cli_entry("shard-train")
+@cli_entry("shard-train", interrupted=STOPPED_AT_ONCE)
 def main(argv):
     cfg, notices = parse_train_command(argv)
     print_notices(notices + cpu_precision_warning(cfg), "shard-train")

@@ -26,7 +26,7 @@ from shardtrain.trainer.checkpoint.finite import check_finite
 from shardtrain.trainer.checkpoint.manager import CONFIG_FILE, CheckpointManager, write_config
 from shardtrain.trainer.precision import TrainingDivergedError, build_precision, run_dtypes
 from shardtrain.core.host_oom import host_memory_for
-from shardtrain.trainer.launch.preemption import PreemptionWatcher, requeue_after_warning
+from shardtrain.trainer.launch.preemption import PreemptionWatcher, requeue_after_warning, stopped_message
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
 from shardtrain.trainer.checkpoint.resume import restore
 from shardtrain.trainer.memory_fit import check_run_fits
@@ -92,8 +92,9 @@ class Run:
         self.spikes = SpikeGuard(cfg.optimization) if cfg.optimization.spike_rollback else None
         self.skip_batches = BatchWindows(parse_windows(cfg.dataset.skip_batches))
         self.clock = TrainingClock()  # also the time of the runs it resumes (restored by resume)
-        self.preemption = PreemptionWatcher()
-        self.stopped_by_signal = False  # before the end of training, by SIGTERM/SIGUSR1
+        # One process announces Ctrl-C itself; spawned ranks' launcher does (torchrun's says nothing).
+        self.preemption = PreemptionWatcher(announce=self.backend.world_size == 1)
+        self.stopped_by_signal = False  # before the end of training, by Ctrl-C/SIGTERM/SIGUSR1
 
     def _utilisation(self, cfg, model, dtypes) -> Utilisation:
         """Only the master's records are printed: only it measures a peak (a fraction of a second)."""
@@ -125,7 +126,10 @@ class Run:
 
     def resume(self):
         """Load the restore checkpoint if there is one (resume.py); return the epoch iterator to train on."""
-        return restore(self.cfg, self.checkpoints, self.trainer, self.checkpoint_parts())
+        epoch_itr = restore(self.cfg, self.checkpoints, self.trainer, self.checkpoint_parts())
+        if self.tensorboard is not None and self.trainer.num_updates > 0:
+            self.tensorboard.resume_after(self.trainer.num_updates)
+        return epoch_itr
 
     def checkpoint_header(self) -> Dict:
         return header(self.cfg, self.task.fingerprint())
@@ -164,8 +168,11 @@ def main(cfg, ctx) -> Optional[float]:
     finally:
         run.close()  # a background save lands before a requeue below
     if run.stopped_by_signal and ctx.is_master:
+        ck = cfg.checkpoint
+        logger.info(stopped_message(run.preemption.interrupted, run.trainer.num_updates, ck.no_save, ck.save_dir))
         requeue_after_warning(run.preemption.received)
     return valid_loss
+
 
 
 def train(run: Run) -> Optional[float]:
@@ -240,6 +247,11 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
     if run.spikes is not None:  # the state to roll back to until the first interval's snapshot
         run.spikes.begin_epoch(trainer, epoch_itr.epoch, itr.n)
     run.skip_batches.begin_epoch(epoch_itr.epoch, itr.n)
+    if itr.n == 0:
+        # An epoch's record covers that epoch only: a checkpoint saved at the previous epoch's end holds
+        # that epoch's meters. Mid-epoch (itr.n > 0) the restored meters are kept, as fairseq restores
+        # them, so the record of a resumed epoch covers the whole epoch, its updates before the resume too.
+        run.metrics.epoch.reset()
     batches = iter(progress)
     for samples in iter(lambda: list(itertools.islice(batches, update_freq)), []):
         out = train_or_skip(run, samples, epoch_itr.epoch, itr.n)
@@ -261,7 +273,6 @@ def train_epoch(run: Run, epoch_itr) -> Tuple[Optional[float], bool]:
         logger.warning(warning)
     progress.print(run.metrics.stats(run.metrics.epoch, trainer.num_updates, "train"), "train", trainer.num_updates)
     progress.close()
-    run.metrics.epoch.reset()
     return valid_loss, should_stop
 
 
@@ -294,7 +305,8 @@ def stop_requested(run: Run, updates: int) -> bool:
     time_up = opt.stop_time_hours > 0 and run.training_seconds() > opt.stop_time_hours * 3600
     if run.preemption.agreed(run.backend, also=time_up):  # every rank stops at the same update
         should_stop = True
-        reason = f"--stop-time-hours {opt.stop_time_hours} elapsed" if time_up else "SIGTERM/SIGUSR1 received"
+        signalled = "Ctrl-C (SIGINT)" if run.preemption.interrupted else "SIGTERM/SIGUSR1"
+        reason = f"--stop-time-hours {opt.stop_time_hours} elapsed" if time_up else f"{signalled} received"
         run.stopped_by_signal = not time_up and not (opt.max_update > 0 and updates >= opt.max_update)
         logger.info(f"stopping training at update {updates}: {reason}; saving checkpoint_last")
     return should_stop

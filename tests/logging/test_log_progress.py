@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.trainer.metrics.logging_setup import CONSOLE, FILE, ONLY
 from shardtrain.trainer.metrics.progress import JsonBar, SimpleBar, TqdmBar, build_progress_bar, format_stat
 
 STATS = {"loss": 6.2, "ppl": 73.4, "wps": 1520.0, "lr": 0.0005, "num_updates": 10}
@@ -14,7 +15,11 @@ STATS = {"loss": 6.2, "ppl": 73.4, "wps": 1520.0, "lr": 0.0005, "num_updates": 1
 @pytest.fixture
 def lines(caplog):
     caplog.set_level(logging.INFO, logger="shardtrain.progress")
-    return lambda tag: [r.getMessage() for r in caplog.records if r.name == tag]
+    def of(tag, where=None):
+        """``tag``'s messages; ``where``: only those the console (CONSOLE) or the --log-file (FILE) shows."""
+        return [r.getMessage() for r in caplog.records
+                if r.name == tag and (where is None or getattr(r, ONLY, where) == where)]
+    return of
 
 
 def _run_epoch(bar, stats=STATS, tag="train_inner"):
@@ -92,17 +97,21 @@ def test_tqdm_bar_postfix_and_summary(lines, capsys):
         bar.log(STATS, tag="train_inner", step=step)
     assert items == [0, 1, 2, 3]
     assert bar.tqdm.postfix == "loss=6.2, lr=0.0005, wps=1520"
-    assert lines("train_inner") == []  # the bar itself shows progress
+    assert lines("train_inner", CONSOLE) == []  # the bar itself shows progress
+    inner = [json.loads(line) for line in lines("train_inner", FILE)]  # the --log-file keeps the records
+    assert [r["num_updates"] for r in inner] == ["10", "10"] and [r["update"] for r in inner] == [0.5, 1.0]
     bar.print({"loss": 6.2}, tag="train", step=4)
     bar.close()
-    assert lines("train") == ["epoch 001 | loss 6.2"]
+    assert lines("train", CONSOLE) == ["epoch 001 | loss 6.2"]
+    assert lines("train", FILE) == ['{"epoch": 1, "train_loss": "6.2"}']
 
 
-def test_none_format_is_silent(lines):
+def test_none_format_is_silent_on_the_console_only(lines):
     bar = build_progress_bar(range(4), log_format="none", log_interval=1, epoch=1)
     _run_epoch(bar)
-    bar.print(STATS, tag="train", step=4)
-    assert lines("train_inner") == [] and lines("train") == []
+    bar.print({"loss": 6.2}, tag="train", step=4)
+    assert lines("train_inner", CONSOLE) == [] and lines("train", CONSOLE) == []
+    assert len(lines("train_inner", FILE)) == 4 and lines("train", FILE) == ['{"epoch": 1, "train_loss": "6.2"}']
 
 
 def test_unknown_format_lists_choices():

@@ -9,6 +9,13 @@ as Lightning and submitit do), so it resumes by itself when it runs again; if it
 command exits non-zero with the command to run by hand. A job
 that exits 0 after the warning would otherwise end COMPLETED, and nobody restarts
 it. SIGTERM (scancel, or a preemption SLURM requeues itself) is not requeued by us.
+
+Ctrl-C (SIGINT) stops the same way: the first finishes the update and saves checkpoint_last;
+a second (or a SIGINT after SIGTERM/SIGUSR1) raises KeyboardInterrupt at once. A terminal's Ctrl-C
+reaches the launcher and every rank (one process group); the launcher passes its first on as SIGTERM,
+which a rank that had the Ctrl-C itself ignores (it already stops), and its second as SIGINT, which
+a rank ignores once it is already stopping at once. A rank always sees its own SIGINT before the
+launcher's SIGTERM: the kernel marks it pending at once, and Python runs handlers in signal order.
 """
 import contextlib
 import logging
@@ -25,35 +32,65 @@ from shardtrain.core.errors import ShardtrainError
 
 logger = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# What shard-train's one-line exit after a second Ctrl-C (or SIGTERM while starting) says is true.
+STOPPED_AT_ONCE = ("nothing newer than the last checkpoint in --save-dir was saved (a first Ctrl-C finishes the "
+                   "update and saves); the same command resumes from that checkpoint, or starts afresh without one")
+FIRST_CTRL_C = ("Ctrl-C: finishing the current update, then saving checkpoint_last "
+                "(press Ctrl-C again to stop at once, without saving)")
 
 
 class PreemptionWatcher:
-    def __init__(self):
+    """``announce``: say at once what the first Ctrl-C does (a single process; a launcher says it for its ranks)."""
+
+    def __init__(self, announce: bool = False):
         self.requested = False
         self.received = set()  # the signals seen
+        self.interrupted = False  # after agreed(): whether any rank had a Ctrl-C
+        self._announce = announce
+        self._stopping_now = False
         self._previous = {}
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
         self.received.add(signum)
 
+    def _interrupt(self, signum, frame) -> None:
+        if self._stopping_now:  # the launcher passing on the second Ctrl-C this rank already had
+            return
+        if self.requested:  # a second Ctrl-C, or one after SIGTERM: the user will not wait for the save
+            self._stopping_now = True
+            raise KeyboardInterrupt
+        self._handle(signum, frame)
+        if self._announce:  # os.write: a handler may run inside a print or a logging call
+            os.write(2, f"\n{FIRST_CTRL_C}\n".encode())
+
     def agreed(self, backend, also: bool = False) -> bool:
         """True on every rank if any rank was signalled or passes ``also`` (another local
         reason to stop, e.g. its own clock past --stop-time-hours); ranks see signals and
-        clocks at different moments, and must stop after the same update."""
-        local = self.requested or also
-        if backend.world_size == 1:
-            return local
-        flag = torch.tensor([1.0 if local else 0.0], device=backend.device)
-        return bool(backend.all_reduce_sum(flag).item() > 0)
+        clocks at different moments, and must stop after the same update. Sets ``interrupted``."""
+        local = [1.0 if self.requested or also else 0.0, 1.0 if signal.SIGINT in self.received else 0.0]
+        if backend.world_size > 1:
+            local = backend.all_reduce_sum(torch.tensor(local, device=backend.device)).tolist()
+        self.interrupted = local[1] > 0
+        return local[0] > 0
 
     def close(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+def stopped_message(interrupted: bool, updates: int, no_save: bool, save_dir: str) -> str:
+    """What rank 0 says last after a stop by a signal (``interrupted``: a Ctrl-C)."""
+    why = "Ctrl-C" if interrupted else "SIGTERM/SIGUSR1"
+    if no_save:
+        return f"stopped by {why} at update {updates}; nothing was saved (--no-save)"
+    return (f"stopped by {why} at update {updates} with checkpoint_last saved: the same command resumes "
+            f"from it (in --save-dir {save_dir})")
 
 
 def slurm_job_id(env: Mapping[str, str]) -> Optional[str]:
@@ -97,17 +134,29 @@ def _not_requeued(job: str, why: str, command: str) -> str:
 @contextlib.contextmanager
 def forwarding_signals(processes):
     """In a launcher that spawned the ranks: pass SIGTERM/SIGUSR1 on to every rank,
-    which then saves checkpoint_last and exits 0, instead of dying and orphaning them."""
+    which then saves checkpoint_last and exits 0, instead of dying and orphaning them.
+    Ctrl-C: the first is passed on as SIGTERM (see the module's docstring), the second as SIGINT,
+    and the launcher then stops waiting (KeyboardInterrupt: its clean-up ends the ranks)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    interrupts = []
 
-    def forward(signum, frame):
+    def forward(signum, frame, as_signal=None):
         for process in processes:
             if process.is_alive():
-                os.kill(process.pid, signum)
+                os.kill(process.pid, as_signal or signum)
+
+    def interrupt(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            forward(signum, frame)
+            raise KeyboardInterrupt
+        forward(signum, frame, as_signal=signal.SIGTERM)
+        os.write(2, f"\n{FIRST_CTRL_C}\n".encode())
 
     previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     try:
         yield
     finally:

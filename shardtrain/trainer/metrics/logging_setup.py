@@ -16,6 +16,9 @@ from tqdm import tqdm
 from shardtrain.core.errors import ConfigError
 
 FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
+# A record's attribute ONLY, when set, names the one destination that shows it (progress.py: a tqdm
+# console shows a bar, its --log-file the json records the bar stands for).
+ONLY, FILE, CONSOLE = "shardtrain_only", "file", "console"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
@@ -31,6 +34,8 @@ class _StdoutHandler(logging.StreamHandler):
         self.previous_root_level = previous_root_level
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, ONLY, CONSOLE) != CONSOLE:
+            return
         try:
             tqdm.write(self.format(record), file=self.stream)
             self.flush()
@@ -40,6 +45,10 @@ class _StdoutHandler(logging.StreamHandler):
 
 class _FileHandler(logging.FileHandler):
     """Ours; appends, so a resumed run keeps the earlier lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, ONLY, FILE) == FILE:
+            super().emit(record)
 
 
 def setup_logging(log_file: Optional[str] = None, rank: int = 0) -> None:

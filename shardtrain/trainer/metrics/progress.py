@@ -9,6 +9,8 @@ Output lines have fairseq's shapes, so existing log parsers keep working::
 
 All text goes through the ``shardtrain.progress`` logger (so ``--log-file``,
 set up by :func:`shardtrain.trainer.metrics.logging_setup.setup_logging`, copies it);
+under ``tqdm`` and ``none`` the console shows a bar or nothing, and the log file gets
+every record as a json line instead, so it always holds the training curve;
 each record carries the tag ("train_inner", "valid", ...) as its name, which
 is what fairseq shows in the name column.
 
@@ -26,6 +28,7 @@ import torch
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.core.fileio import probe_writable_dir
+from shardtrain.trainer.metrics.logging_setup import CONSOLE, FILE, ONLY
 
 LOG_FORMATS = ("json", "simple", "tqdm", "none")
 # fairseq's bar shows every stat; three keep the tqdm line readable.
@@ -45,6 +48,12 @@ class TensorboardWriter:
         self.logdir = logdir
         self._summary_writer_cls = self.check_logdir(logdir)
         self._writers: Dict[str, Any] = {}
+        self._purge_step: Optional[int] = None
+
+    def resume_after(self, step: int) -> None:
+        """A run resumed from a checkpoint of update ``step``: what an earlier run wrote after it (it went on
+        past its last save, or another checkpoint was restored) is hidden from readers, so no step has two values."""
+        self._purge_step = step + 1
 
     @staticmethod
     def check_logdir(logdir: str):
@@ -90,7 +99,7 @@ class TensorboardWriter:
 
     def _writer(self, tag: str):
         if tag not in self._writers:
-            self._writers[tag] = self._summary_writer_cls(os.path.join(self.logdir, tag))
+            self._writers[tag] = self._summary_writer_cls(os.path.join(self.logdir, tag), purge_step=self._purge_step)
         return self._writers[tag]
 
 
@@ -181,10 +190,6 @@ class ProgressBar:
         return f"{current:5d} / {size if size is not None else '?'}"
 
 
-class NoneBar(ProgressBar):
-    """``--log-format none``: no text (tensorboard still written)."""
-
-
 class SimpleBar(ProgressBar):
     """One plain line per interval, for files and non-terminals."""
 
@@ -199,19 +204,30 @@ class SimpleBar(ProgressBar):
 class JsonBar(ProgressBar):
     """One JSON object per line; summaries prefix keys with the tag."""
 
-    def _log_line(self, stats, tag):
+    def _log_line(self, stats, tag, only=None):
         head: Dict[str, Any] = {}
         if self.epoch is not None:
             head["epoch"] = self.epoch
             size = _length(self.iterable)
             if size and self.i is not None:
                 head["update"] = round(self.epoch - 1 + (self.i + 1) / size, 3)
-        _emit(tag, json.dumps({**head, **_formatted(stats)}))
+        _emit(tag, json.dumps({**head, **_formatted(stats)}), only)
 
-    def _print_line(self, stats, tag):
+    def _print_line(self, stats, tag, only=None):
         head = {"epoch": self.epoch} if self.epoch is not None else {}
         body = {f"{tag}_{k}": v for k, v in _formatted(stats).items()}
-        _emit(tag, json.dumps({**head, **body}))
+        _emit(tag, json.dumps({**head, **body}), only)
+
+
+class NoneBar(ProgressBar):
+    """``--log-format none``: no text on the console (tensorboard still written); the --log-file
+    still gets every record, as json lines (what shard-plot reads)."""
+
+    def _log_line(self, stats, tag):
+        JsonBar._log_line(self, stats, tag, only=FILE)
+
+    def _print_line(self, stats, tag):
+        JsonBar._print_line(self, stats, tag, only=FILE)
 
 
 class TqdmBar(ProgressBar):
@@ -238,10 +254,15 @@ class TqdmBar(ProgressBar):
     def log(self, stats, tag, step):
         postfix = {k: format_stat(stats[k]) for k in TQDM_POSTFIX_KEYS if k in stats}
         self.tqdm.set_postfix(postfix, refresh=False)
-        super().log(stats, tag, step)  # tensorboard at the interval; no text line
+        super().log(stats, tag, step)  # tensorboard and the --log-file at the interval; the bar shows the rest
+
+    def _log_line(self, stats, tag):
+        # The bar's postfix is gone once it moves on: the --log-file keeps the record, as a json line.
+        JsonBar._log_line(self, stats, tag, only=FILE)
 
     def _print_line(self, stats, tag):
-        _emit(tag, _pipes(self.prefix, stats))
+        _emit(tag, _pipes(self.prefix, stats), only=CONSOLE)
+        JsonBar._print_line(self, stats, tag, only=FILE)  # the file's records all have one shape
 
     def close(self):
         self.tqdm.close()
@@ -268,14 +289,16 @@ def _pipes(prefix: str, stats: Mapping[str, Any]) -> str:
     return " | ".join(([prefix] if prefix else []) + fields)
 
 
-def _emit(tag: str, message: str) -> None:
-    """Log ``message`` through the progress logger under the name ``tag``.
+def _emit(tag: str, message: str, only: Optional[str] = None) -> None:
+    """Log ``message`` through the progress logger under the name ``tag``; ``only``: FILE or CONSOLE
+    (logging_setup's handlers skip a record marked for the other), None for both.
 
     fairseq renamed its shared logger around each call; building the record
     with the tag as its name gives the same output without mutating a logger.
     """
     if logger.isEnabledFor(logging.INFO):
-        record = logger.makeRecord(tag or logger.name, logging.INFO, __file__, 0, message, None, None)
+        extra = {ONLY: only} if only else None
+        record = logger.makeRecord(tag or logger.name, logging.INFO, __file__, 0, message, None, None, extra=extra)
         logger.handle(record)
 
 
