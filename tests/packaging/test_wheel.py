@@ -63,7 +63,7 @@ def test_wheel_holds_the_package_its_data_and_metadata(wheel):
     assert f"shardtrain-{shardtrain.__version__}.dist-info/licenses/LICENSE" in names
     assert meta["Version"] == shardtrain.__version__ and meta["License-Expression"] == "Apache-2.0"
     assert meta["Summary"] and "Programming Language :: Python :: 3" in meta.get_all("Classifier")
-    assert meta["Description-Content-Type"] == "text/markdown" and "## Quick start" in meta.get_payload()
+    assert meta["Description-Content-Type"] == "text/markdown" and "## Set up" in meta.get_payload()
     requires = meta.get_all("Requires-Dist")
     assert sorted(re.match(r"[\w-]+", r).group() for r in requires if "extra ==" not in r) == sorted(DEPENDENCIES)
     assert "torch<2.16,>=2.11" in requires  # the supported range, as README states it
