@@ -9,7 +9,7 @@ as cwd and first on PYTHONPATH, so the copy wins over the editable install,
 also in the ranks and commands the tests spawn; checked before anything runs),
 and the file is restored.
 
-    python benchmarks/mutation.py [--only NAME[,NAME]] [--list] [--jobs 1] [--timeout 900]
+    python benchmarks/mutation.py [--only NAME[,NAME]] [--list] [--jobs 1] [--timeout 900] [--worktree]
 
 Verdicts:
 - ``caught``: pytest failed (exit 1, or 2 for an interrupted run) on the mutant.
@@ -51,6 +51,19 @@ def export_head(dest: str) -> str:
     os.makedirs(dest, exist_ok=True)
     archive = subprocess.run(["git", "-C", REPO, "archive", "HEAD"], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    return dest
+
+
+def export_worktree(dest: str) -> str:
+    """The working tree as it is now (tracked and untracked, not ignored files) under ``dest``: for a session
+    that checks its new mutants before committing. Files are copied, so edits made meanwhile do not leak in."""
+    listed = subprocess.run(["git", "-C", REPO, "ls-files", "-z", "-c", "-o", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, (n.decode() for n in listed)):
+        src = os.path.join(REPO, name)
+        if os.path.isfile(src) and not os.path.islink(src):
+            os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dest, name))
     return dest
 
 
@@ -173,6 +186,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="mutants tested at once (one exported tree each)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant's tests")
     parser.add_argument("--baseline-timeout", type=float, default=3600.0, help="seconds for the unmutated pass")
+    parser.add_argument("--worktree", action="store_true",
+                        help="test the working tree's files as they are now instead of the committed HEAD")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated pass (trust HEAD)")
     args = parser.parse_args()
     names = [m.name for m in MUTANTS]
@@ -192,7 +207,8 @@ def main() -> None:
         return
     top = tempfile.mkdtemp(prefix="shardtrain-mutation-")
     try:
-        roots = [export_head(os.path.join(top, f"tree{i}")) for i in range(max(1, args.jobs))]
+        export = export_worktree if args.worktree else export_head
+        roots = [export(os.path.join(top, f"tree{i}")) for i in range(max(1, args.jobs))]
         check_imports_resolve_to(roots[0])
         check_all_apply(roots[0], mutants)
         failing = set() if args.no_baseline else failing_at_baseline(roots[0], mutants, args.baseline_timeout)
