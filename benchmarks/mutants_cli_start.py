@@ -1,4 +1,5 @@
-"""Issue 31, items 2 (Hydra half), 6 (fp16 on a CPU, unknown flags), 7 (a fast start) and 9 (fairseq flags).
+"""Issue 31, items 2 (Hydra half), 6 (fp16 on a CPU, unknown flags), 7 (a fast start) and 9 (fairseq flags);
+issue 37 (the help cache).
 Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
@@ -6,6 +7,9 @@ SW = "tests/config/test_hydra_switch.py::"
 UF = "tests/cli/test_unknown_flag_and_cpu_precision.py::"
 ST = "tests/cli/test_start_messages.py::"
 FT = "tests/config/test_fairseq_flag_table.py::"
+HC = "tests/cli/test_help_cache.py::"
+HK = "shardtrain/cli/help_key.py"
+HCM = "shardtrain/cli/help_cache.py"
 
 MUTANTS = [
     Mutant("hydra_switch_keeps_old_keys", "a recipe's optimizer switches from the command line (optimizer=adafactor)",
@@ -35,8 +39,63 @@ MUTANTS = [
            (ST + "test_help_is_recorded_then_answered_without_importing_the_command",
             ST + "test_cached_help_runs_with_torch_unimportable")),
     Mutant("help_cache_ignores_user_dir", "an edited plugin's flags are never described from the cache",
-           "shardtrain/cli/help_cache.py", "        parts += [os.path.abspath(user_dir), *_tree(os.path.abspath(user_dir))]",
-           "        parts += [os.path.abspath(user_dir)]", (ST + "test_help_key_follows_the_code_and_the_user_dir",)),
+           "shardtrain/cli/help_key.py", "        parts += [user_dir, *_tree(user_dir)]",
+           "        parts += [user_dir]", (ST + "test_help_key_follows_the_code_and_the_user_dir",)),
+    # Issue 37: the help cache's key (every input, by content) and its entries (checked, only successes kept).
+    Mutant("help_key_argv_strict_utf8", "--help with an argument that is not UTF-8 prints help",
+           HK, 'data = part.encode("utf-8", "surrogatepass")', "data = part.encode()",
+           (HC + "test_an_argument_that_is_not_utf8_gets_help_from_every_command",)),
+    Mutant("help_key_dangling_symlink_crashes", "--user-dir with a dangling .py symlink prints help",
+           HK, "    except OSError as e:\n        return f\"unreadable",
+           "    except PermissionError as e:\n        return f\"unreadable",
+           (HC + "test_a_dangling_symlink_in_the_user_dir",)),
+    Mutant("help_key_size_and_mtime_only", "a same-size edit of the code never leaves a stale --help",
+           HK, "            if stat.st_size > HASHED_UP_TO:", "            if True:",
+           (HC + "test_a_same_size_edit_of_shardtrains_code_or_recipes_makes_a_new_key",)),
+    Mutant("help_key_no_recipes", "an added or edited built-in recipe never leaves a stale --help",
+           HK, 'SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".so", ".pyd")', 'SOURCE_SUFFIXES = (".py", ".so", ".pyd")',
+           (HC + "test_a_same_size_edit_of_shardtrains_code_or_recipes_makes_a_new_key",)),
+    Mutant("help_key_package_not_walked", "an edited shardtrain never leaves a stale --help",
+           HK, "    parts += _tree(PACKAGE_DIR)\n", "",
+           (HC + "test_a_same_size_edit_of_shardtrains_code_or_recipes_makes_a_new_key",)),
+    Mutant("help_key_equals_form_ignored", "--user-dir=PATH is in the help key",
+           HK, '        elif arg.startswith("--user-dir="):', '        elif arg.startswith("--user-dir=") and False:',
+           (HC + "test_every_user_dir_form_is_keyed_by_content",)),
+    Mutant("help_key_first_user_dir_only", "the --user-dir argparse imports (the last) is in the help key",
+           HK, "for path in found if path]", "for path in found[:1] if path]",
+           (HC + "test_every_user_dir_form_is_keyed_by_content",)),
+    Mutant("help_key_tilde_not_expanded", "--user-dir=~/PATH is in the help key",
+           HK, "os.path.abspath(os.path.expanduser(path))", "os.path.abspath(path)",
+           (HC + "test_every_user_dir_form_is_keyed_by_content",)),
+    Mutant("help_key_installed_plugins_by_name", "an edited installed plugin never leaves a stale --help",
+           HK, "            parts += _tree(root)", "            parts += [root]",
+           (HC + "test_installed_plugins_are_keyed_by_their_files_only",)),
+    Mutant("help_key_walks_site_packages", "--help stays fast with a single-module plugin installed",
+           HK, "    return [spec.origin] if spec.origin and os.path.isfile(spec.origin) else []",
+           "    return [os.path.dirname(spec.origin)] if spec.origin else []",
+           (HC + "test_installed_plugins_are_keyed_by_their_files_only",)),
+    Mutant("help_key_no_torch_version", "another torch never prints the help of the old one",
+           HK, '*argv, sys.version, _version("torch"),', "*argv, sys.version,",
+           (HC + "test_versions_and_argument_boundaries_are_in_the_key",)),
+    Mutant("help_key_parts_run_together", "two command lines never share a help entry",
+           HK, 'digest.update(len(data).to_bytes(8, "little") + data)', "digest.update(data)",
+           (HC + "test_versions_and_argument_boundaries_are_in_the_key",)),
+    Mutant("help_cache_keeps_failed_help", "a --help that exits non-zero is never cached",
+           HCM, "        if e.code in (0, None) and not tee.failed:", "        if not tee.failed:",
+           (HC + "test_a_failed_help_is_never_kept",)),
+    Mutant("help_cache_keeps_help_cut_short", "a --help whose output failed is never cached",
+           HCM, "        if e.code in (0, None) and not tee.failed:", "        if e.code in (0, None):",
+           (HC + "test_a_help_cut_short_by_a_failed_write_is_never_kept",)),
+    Mutant("help_cache_entry_unchecked", "a damaged cache entry is never printed",
+           HCM, "hashlib.sha256(body).hexdigest()}\".encode():\n        return None",
+           "hashlib.sha256(body).hexdigest()}\".encode() and False:\n        return None",
+           (HC + "test_a_damaged_or_planted_entry_is_never_printed",)),
+    Mutant("help_cache_prints_control_codes", "a cache entry never sends escape codes to the terminal",
+           HCM, "    return text if text and not NOT_TEXT.search(text) else None", "    return text if text else None",
+           (HC + "test_a_damaged_or_planted_entry_is_never_printed",)),
+    Mutant("help_cache_bad_entry_kept", "a bad cache entry is discarded and help built again",
+           HCM, "        with contextlib.suppress(OSError):\n            os.remove(entry_path(name))\n", "        pass\n",
+           (HC + "test_a_damaged_or_planted_entry_is_never_printed",)),
     Mutant("slow_start_silent", "every command prints its first line within 2 s",
            "shardtrain/cli/entry.py", "    timer.start()\n", "", (ST + "test_a_slow_start_says_so_and_a_fast_one_says_nothing",)),
     Mutant("start_watch_silent_while_waiting", "a multi-rank start says what it waits for while it waits",

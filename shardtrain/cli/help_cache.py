@@ -2,27 +2,35 @@
 
 A command's help lists the flags of the components it would run, and their config classes sit next to
 their code, which imports torch: building the help took 2.9 s of an idle machine (torch's import is
-most of it). The text depends only on the command line, the terminal's width, shardtrain's code and the
-plugins (installed ones and ``--user-dir``), so it is kept under a key made of all of those, and a
-later ``--help`` with the same key prints it without importing anything heavy. A change to any of them
-(a file's size or modification time) makes a new key, so an edited config class is never described
-from the cache. The first ``--help`` after installing or editing still builds the text.
+most of it). The text depends only on inputs help_key.py names (the command line, the terminal's width,
+the content of shardtrain's code and recipes and of the plugins), so it is kept under a key made of all of
+them, and a later ``--help`` with the same key prints it without importing anything heavy. The first
+``--help`` after installing or editing still builds the text.
+
+Only a help that succeeded (exit status 0, every line written) is kept. An entry is checked before it is
+printed: its header names the format, its key and the sha256 of its text, and the text holds no control
+character but newline and tab, so a damaged or planted file never reaches the terminal (escape sequences
+included); it is deleted and the help built again.
 """
 import contextlib
 import hashlib
-import importlib.metadata
-import importlib.util
 import io
 import os
-import shutil
+import re
 import sys
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
-import shardtrain
+from shardtrain.cli.help_key import key
 from shardtrain.core.fileio import atomic_write_bytes
 
 ENV_DIR = "SHARDTRAIN_CACHE_DIR"  # default: $XDG_CACHE_HOME/shardtrain, else ~/.cache/shardtrain
-PLUGIN_GROUP = "shardtrain.plugins"  # core.plugins.GROUP, not imported: that module is the slow path's
+FORMAT = "shardtrain-help-cache 2"  # an entry's first line: FORMAT KEY SHA256-OF-THE-TEXT
+MAX_ENTRY_BYTES = 1 << 20  # shard-train's help is ~30 kB: anything far larger is not one
+# C0 and C1 controls (ESC starts a terminal's escape sequences) and DEL but tab and newline, and the
+# bidirectional overrides that make a terminal show text in another order than it reads.
+NOT_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+__all__ = ["asks_help", "cache_dir", "key", "lookup", "recording"]
 
 
 def asks_help(argv: Sequence[str]) -> bool:
@@ -36,96 +44,88 @@ def cache_dir() -> str:
     return os.environ.get(ENV_DIR) or os.path.join(base, "shardtrain")
 
 
-def key(prog: str, argv: Sequence[str]) -> str:
-    parts = [prog, *argv, sys.version, _version("torch"), str(shutil.get_terminal_size().columns),
-             os.environ.get("COLUMNS", "")]
-    parts += _tree(os.path.dirname(shardtrain.__file__))
-    for ep in sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda ep: (ep.name, ep.value)):
-        parts += [ep.name, ep.value, *_tree(_package_dir(ep.value.split(":")[0]))]
-    user_dir = _value_of(argv, "--user-dir")
-    if user_dir:
-        parts += [os.path.abspath(user_dir), *_tree(os.path.abspath(user_dir))]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+def entry_path(name: str) -> str:
+    return os.path.join(cache_dir(), "help", name + ".txt")
 
 
 def lookup(prog: str, argv: Sequence[str]) -> Optional[str]:
+    """The cached help, checked; None (and a bad entry deleted) when there is none to trust."""
     try:
-        with open(os.path.join(cache_dir(), "help", key(prog, argv) + ".txt"), encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError):
+        name = key(prog, argv)
+        with open(entry_path(name), "rb") as f:
+            data = f.read(MAX_ENTRY_BYTES + 1)
+    except (OSError, ValueError):  # no entry yet, an unreadable cache; ValueError: a key that cannot be made
         return None
+    text = checked(data, name)
+    if text is None:
+        with contextlib.suppress(OSError):
+            os.remove(entry_path(name))
+    return text
+
+
+def checked(data: bytes, name: str) -> Optional[str]:
+    """The text of the entry ``data`` stored under ``name``, or None unless every check holds."""
+    header, newline, body = data.partition(b"\n")
+    if not newline or len(data) > MAX_ENTRY_BYTES:
+        return None
+    if header != f"{FORMAT} {name} {hashlib.sha256(body).hexdigest()}".encode():
+        return None  # another format, another key's entry, or a text changed since it was written
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if text and not NOT_TEXT.search(text) else None
 
 
 @contextlib.contextmanager
 def recording(prog: str, argv: Sequence[str]) -> Iterator[None]:
-    """Run the command's own --help inside: what it prints goes to stdout and, when it exits 0, the cache."""
-    real, copy = sys.stdout, io.StringIO()
-    sys.stdout = _Tee(real, copy)
+    """Run the command's own --help inside: what it prints goes to stdout and, when it exits 0 having
+    written all of it, to the cache. An exception or another status stores nothing."""
+    real = sys.stdout
+    tee = _Tee(real)
+    sys.stdout = tee
     try:
         yield
     except SystemExit as e:
         sys.stdout = real
-        if e.code in (0, None) and copy.getvalue():
-            _store(key(prog, argv), copy.getvalue())
+        if e.code in (0, None) and not tee.failed:
+            store(prog, argv, tee.copy.getvalue())
         raise
     finally:
         sys.stdout = real
 
 
-def _store(name: str, text: str) -> None:
+def store(prog: str, argv: Sequence[str], text: str) -> None:
+    if not text or NOT_TEXT.search(text):
+        return  # a plugin's coloured help is printed, never replayed: the check on reading would refuse it
     try:
+        body = text.encode("utf-8")
+        name = key(prog, argv)
         os.makedirs(os.path.join(cache_dir(), "help"), exist_ok=True)
-        atomic_write_bytes(os.path.join(cache_dir(), "help", name + ".txt"), text.encode("utf-8"))
-    except OSError:
-        pass  # an unwritable cache only means the next --help builds the text again
+        header = f"{FORMAT} {name} {hashlib.sha256(body).hexdigest()}\n".encode()
+        atomic_write_bytes(entry_path(name), header + body)
+    except (OSError, ValueError):
+        pass  # an unwritable cache (or text no file can hold) only means the next --help builds the text again
 
 
 class _Tee(io.TextIOBase):
-    def __init__(self, *streams):
-        self.streams = streams
+    """Writes to the real stdout, then keeps a copy; remembers a failed write, which argparse swallows
+    (its print_help ignores OSError), so that a help cut short is never stored."""
+
+    def __init__(self, real):
+        self.real, self.copy, self.failed = real, io.StringIO(), False
 
     def write(self, text: str) -> int:
-        for stream in self.streams:
-            stream.write(text)
-        return len(text)
+        try:
+            self.real.write(text)
+        except BaseException:
+            self.failed = True
+            raise
+        return self.copy.write(text)
 
     def flush(self) -> None:
-        for stream in self.streams:
-            stream.flush()
-
-
-def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
-def _tree(root: Optional[str]) -> List[str]:
-    """Every Python and YAML file (the built-in recipes) under ``root`` as path, size and modification time."""
-    out = []
-    for folder, dirs, files in os.walk(root or ""):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(f for f in files if f.endswith((".py", ".yaml"))):
-            stat = os.stat(os.path.join(folder, name))
-            out.append(f"{os.path.join(folder, name)}:{stat.st_size}:{stat.st_mtime_ns}")
-    return out
-
-
-def _package_dir(module: str) -> Optional[str]:
-    """The folder of a plugin's top-level package (found, not imported)."""
-    try:
-        spec = importlib.util.find_spec(module.split(".")[0])
-    except (ImportError, ValueError):
-        return None
-    origin = getattr(spec, "origin", None)
-    return os.path.dirname(origin) if origin else None
-
-
-def _value_of(argv: Sequence[str], flag: str) -> Optional[str]:
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+        try:
+            self.real.flush()
+        except BaseException:
+            self.failed = True
+            raise
