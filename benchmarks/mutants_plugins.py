@@ -1,6 +1,6 @@
-"""Mutants of plugins at inference time: the plugin folder a checkpoint records and the commands find,
-and a model's optional capabilities with their defaults (models/capabilities.py). Each mutant was seen
-to fail its tests."""
+"""Mutants of plugins at inference time: the plugin folder a checkpoint records, imported only when the user
+names it (core/user_dir.py), and a model's optional capabilities with their defaults
+(models/capabilities.py). Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
 E2E = "tests/plugins/test_plugin_inference.py"
@@ -8,7 +8,13 @@ CAPS = "tests/plugins/test_capabilities.py"
 DEFAULTS = CAPS + "::test_a_bare_model_gets_the_documented_defaults"
 GENERATION = CAPS + "::test_generation_without_max_positions_padding_idx_or_cache"
 PROBES = CAPS + "::test_every_capability_is_documented_and_probed_only_in_capabilities"
-CHOICE = CAPS + "::test_the_plugin_folder_a_checkpoint_is_loaded_with"
+TRUST = "tests/plugins/test_plugin_trust.py"
+CHOICE = TRUST + "::test_the_plugin_folder_a_checkpoint_is_loaded_with"
+UNASKED = TRUST + "::test_a_recorded_plugin_is_imported_only_when_user_dir_names_it"
+RELATIVE = TRUST + "::test_an_older_checkpoints_relative_plugin_is_never_looked_up_in_the_working_directory"
+VERIFY = TRUST + "::test_shard_verify_names_the_plugin_a_checkpoint_needs"
+HASHED = TRUST + "::test_the_record_hashes_the_plugins_py_files"
+CHANGED = TRUST + "::test_a_named_plugin_whose_files_changed_since_the_save_loads_with_a_warning"
 USER_DIR = "shardtrain/core/user_dir.py"
 
 MUTANTS = [
@@ -18,17 +24,37 @@ MUTANTS = [
     Mutant("config_keeps_relative_user_dir", "the config keeps --user-dir as an absolute path",
            USER_DIR, '"user_dir": import_user_dir(common["user_dir"])}}',
            '"user_dir": import_user_dir(common["user_dir"]) and common["user_dir"]}}', (E2E,)),
-    Mutant("recorded_user_dir_wins", "an explicit --user-dir wins over the recorded one",
-           USER_DIR, "    if explicit:\n        return explicit\n    recorded = state.get(HEADER_KEY) or {}\n",
-           "    recorded = state.get(HEADER_KEY) or {}\n"
-           "    if explicit and not os.path.isdir(recorded.get('user_dir') or ''):\n        return explicit\n",
-           (CHOICE, E2E)),
+    Mutant("recorded_user_dir_wins", "the folder --user-dir names is the one imported",
+           USER_DIR, "        return explicit\n",
+           "        return path if path and os.path.isdir(path) else explicit\n", (CHOICE, E2E)),
     Mutant("inference_ignores_user_dir_flag", "shard-validate/-eval-lm/-generate/-interactive take --user-dir",
            "shardtrain/trainer/checkpoint/inference.py", "for_checkpoint(user_dir, state, path)",
-           "for_checkpoint(None, state, path)", (E2E,)),
-    Mutant("missing_plugin_error_says_no_flag", "a moved plugin's error names the recorded path and --user-dir",
-           USER_DIR, "    if not path or os.path.isdir(path):\n        return path\n",
-           "    if True:\n        return path\n", (CHOICE, E2E)),
+           "for_checkpoint(None, state, path)", (UNASKED,)),
+    Mutant("recorded_plugin_imported_unasked", "a plugin is imported only when the user names it",
+           USER_DIR, "    if path is None or _installed(module):\n        return None\n",
+           "    if path is None or _installed(module) or os.path.isdir(path):\n        return path\n",
+           (UNASKED, CHOICE)),
+    Mutant("old_relative_plugin_found_in_cwd", "an older checkpoint's relative plugin path is never looked up here",
+           USER_DIR, "    if path is None or _installed(module):\n        return None\n",
+           "    if path is None or _installed(module):\n        return None\n"
+           "    if HEADER_KEY not in state and os.path.isdir(path):  # older checkpoints, as before\n"
+           "        return path\n", (RELATIVE,)),
+    Mutant("installed_plugin_matched_by_name", "an installed entry point of the recorded module provides it",
+           USER_DIR, 'ep.module.split(".")[0] == module', "ep.name == module", (CHOICE,)),
+    Mutant("missing_plugin_error_says_no_flag", "a refused checkpoint's paragraph names the flag to pass",
+           USER_DIR, 'f"If you trust that plugin, pass --user-dir <folder> with its folder as it is on this machine "',
+           'f"If you trust that plugin, pass its folder as it is on this machine "', (UNASKED,)),
+    Mutant("verify_names_no_plugin", "shard-verify names the plugin a checkpoint needs",
+           "shardtrain/cli/verify.py", 'return f"{found.describe()}; {plugin}" if plugin else found.describe()',
+           "return found.describe()", (VERIFY,)),
+    Mutant("record_without_hash", "a checkpoint records a hash of its plugin's .py files",
+           USER_DIR, ', "sha256": files_sha256(path)}}', "}}", (HASHED,)),
+    Mutant("hash_covers_names_only", "the plugin hash covers the .py files' contents",
+           USER_DIR, 'digest.update(rel.encode() + b"\\0" + len(data).to_bytes(8, "little") + data)',
+           'digest.update(rel.encode() + b"\\0")', (HASHED,)),
+    Mutant("changed_plugin_not_warned", "a named plugin whose files changed since the save loads with a warning",
+           USER_DIR, '(state.get(HEADER_KEY) or {}).get("sha256")', '(state.get(HEADER_KEY) or {}).get("hash")',
+           (CHANGED,)),
     Mutant("model_only_drops_plugin_record", "shard-consolidate --model-only keeps the plugin record",
            "shardtrain/trainer/checkpoint/consolidate.py", '"task_fingerprint", HEADER_KEY)',
            '"task_fingerprint")', (E2E,)),

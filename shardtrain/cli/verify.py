@@ -3,8 +3,9 @@ checksums written with it.
 
 Prints one line per checkpoint (or data-bin): intact, damaged (with what is
 damaged and what to do), or not verifiable (written before shardtrain recorded
-checksums). Exit status 0 when nothing is damaged, 1 when something is, 2 for a
-PATH that is none of these.
+checksums); for a checkpoint trained with a plugin, the folder and module that
+loading it needs with --user-dir. Exit status 0 when nothing is damaged, 1 when
+something is, 2 for a PATH that is none of these.
 """
 import dataclasses
 import os
@@ -16,8 +17,10 @@ from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
 from shardtrain.core.errors import ConfigError, ShardtrainError
 from shardtrain.core.fields import field
+from shardtrain.core.user_dir import describe as describe_plugin
 from shardtrain.data.manifest import verify_data_bin
-from shardtrain.trainer.checkpoint.integrity import verify_checkpoint
+from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
+from shardtrain.trainer.checkpoint.integrity import check_checksums, verify_checkpoint
 
 EXIT_DAMAGED = 1
 # What a save dir holds under checkpoint names: files (single-file format) and directories or links to them (sharded)
@@ -50,8 +53,10 @@ def _targets(path: str) -> List[Tuple[str, Callable[[], str]]]:
     if not os.path.lexists(path):
         raise ConfigError(f"{path} does not exist. Pass a checkpoint file or directory, a --save-dir, or a "
                           "data-bin made by shard-preprocess.")
+    if _is_dangling(path):  # checkpoint_last named itself: damaged as it is inside a save dir, not a crash
+        return [(path, _dangling(path))]
     if os.path.isfile(path) or _is_checkpoint_dir(path):
-        return [(path, lambda: verify_checkpoint(path))]
+        return [(path, lambda: _check_checkpoint(path))]
     if os.path.isfile(os.path.join(path, "dict.txt")):
         return [(path, lambda: verify_data_bin(path))]
     return _save_dir_targets(path)
@@ -64,7 +69,7 @@ def _save_dir_targets(save_dir: str) -> List[Tuple[str, Callable[[], str]]]:
     names = [e for e in os.listdir(save_dir) if CHECKPOINT_NAME.fullmatch(e)]
     for entry in sorted(names, key=lambda e: _aliases_last(save_dir, e)):
         full = os.path.join(save_dir, entry)
-        if os.path.islink(full) and not os.path.exists(full):
+        if _is_dangling(full):
             targets.append((full, _dangling(full)))
             continue
         key = os.stat(full).st_ino, os.stat(full).st_dev
@@ -72,7 +77,7 @@ def _save_dir_targets(save_dir: str) -> List[Tuple[str, Callable[[], str]]]:
             targets.append((full, lambda same=seen[key]: f"the same checkpoint as {same}"))
             continue
         seen[key] = entry
-        targets.append((full, lambda p=full: verify_checkpoint(p)))
+        targets.append((full, lambda p=full: _check_checkpoint(p)))
     if not targets:
         raise ConfigError(f"{save_dir} holds no checkpoints (checkpoint*.pt files or sharded checkpoint "
                           "directories) and is not a data-bin (no dict.txt). Pass a checkpoint, a --save-dir or a "
@@ -80,10 +85,28 @@ def _save_dir_targets(save_dir: str) -> List[Tuple[str, Callable[[], str]]]:
     return targets
 
 
+def _check_checkpoint(path: str) -> str:
+    """verify_checkpoint's line, and the plugin the checkpoint needs (loading never imports it unasked)."""
+    where = resolve_checkpoint_path(path)
+    if not os.path.exists(where):  # verify_checkpoint's paragraph names it
+        return verify_checkpoint(path)
+    fmt = format_of(where)  # one reader: it pins what an alias names, so the header read is the one verified
+    found = check_checksums(fmt, where, notice=False)
+    if found is None:  # gone meanwhile
+        return verify_checkpoint(path)
+    plugin = describe_plugin(fmt.read_verified_state(where, model_only=True))
+    return f"{found.describe()}; {plugin}" if plugin else found.describe()
+
+
+def _is_dangling(path: str) -> bool:
+    """A link whose target is gone (or a loop of links): stat() of it fails, so it is reported, not checked."""
+    return os.path.islink(path) and not os.path.exists(path)
+
+
 def _dangling(link: str) -> Callable[[], str]:
     def check() -> str:
-        raise ConfigError(f"a link to {os.readlink(link)!r}, which does not exist (moved or deleted); point it at "
-                          "an intact checkpoint or remove it.")
+        raise ConfigError(f"dangling link to {os.readlink(link)!r}, which does not exist (moved or deleted); point "
+                          "it at an intact checkpoint or remove it.")
     return check
 
 

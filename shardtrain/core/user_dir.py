@@ -1,22 +1,32 @@
-"""``--user-dir``: a plugin folder imported by path, and where a checkpoint says it was.
+"""``--user-dir``: a plugin folder imported by path, and what a checkpoint says about it.
 
 A run's config holds the plugin folder as an absolute path (:func:`with_user_dir_imported`
 resolves the one given against the working directory), and a checkpoint's header records it
-with the module name it was imported as (:func:`record`). A command that loads the checkpoint
-imports the folder an explicit ``--user-dir`` names, else the recorded one, from any working
-directory (:func:`for_checkpoint`).
+with the module name it was imported as and a hash of its ``.py`` files (:func:`record`).
+
+A command that loads a checkpoint imports a plugin only when the user names it (``--user-dir``, or an
+installed ``shardtrain.plugins`` entry point), never the folder the checkpoint records: anyone who can
+hand over or edit a checkpoint could otherwise run code on this machine, and checksums do not help
+(an editor recomputes them). A checkpoint that needs a plugin not given is refused, naming it
+(:func:`for_checkpoint`); a given one whose files changed since the save is loaded with a warning.
 """
+import hashlib
 import importlib
+import importlib.metadata
+import logging
 import os
 import sys
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.core.plugins import GROUP
 
-HEADER_KEY = "plugin"  # a checkpoint header's {"user_dir": absolute path, "module": name}
+logger = logging.getLogger(__name__)
+HEADER_KEY = "plugin"  # a checkpoint header's {"user_dir": absolute path, "module": name, "sha256": files_sha256}
 # --user-dir of the commands that load a checkpoint
 LOADING_HELP = ("the plugin folder (a Python package) that registers the checkpoint's task, model or criterion; "
-                "default: the one the checkpoint recorded")
+                "needed for a checkpoint trained with one (shard-verify names it): the folder a checkpoint "
+                "records is never imported on its own")
 
 
 def absolute(path: str) -> str:
@@ -61,28 +71,84 @@ def with_user_dir_imported(values: Dict) -> Dict:
     return {**values, "common": {**common, "user_dir": import_user_dir(common["user_dir"])}}
 
 
+def files_sha256(folder: str) -> str:
+    """sha256 over the folder's ``.py`` files, in the order of their sorted relative paths ('/'-separated):
+    for each, the path, a NUL byte, the content's length as 8 little-endian bytes, the content."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [os.path.join(root, f) for f in files if f.endswith(".py")]
+    digest = hashlib.sha256()
+    for rel, full in sorted((os.path.relpath(p, folder).replace(os.sep, "/"), p) for p in found):
+        with open(full, "rb") as f:
+            data = f.read()
+        digest.update(rel.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
 def record(user_dir: Optional[str]) -> Dict:
     """The checkpoint header's entry for the run's plugin folder (empty without one)."""
     if not user_dir:
         return {}
     path = absolute(user_dir)
-    return {HEADER_KEY: {"user_dir": path, "module": os.path.basename(path)}}
+    return {HEADER_KEY: {"user_dir": path, "module": os.path.basename(path), "sha256": files_sha256(path)}}
+
+
+def needed(state: Dict) -> Tuple[Optional[str], Optional[str]]:
+    """(folder, module) of the plugin the checkpoint ``state`` was trained with; (None, None) for none.
+    Checkpoints written before the header recorded it hold only the config's value (perhaps relative)."""
+    recorded = state.get(HEADER_KEY) or {}
+    path = recorded.get("user_dir") or ((state.get("cfg") or {}).get("common") or {}).get("user_dir")
+    if not path:
+        return None, None
+    return path, recorded.get("module") or os.path.basename(os.path.normpath(path))
+
+
+def describe(state: Dict) -> Optional[str]:
+    """shard-verify's words for the plugin a checkpoint needs (None: it needs none)."""
+    path, module = needed(state)
+    if path is None:
+        return None
+    return (f"needs the plugin {module!r} from the folder {path}{_relative_note(path)}: load it with "
+            f"--user-dir <folder>")
 
 
 def for_checkpoint(explicit: Optional[str], state: Dict, checkpoint: str) -> Optional[str]:
     """The plugin folder to import before rebuilding the checkpoint ``state``'s components: ``explicit``
-    (``--user-dir``) when given, else the one the checkpoint recorded; None when it used none."""
+    (``--user-dir``), or None when the checkpoint used none or an installed entry point provides its module.
+    A recorded folder is never returned: without ``explicit`` a checkpoint that needs one is refused."""
+    path, module = needed(state)
     if explicit:
+        if path is not None:
+            _warn_if_changed(explicit, (state.get(HEADER_KEY) or {}).get("sha256"), checkpoint)
         return explicit
-    recorded = state.get(HEADER_KEY) or {}
-    # Checkpoints written before the header recorded it hold only the config's value (perhaps relative).
-    path = recorded.get("user_dir") or ((state.get("cfg") or {}).get("common") or {}).get("user_dir")
-    if not path or os.path.isdir(path):
-        return path
-    module = recorded.get("module") or os.path.basename(os.path.normpath(path))
-    where = "" if os.path.isabs(path) else f" (relative to the folder training ran in, not {os.getcwd()})"
+    if path is None or _installed(module):
+        return None
     raise ConfigError(
-        f"Checkpoint {checkpoint} was trained with the plugin {module!r} from --user-dir {path}{where}, which does "
-        f"not exist here. Pass --user-dir with the plugin's folder as it is now (a Python package, such as "
-        f"path/to/{module}, whose __init__.py registers the checkpoint's task, model and criterion); it is "
-        "used instead of the recorded one.")
+        f"Checkpoint {checkpoint} was trained with the plugin {module!r} from the folder {path}"
+        f"{_relative_note(path)}, and a plugin is imported only when you name it: the folder a checkpoint records "
+        "is not imported on its own, since whoever wrote or edited the checkpoint could put any code there. "
+        f"If you trust that plugin, pass --user-dir <folder> with its folder as it is on this machine "
+        f"(--user-dir {path} if it is still there), or install it with a {GROUP!r} entry point.")
+
+
+def _relative_note(path: str) -> str:
+    if os.path.isabs(path):
+        return ""
+    return " (recorded relative to the folder training ran in; never looked up in the working directory)"
+
+
+def _installed(module: str) -> bool:
+    """Whether an installed entry point comes from ``module`` (load_plugins imports it anyway)."""
+    return any(ep.module.split(".")[0] == module for ep in importlib.metadata.entry_points(group=GROUP))
+
+
+def _warn_if_changed(folder: str, recorded: Optional[str], checkpoint: str) -> None:
+    path = absolute(folder)
+    if recorded is None or not os.path.isdir(path):  # older checkpoints hold no hash; a missing folder: see import
+        return
+    if files_sha256(path) != recorded:
+        logger.warning(f"warning: the plugin folder {path} (--user-dir) is not the code checkpoint {checkpoint} "
+                       "was saved with: its .py files changed since (their sha256 differs from the one recorded). "
+                       "It is loaded anyway, since you named it; if the results look wrong, compare it with the "
+                       "plugin's version at training time.")

@@ -142,7 +142,7 @@ def test_nan_loss_stops_naming_the_update_and_keeps_checkpoint_last(data, tmp_pa
     assert last_checkpoint_state(save)["train_state"]["num_updates"] == 4  # saved before the NaN
     from shardtrain.trainer.checkpoint.inference import load_for_inference
 
-    _, _, model, _ = load_for_inference(str(save / "checkpoint_last"))
+    _, _, model, _ = load_for_inference(str(save / "checkpoint_last"), user_dir=NAN_PLUGIN)  # named: never implied
     weights = list(model.state_dict().values())
     assert weights and all(torch.isfinite(w).all() for w in weights if w.is_floating_point())
     assert not math.isclose(sum(float(w.float().abs().sum()) for w in weights), 0.0)
@@ -179,7 +179,7 @@ def test_skip_nan_updates_passes_over_bad_steps_and_stops_when_they_persist(data
     assert last_checkpoint_state(tmp_path / "skip")["train_state"]["num_updates"] == 8
     from shardtrain.trainer.checkpoint.inference import load_for_inference
 
-    _, _, model, _ = load_for_inference(str(tmp_path / "skip" / "checkpoint_last"))
+    _, _, model, _ = load_for_inference(str(tmp_path / "skip" / "checkpoint_last"), user_dir=NAN_PLUGIN)
     assert all(torch.isfinite(w).all() for w in model.state_dict().values() if w.is_floating_point())
 
     # three in a row with two allowed: the third stops the run, naming it

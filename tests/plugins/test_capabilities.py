@@ -1,16 +1,13 @@
 """A model's optional capabilities: each has its default in models/capabilities.py, documented in
-docs/plugins.md, and no other module probes a model for one itself. And the choice of the plugin
-folder a checkpoint is loaded with (core/user_dir.py)."""
+docs/plugins.md, and no other module probes a model for one itself. (The plugin folder a checkpoint
+is loaded with: test_plugin_trust.py.)"""
 import os
 import re
 
-import pytest
 import torch
 from torch import nn
 
 import shardtrain
-from shardtrain.core.errors import ConfigError
-from shardtrain.core.user_dir import for_checkpoint, record
 from shardtrain.models import capabilities
 from shardtrain.models.beam_search import beam_search
 from shardtrain.models.sampling import sample_lines, sample_scored
@@ -77,22 +74,3 @@ def test_every_capability_is_documented_and_probed_only_in_capabilities():
                 with open(path) as f:
                     found = probe.search(f.read())
                 assert found is None, f"{os.path.relpath(path, ROOT)} probes {found.group(0)}: ask capabilities"
-
-
-def test_the_plugin_folder_a_checkpoint_is_loaded_with(tmp_path):
-    plugin = tmp_path / "my_plugin"
-    plugin.mkdir()
-    state = {**record(str(plugin)), "cfg": {"common": {"user_dir": str(plugin)}}}
-    assert state["plugin"] == {"user_dir": str(plugin), "module": "my_plugin"}
-    assert for_checkpoint(None, state, "ck.pt") == str(plugin)  # the recorded one
-    assert for_checkpoint("elsewhere/p", state, "ck.pt") == "elsewhere/p"  # an explicit --user-dir wins
-    assert for_checkpoint(None, {"cfg": {"common": {"user_dir": None}}}, "ck.pt") is None  # none used
-    assert record(None) == {}
-    plugin.rmdir()
-    with pytest.raises(ConfigError, match=f"ck.pt was trained with the plugin 'my_plugin' from --user-dir {plugin}, "
-                                          "which does not exist here. Pass --user-dir"):
-        for_checkpoint(None, state, "ck.pt")
-    # a checkpoint written before the header recorded it: the config's (relative) path, said so
-    with pytest.raises(ConfigError, match="from --user-dir plugins/old_one \\(relative to the folder training ran "
-                                          "in, not "):
-        for_checkpoint(None, {"cfg": {"common": {"user_dir": "plugins/old_one"}}}, "ck.pt")

@@ -1,9 +1,11 @@
 """A --user-dir model with only the required methods (gru_plugin: build_model and forward) trains, and
-every command that loads its checkpoint finds the plugin: from another working directory by the
-absolute path the checkpoint recorded, and by an explicit --user-dir once the folder has moved."""
+every command that loads its checkpoint runs it from another working directory when --user-dir names the
+plugin, before and after the folder moved; without --user-dir the recorded folder is never imported: the
+command refuses, naming it (test_plugin_trust.py has the refusal of each command, in-process)."""
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,22 +75,25 @@ def test_plugin_checkpoint_loads_from_anywhere_and_after_the_plugin_moved(tmp_pa
     checkpoint = str(home / "ck" / "checkpoint_last.pt")
     state = torch.load(checkpoint, weights_only=True, map_location="cpu")
     plugin_dir = str(home / "gru_lm_plugin")
-    assert state["plugin"] == {"user_dir": plugin_dir, "module": "gru_lm_plugin"}
+    recorded = dict(state["plugin"])
+    assert re.fullmatch("[0-9a-f]{64}", recorded.pop("sha256"))  # of its .py files (test_plugin_trust.py pins one)
+    assert recorded == {"user_dir": plugin_dir, "module": "gru_lm_plugin"}
     assert state["cfg"]["common"]["user_dir"] == plugin_dir  # given as a relative path, kept absolute
 
-    _check_results(_commands(elsewhere, data, checkpoint), plugin_dir)  # no --user-dir: the recorded path
-
-    shutil.move(plugin_dir, moved / "gru_lm_plugin")
+    # the recorded folder exists, and is still not imported unless named
     refused = _run(["-m", "shardtrain.cli.validate", data, "--path", checkpoint], cwd=elsewhere)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
-    assert (f"was trained with the plugin 'gru_lm_plugin' from --user-dir {plugin_dir}, which does not exist "
-            "here. Pass --user-dir with the plugin's folder as it is now") in refused.stderr
+    assert (f"was trained with the plugin 'gru_lm_plugin' from the folder {plugin_dir}, and a plugin is imported "
+            "only when you name it") in refused.stderr and f"--user-dir {plugin_dir}" in refused.stderr
+    _check_results(_commands(elsewhere, data, checkpoint, "--user-dir", plugin_dir), plugin_dir)
+
+    shutil.move(plugin_dir, moved / "gru_lm_plugin")
     # reading tensors and the config as data, conversion never imports the plugin
     sharded = str(elsewhere / "sharded")
     converted = _run(["-m", "shardtrain.cli.consolidate", checkpoint, sharded], cwd=elsewhere)
     assert converted.returncode == 0, converted.stderr[-3000:]
 
-    # A decoy where the checkpoint says the plugin is: an explicit --user-dir must win over it.
+    # A decoy where the checkpoint says the plugin is: the folder --user-dir names is the one imported.
     os.mkdir(plugin_dir)
     with open(os.path.join(plugin_dir, "__init__.py"), "w") as f:
         f.write("raise RuntimeError('the recorded folder was imported')\n")
@@ -96,4 +101,4 @@ def test_plugin_checkpoint_loads_from_anywhere_and_after_the_plugin_moved(tmp_pa
     _check_results(out, str(moved / "gru_lm_plugin"))
     model_only = str(elsewhere / "model.pt")  # the record survives both conversions
     consolidate.main([sharded, model_only, "--model-only"])
-    assert torch.load(model_only, weights_only=True)["plugin"] == {"user_dir": plugin_dir, "module": "gru_lm_plugin"}
+    assert torch.load(model_only, weights_only=True)["plugin"] == state["plugin"]

@@ -47,7 +47,8 @@ def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False,
     task at another copy of the data-bin (its dictionary must match). Either
     form works: a single file, or a sharded directory (``checkpoint_last.pt``
     finds the directory ``checkpoint_last`` when there is no such file). ``user_dir``: the plugin
-    folder to import instead of the one the checkpoint recorded (--user-dir).
+    folder to import (--user-dir); the one the checkpoint records is never imported, so a checkpoint
+    trained with a plugin is refused without it (core/user_dir.py: for_checkpoint).
     """
     path = resolve_checkpoint_path(path)
     meter = LoadMeter()
