@@ -131,4 +131,24 @@ MUTANTS = [
            T + "checkpoint/sharded.py", "    if not os.path.isfile(os.path.join(path, COMPLETE)):\n",
            "    if False:\n",
            ("tests/distributed/test_checkpoint_atomicity.py::test_a_directory_without_complete_is_refused",)),
+    # -- issue 37: the name the user passes, and shard-consolidate --model-only from either form -----------
+    Mutant("explicit_restore_file_loses_to_its_directory", "--restore-file X.pt loads X.pt, whatever X/ beside it",
+           C + "manager.py", "        if len(found) == 2 and name != DEFAULT_RESTORE:",
+           "        if len(found) == 2 and False:",
+           ("tests/trainer/test_restore_file_named.py::"
+            "test_an_explicit_name_loads_that_file_whatever_its_sibling_directory",)),
+    Mutant("both_forms_advice_loops", "the both-forms warning names a --restore-file that loads the other form",
+           C + "newer.py", "--restore-file {os.path.abspath(other)}", "--restore-file {os.path.basename(other)}",
+           ("tests/trainer/test_restore_file_named.py::"
+            "test_the_default_name_takes_the_newer_form_and_its_advice_does_not_loop",)),
+    Mutant("model_only_refused_for_a_file", "shard-consolidate --model-only takes a single file too",
+           "shardtrain/cli/consolidate.py", "    if not single_file or args.model_only:", "    if not single_file:",
+           ("tests/cli/test_consolidate_model_only.py::test_the_docs_command_works_on_either_form_and_writes_the_"
+            "same_keys",)),
+    Mutant("model_only_file_keeps_the_training_state", "--model-only writes the same keys from either form",
+           C + "consolidate.py",
+           '    return {**{k: state[k] for k in MODEL_ONLY_KEYS if k in state}, "model": state["model"]}',
+           "    return state",
+           ("tests/cli/test_consolidate_model_only.py::test_the_docs_command_works_on_either_form_and_writes_the_"
+            "same_keys",)),
 ]

@@ -50,4 +50,12 @@ MUTANTS = [
     Mutant("amp_ignored", "--amp trains in fp16 autocast with fp32 weights and a dynamic loss scale",
            "shardtrain/config/sections.py", 'return "fp16" if common.fp16 or common.amp else "fp32"',
            'return "fp16" if common.fp16 else "fp32"', (AMP,)),
+    # -- issue 37: a command-line override wins over the recipe's value it contradicts -------------------
+    Mutant("recipe_value_beats_override", "checkpoint.no_save=true on a recipe that saves every N updates runs",
+           "shardtrain/config/hydra_store.py", "    return cfg, choices, primary.notes + override_wins.apply(cfg, parsed, "
+           "source)\n", "    return cfg, choices, primary.notes\n",
+           ("tests/config/test_override_wins.py::test_no_save_override_wins_over_the_recipes_save_interval",)),
+    Mutant("override_wins_over_another_override", "two contradicting overrides are still refused",
+           "shardtrain/config/override_wins.py", "        if len(won) != 1 or", "        if not won or",
+           ("tests/config/test_override_wins.py::test_both_from_one_place_are_still_refused",)),
 ]

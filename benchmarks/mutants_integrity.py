@@ -182,4 +182,17 @@ MUTANTS = [
            '    if record + 56 != locator or bytes(view[record:record + 4]) != b"PK\\x06\\x06":',
            "    if False:",
            (FLIPS + "::test_every_flip_in_the_end_records_is_detected_or_outside_the_bytes_read",)),
+    # -- issue 37: dangling links in shard-verify, the damaged checkpoint's alternatives ------------------
+    Mutant("verify_dangling_link_named_crashes", "shard-verify reports a dangling checkpoint link as damaged",
+           "shardtrain/cli/verify.py",
+           "    if _is_dangling(path):  # checkpoint_last named itself: damaged as it is inside a save dir, not a crash\n"
+           "        return [(path, _dangling(path))]\n", "",
+           ("tests/cli/test_verify_dangling.py::test_a_dangling_link_named_itself_is_damaged_not_a_crash",)),
+    Mutant("damaged_alternatives_by_realpath", "the damaged paragraph never offers the damaged checkpoint itself",
+           T + "checkpoint/integrity.py", "        if identity != damaged and identity not in found:",
+           "        if os.path.realpath(full) != os.path.realpath(path) and identity not in found:",
+           ("tests/trainer/test_damaged_alternatives.py::test_the_hard_linked_last_is_not_offered_as_the_way_out",)),
+    Mutant("damaged_alternatives_oldest_first", "the damaged paragraph offers the newest other checkpoint",
+           T + "checkpoint/integrity.py", "key=lambda t: (-t[0], t[1])", "key=lambda t: (t[0], t[1])",
+           ("tests/trainer/test_damaged_alternatives.py::test_the_newest_other_checkpoint_is_the_one_offered",)),
 ]

@@ -1,9 +1,11 @@
 """``shard-consolidate IN OUT``: a sharded checkpoint directory to one file, or one file to a sharded directory.
 
 The direction follows the input: a directory (as fully_sharded writes) becomes
-one ``torch.save`` file (the model only with --model-only, which loads into a
-plain ``nn.Module`` with ``load_state_dict``); a file becomes a directory that
-resumes on any number of ranks. An existing OUT is refused unless --overwrite.
+one ``torch.save`` file; a file becomes a directory that resumes on any number
+of ranks. --model-only writes one file from either form: a dict of the model's
+weights under ``model`` (``module.load_state_dict(torch.load(OUT)["model"])``) with
+the config and header beside them, so shard-validate and --finetune-from-model
+read it too. An existing OUT is refused unless --overwrite.
 """
 import dataclasses
 import logging
@@ -14,8 +16,9 @@ from shardtrain.config import flags
 from shardtrain.core.fields import field
 from shardtrain.core.errors import CheckpointError
 from shardtrain.core.fileio import atomic_write_bytes
-from shardtrain.trainer.checkpoint.consolidate import (check_output, describe, file_to_sharded, read_sharded,
-                                                       require_safetensors, safetensors_bytes, write_file)
+from shardtrain.trainer.checkpoint.consolidate import (check_output, describe, file_to_sharded, read_file_model_only,
+                                                       read_sharded, require_safetensors, safetensors_bytes,
+                                                       write_file)
 from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
 from shardtrain.trainer.checkpoint.single_file import SingleFile
 from shardtrain.core.timing import timed
@@ -28,8 +31,10 @@ logger = logging.getLogger("shardtrain.consolidate")
 class ConsolidateConfig:
     input: str = field(help="checkpoint to convert (a sharded directory or a single file)", positional=True)
     output: str = field(help="where to write the other form (must not exist, unless --overwrite)", positional=True)
-    model_only: bool = field(False, help="directory -> file: keep only the model weights (and the config)")
-    export_safetensors: bool = field(False, help="directory -> file: also write OUTPUT.safetensors (model weights)")
+    model_only: bool = field(False, help="write one file with only the model weights (under 'model') and the "
+                                         "config, from a sharded directory or a single file")
+    export_safetensors: bool = field(False, help="directory -> file, or --model-only: also write OUTPUT.safetensors "
+                                                 "(model weights)")
     overwrite: bool = field(False, help="replace an existing output file (or sharded checkpoint directory); "
                                         "without it an existing output is refused")
 
@@ -41,21 +46,24 @@ def main(argv):
     source = resolve_checkpoint_path(args.input)
     if not os.path.exists(source):
         raise CheckpointError(f"{args.input} does not exist. Pass a checkpoint file or directory.")
-    if not isinstance(format_of(source), SingleFile):  # the direction follows the input's format
-        with timed(logger, f"consolidating {source} into one file"):
-            written = _to_file(source, args)
+    single_file = isinstance(format_of(source), SingleFile)
+    if not single_file or args.model_only:  # the direction follows the input's format, unless --model-only
+        with timed(logger, f"{'consolidating' if not single_file else 'keeping the model of'} {source} in one file"):
+            written = _to_file(source, args, single_file)
         logger.info(f"wrote {args.output} ({'model only' if args.model_only else describe(written)})")
     else:
-        if args.model_only or args.export_safetensors:
-            raise CheckpointError("--model-only and --export-safetensors apply when the input is a sharded "
-                                  "directory; a single file is converted to a sharded directory whole.")
+        if args.export_safetensors:
+            raise CheckpointError("--export-safetensors applies when the output is one file: a sharded directory "
+                                  "as input, or --model-only. A single file without --model-only is converted to a "
+                                  "sharded directory whole; add --model-only to export its weights.")
         with timed(logger, f"sharding {source} into a directory"):
             written = file_to_sharded(source, args.output, args.overwrite)
         logger.info(f"wrote sharded checkpoint {args.output} ({describe(written)})")
 
 
-def _to_file(source: str, args) -> dict:
-    """Directory -> file (and OUTPUT.safetensors): every output is checked before any is written."""
+def _to_file(source: str, args, single_file: bool) -> dict:
+    """Directory (or, --model-only, a file) -> file (and OUTPUT.safetensors): every output is checked before
+    any is written."""
     check_output(args.output, args.overwrite, directory=False)
     extra_path = os.path.splitext(args.output)[0] + ".safetensors" if args.export_safetensors else None
     if extra_path:
@@ -64,7 +72,7 @@ def _to_file(source: str, args) -> dict:
             raise CheckpointError(f"The output {args.output} would be overwritten by its own safetensors export; "
                                   "name the output with another extension, such as .pt.")
         check_output(extra_path, args.overwrite, directory=False)
-    state = read_sharded(source, args.model_only)
+    state = read_file_model_only(source) if single_file else read_sharded(source, args.model_only)
     weights = safetensors_bytes(state["model"]) if extra_path else None  # before writing: no half export
     write_file(state, args.output)
     if extra_path:

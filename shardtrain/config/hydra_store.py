@@ -28,7 +28,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from shardtrain.config import components, hydra_switch
+from shardtrain.config import components, hydra_switch, override_wins
 from shardtrain.config.sections import COMPONENT_SLOTS, SECTIONS, ComponentsConfig
 from shardtrain.core.errors import ConfigError
 
@@ -158,7 +158,7 @@ def _compose_checked(config_dir: str, config_name: str, overrides: Sequence[str]
     except OmegaConfBaseException as e:  # reading a value resolves its ${...}
         raise ConfigError(f"Cannot resolve {source} with its overrides: {' '.join(str(e).split())}. Fix the "
                           "interpolation (${...}) named above.") from None
-    return cfg, choices, primary.notes
+    return cfg, choices, primary.notes + override_wins.apply(cfg, parsed, source)
 
 
 def parse_overrides(overrides: Sequence[str]):

@@ -87,6 +87,13 @@ def read_sharded(src: str, model_only: bool) -> Dict:
     return state
 
 
+def read_file_model_only(src: str) -> Dict:
+    """The model-only form of the single-file checkpoint ``src``, as read_sharded(model_only=True) makes it
+    from a directory: the same top-level keys whichever form the input has."""
+    state = SingleFile().read_state(src, model_only=True)  # the tensors stay in the mapped file until saved
+    return {**{k: state[k] for k in MODEL_ONLY_KEYS if k in state}, "model": state["model"]}
+
+
 def write_file(state: Dict, dst: str) -> None:
     with atomic_open(dst) as f:
         torch.save(state, f)

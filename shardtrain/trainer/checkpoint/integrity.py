@@ -65,19 +65,21 @@ def check_checksums(fmt, path: str, notice: bool = True) -> Optional[Verified]:
 
 def damaged_error(path: str, damage: Damaged) -> CheckpointError:
     others = earlier_checkpoints(path)
-    listed = (f"the other checkpoints in {os.path.dirname(os.path.abspath(path))} are: {', '.join(others)}"
-              if others else f"there is no other checkpoint in {os.path.dirname(os.path.abspath(path))}")
+    where = os.path.dirname(os.path.abspath(path))
+    listed = (f"the other checkpoints in {where}, newest first, are: {', '.join(others)}"
+              if others else f"there is no other checkpoint in {where}")
+    resume = f"--restore-file {others[0]}" if others else "--restore-file NAME"
     if isinstance(damage, Outside):  # not a fault of the storage: someone made or altered it
         return CheckpointError(
             f"Checkpoint {path} is refused: {damage.file} {damage.detail}. Every file a checkpoint refers to lies "
             "inside its directory and is checksummed; shardtrain never writes anything else, so this one was made "
             f"by another program or altered. Nothing was read from it and nothing was written; {listed}. Use a "
-            "checkpoint from a source you trust (to resume: --restore-file NAME).")
+            f"checkpoint from a source you trust (to resume: {resume}).")
     return CheckpointError(
         f"Checkpoint {path} is damaged ({_kind(damage.file)} is missing or damaged): {damage.file} {damage.detail}. "
         f"Nothing was loaded from it and nothing was written. "
         f"Its bytes changed after it was saved (a disk, copy or transfer fault), so it cannot be trusted; "
-        f"{listed}. Use an earlier one (to resume: --restore-file NAME), or copy an intact version back.")
+        f"{listed}. Use an earlier one (to resume from the newest: {resume}), or copy an intact version back.")
 
 
 def _kind(file: str) -> str:
@@ -88,17 +90,34 @@ def _kind(file: str) -> str:
 
 
 def earlier_checkpoints(path: str, limit: int = 5) -> List[str]:
-    """The names of the other checkpoints beside ``path`` (not its aliases), newest first."""
+    """The other checkpoints beside ``path``, newest first, one name each: never ``path`` itself under another
+    name. A name is the same checkpoint when it is the same file: (st_dev, st_ino), as shard-verify compares,
+    since checkpoint_last.pt is a hard link of its checkpoint (realpath sees symbolic links only)."""
     directory = os.path.dirname(os.path.abspath(path))
-    target = os.path.realpath(path)
     try:
-        names = [n for n in os.listdir(directory) if _CHECKPOINT_NAME.fullmatch(n)]
+        names = sorted(n for n in os.listdir(directory) if _CHECKPOINT_NAME.fullmatch(n))
     except OSError:
         return []
-    others = [n for n in names if os.path.exists(os.path.join(directory, n))
-              and os.path.realpath(os.path.join(directory, n)) != target]
-    others.sort(key=lambda n: os.path.getmtime(os.path.join(directory, n)), reverse=True)
-    return others[:limit]
+    try:
+        damaged = _identity(path)
+    except OSError:  # gone meanwhile: every name is another checkpoint
+        damaged = None
+    found = {}  # identity -> (time written, name); sorted, a numbered name comes before its aliases _best, _last
+    for name in names:
+        full = os.path.join(directory, name)
+        try:
+            identity, written = _identity(full), os.path.getmtime(full)
+        except OSError:  # a dangling link, or gone meanwhile: no way out
+            continue
+        if identity != damaged and identity not in found:
+            found[identity] = (written, name)
+    return [name for _, name in sorted(found.values(), key=lambda t: (-t[0], t[1]))][:limit]
+
+
+def _identity(path: str):
+    """The file (or directory) ``path`` names, links followed."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
 
 
 def _size(nbytes: int) -> str:

@@ -19,6 +19,9 @@ from shardtrain.trainer.checkpoint.newer import newer
 from shardtrain.trainer.checkpoint.save_dir_lock import SaveDirLock
 
 CONFIG_FILE = "config.yaml"  # the resolved config, next to the checkpoints
+# --restore-file's default: the one name that means "whichever form is newer" (newer.py); any other name
+# (checkpoint_last.pt as a full path included) is the user's own choice and loads as named.
+DEFAULT_RESTORE = "checkpoint_last.pt"
 
 
 class CheckpointManager:
@@ -63,6 +66,8 @@ class CheckpointManager:
                     f"{link} is a link to {os.readlink(link)!r}, which does not exist: the checkpoint it names was "
                     "moved or deleted. Put it back, pass --restore-file with another checkpoint from --save-dir, "
                     "or start a new --save-dir.")
+        if len(found) == 2 and name != DEFAULT_RESTORE:  # X.pt named explicitly: that file, whatever X/ holds
+            return found[0]
         if len(found) == 2:  # checkpoint_last.pt and checkpoint_last: not simply the file (see newer.py)
             return newer(*found, prefer_directory=self.sharded)
         if found:

@@ -6,7 +6,8 @@ writing into the save dir. Taking the file whenever it existed resumed a newer s
 redid the rest and overwrote the newer checkpoints, at every restart again. The rule: the one with more
 recorded updates (the progress a user must never lose); at the same update, the form this run writes (both hold
 the same progress; no conversion); when one's update count cannot be read, the one written last. Either way
-the log says which was taken and why, and the other is left as it is.
+the log says which was taken and why, and the other is left as it is. Only the default name is decided here: a
+name passed explicitly (``--restore-file X.pt``, or a full path) loads as named (manager.restore_path).
 """
 import logging
 import os
@@ -58,6 +59,7 @@ def newer(file: str, directory: str, prefer_directory: bool) -> str:
     described = "; ".join(f"{p} ({'?' if u is None else u} updates, written "
                           f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t))})"
                           for p, (u, t) in zip((file, directory), infos))
+    # the full path: a name other than the default is taken as named (manager.restore_path), so this never loops
     logger.warning(f"--save-dir holds this checkpoint in both forms: {described}. Resuming from {chosen}: {why}. "
-                   f"{other} is left as it is (remove it, or pass --restore-file, to choose otherwise).")
+                   f"{other} is left as it is (to resume from it instead: --restore-file {os.path.abspath(other)}).")
     return chosen
