@@ -80,4 +80,7 @@ MUTANTS = [
            "shardtrain/trainer/parallel/prepare.py",
            "    if backend.init_on_meta and not capabilities.has_init_weights(model):",
            '    if backend.init_on_meta and not hasattr(model, "init_weights"):', (PROBES,)),
+    Mutant("plugin_hash_crashes_on_a_dangling_link", "a plugin folder holding a dangling .py link still saves",
+           "shardtrain/core/user_dir.py", "        except OSError:  # a dangling link", "        except KeyError:  # a dangling link",
+           ("tests/plugins/test_plugin_trust.py::test_a_dangling_py_link_in_the_plugin_folder_is_hashed_not_a_crash",)),
 ]

@@ -73,15 +73,20 @@ def with_user_dir_imported(values: Dict) -> Dict:
 
 def files_sha256(folder: str) -> str:
     """sha256 over the folder's ``.py`` files, in the order of their sorted relative paths ('/'-separated):
-    for each, the path, a NUL byte, the content's length as 8 little-endian bytes, the content."""
+    for each, the path, a NUL byte, the content's length as 8 little-endian bytes, the content (a file that cannot
+    be read, a dangling link say: the path, a NUL byte and ``unreadable``)."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()
         found += [os.path.join(root, f) for f in files if f.endswith(".py")]
     digest = hashlib.sha256()
     for rel, full in sorted((os.path.relpath(p, folder).replace(os.sep, "/"), p) for p in found):
-        with open(full, "rb") as f:
-            data = f.read()
+        try:
+            with open(full, "rb") as f:
+                data = f.read()
+        except OSError:  # a dangling link or an unreadable file: a save must not fail on it, and a later fix shows
+            digest.update(rel.encode() + b"\0unreadable")
+            continue
         digest.update(rel.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()
 

@@ -121,6 +121,18 @@ def test_the_record_hashes_the_plugins_py_files(tmp_path):
     assert files_sha256(str(folder)) != expected
 
 
+def test_a_dangling_py_link_in_the_plugin_folder_is_hashed_not_a_crash(tmp_path):
+    folder = tmp_path / "my_plugin"
+    folder.mkdir()
+    (folder / "__init__.py").write_bytes(b"A = 1\n")
+    (folder / "gone.py").symlink_to(tmp_path / "missing.py")
+    # sha256 of b"__init__.py\0" + 6 as 8 little-endian bytes + b"A = 1\n" + b"gone.py\0unreadable"
+    expected = "299e74fa10ae7a9acb4e8564d2e0ba33cce5acfd604703d9a1a0f6f4666397f6"
+    assert record(str(folder))["plugin"]["sha256"] == expected
+    (tmp_path / "missing.py").write_bytes(b"")  # the link now reads: an empty file hashes otherwise
+    assert files_sha256(str(folder)) != expected
+
+
 WARNED = ("warning: the plugin folder {folder} (--user-dir) is not the code checkpoint {checkpoint} was saved "
           "with: its .py files changed since")
 
