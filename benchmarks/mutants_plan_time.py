@@ -25,4 +25,18 @@ MUTANTS = [
            REPORT, "return f\"({m.sources.get(key, 'given')})\"", 'return ""', (SAID, FLAG)),
     Mutant("plan_memory_baseline_unsaid", "the memory figures say they are above the process's baseline",
            REPORT, 'f"as given, per rank; {BASELINE}:",', '"as given, per rank:",', (SAID,)),
+    # issue 37, item 2: the time model beyond the simplest setup
+    Mutant("plan_offload_once_per_update", "--cpu-offload's copies run every micro-batch of --update-freq",
+           EST, "return cfg.optimization.update_freq[0] * 2 * 4 * count // facts.shards",
+           "return 2 * 4 * count // facts.shards", (TIME + "test_offload_copies_run_every_micro_batch",)),
+    Mutant("plan_zero_broadcast_dropped", "ZeRO broadcasts each rank's updated partition",
+           EST, "total += int((world - 1) / world * count * facts.param_bytes)", "total += 0",
+           (TIME + "test_zero_broadcasts_each_ranks_updated_partition",)),
+    Mutant("plan_zero_broadcast_whole", "a rank receives the other ranks' partitions, (world - 1) / world of them",
+           EST, "total += int((world - 1) / world * count * facts.param_bytes)",
+           "total += int(count * facts.param_bytes)", (TIME + "test_zero_broadcasts_each_ranks_updated_partition",)),
+    Mutant("plan_offload_activations_not_recomputed", "--offload-activations recomputes the forward in backward",
+           EST, "recompute = 4 / 3 if (d.checkpoint_activations or d.offload_activations) else 1.0",
+           "recompute = 4 / 3 if d.checkpoint_activations else 1.0",
+           (TIME + "test_offloaded_activations_are_recomputed_as_checkpointed_ones",)),
 ]

@@ -6,6 +6,7 @@ from mutant_spec import Mutant
 DEV = "tests/trainer/test_run_devices.py::"
 HOST = "tests/trainer/test_host_memory.py::"
 SNAP = "tests/trainer/test_spike_snapshot_memory.py::"
+ASYNC = "tests/trainer/test_async_save_memory.py::"
 LOOP, START, HM = "shardtrain/trainer/loop.py", "shardtrain/trainer/launch/start.py", "shardtrain/trainer/host_memory.py"
 FIT, EST = "shardtrain/trainer/memory_fit.py", "shardtrain/plan/estimate.py"
 VALIDATION = "shardtrain/trainer/validation.py"
@@ -59,8 +60,9 @@ MUTANTS = [
            '               "optimizer": optimizer_on_host, "master": optimizer_on_host, "buffers": state_on_host}\n',
            (COUNTED,)),
     Mutant("snapshot_once_per_host", "each rank on a host holds its own snapshot",
-           FIT, '    needs["host"] *= ranks_on_host\n',
-           '    needs["host"] = needs["host"] * ranks_on_host - (ranks_on_host - 1) * (est.snapshot + est.snapshot_buffers)\n',
+           FIT, '    needs["host"] = (needs["host"] + est.staged) * ranks_on_host\n',
+           '    needs["host"] = (needs["host"] + est.staged) * ranks_on_host - (ranks_on_host - 1) * '
+           '(est.snapshot + est.snapshot_buffers)\n',
            (COUNTED,)),
     Mutant("plan_snapshot_not_counted", "shard-plan counts --spike-rollback's snapshot at the peak",
            EST, "    peak += extra + runtime + snapshot", "    peak += extra + runtime",
@@ -72,4 +74,21 @@ MUTANTS = [
            EST, 'host = place(state, machine.device, facts.state_on_host, facts.optimizer_on_host, bool(snapshot))["host"]',
            'host = place(state, machine.device, facts.state_on_host, facts.optimizer_on_host, False)["host"]',
            (SNAP + "test_shard_plan_keeps_an_offloaded_runs_snapshot_of_the_state_in_host_memory",)),
+    # issue 37, item 1: --async-save's pinned host copy of the state on the GPU, in the memory check
+    Mutant("fit_async_staging_not_counted", "the memory check counts --async-save's host copy of the state",
+           FIT, '    needs["host"] = (needs["host"] + est.staged) * ranks_on_host\n',
+           '    needs["host"] = needs["host"] * ranks_on_host\n',
+           (ASYNC + "test_the_memory_check_counts_the_async_save_host_copy_on_every_rank_of_the_node",)),
+    Mutant("fit_async_staging_once_per_node", "every rank of a node keeps its own --async-save host copy",
+           FIT, '    needs["host"] = (needs["host"] + est.staged) * ranks_on_host\n',
+           '    needs["host"] = needs["host"] * ranks_on_host + est.staged\n',
+           (ASYNC + "test_the_memory_check_counts_the_async_save_host_copy_on_every_rank_of_the_node",)),
+    Mutant("fit_async_staging_not_estimated", "the run's estimate holds what --async-save stages",
+           FIT, '    est.staged = staged_bytes(facts, {"params": est.params, "optimizer": est.optimizer, "master": 0}, '
+           'device_type)\n', '    est.staged = 0\n',
+           (ASYNC + "test_the_memory_check_counts_the_async_save_host_copy_on_every_rank_of_the_node",)),
+    Mutant("async_staging_copies_host_state", "state in host memory is written live by --async-save, never copied",
+           "shardtrain/trainer/rank_memory.py",
+           '    return place(saved, device_type, facts.state_on_host, facts.optimizer_on_host, snapshot=False)["device"]\n',
+           '    return sum(saved.values())\n', (ASYNC + "test_state_in_host_memory_is_written_live_so_nothing_is_staged",)),
 ]

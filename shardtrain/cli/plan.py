@@ -12,11 +12,16 @@ for a few updates here and prints the measured peak beside the prediction.
 import argparse
 import logging
 import math
+import os
+import time
 from typing import List
 
 from shardtrain.cli.errors import cli_entry
+from shardtrain.config.flags import preparse
 from shardtrain.config.run_config import parse_train_args
-from shardtrain.core.errors import ConfigError
+from shardtrain.config.sections import ComponentsConfig
+from shardtrain.core.errors import ConfigError, DataError
+from shardtrain.trainer.metrics.logging_setup import setup_logging
 
 logger = logging.getLogger("shardtrain.plan")
 PROG = "shard-plan"
@@ -63,6 +68,35 @@ def _check(args) -> None:
         raise ConfigError(f"--headroom is the fraction of memory left free, in [0, 1) (got {args.headroom}).")
 
 
+def _check_data_bin(rest: List[str]) -> None:
+    """The data-bin, before torch and the model code load (which took 48 s on a busy machine before a missing
+    one was reported): where DATA comes first, as the usage shows it, and the task is the built-in
+    language_modeling (a plugin task's positional need not be a directory). The task checks it again, as
+    shard-train does, wherever DATA stands."""
+    if not rest or rest[0].startswith("-") or preparse(rest, ComponentsConfig()).task != "language_modeling":
+        return
+    data = rest[0]
+    if not os.path.isdir(data):
+        raise DataError(f"Data directory {data!r} does not exist. Create it with `shard-preprocess --trainpref "
+                        "TRAIN.txt --validpref VALID.txt --destdir DIR` and pass DIR as the first argument.")
+    if not os.path.exists(os.path.join(data, "dict.txt")):
+        raise DataError(f"{data!r} has no dict.txt, so it is not a data-bin directory. Point to the --destdir of "
+                        "shard-preprocess (or fairseq-preprocess).")
+
+
+class _Progress:
+    """One log line per piece of work done, with its seconds and the total: loading torch, measuring this
+    machine and each configuration's trace can take minutes on a large model (968 s passed in silence)."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        now = time.perf_counter()
+        logger.info(f"{what} in {now - self.last:.1f} s ({now - self.start:.1f} s since shard-plan started)")
+        self.last = now
+
+
 @cli_entry(PROG)
 def main(argv: List[str]):
     if any(a in ("-h", "--help") for a in argv):
@@ -70,17 +104,23 @@ def main(argv: List[str]):
         return None
     args, rest = _own_parser(add_help=False).parse_known_args(argv)
     _check(args)
-    cfg = parse_train_args(rest, prog=PROG)
-    from shardtrain.plan import planner, report  # torch and the model code: after the flags are checked
-    from shardtrain.trainer.metrics.logging_setup import setup_logging
+    _check_data_bin(rest)  # the user's input first: then torch
+    progress = _Progress()
     setup_logging()
+    logger.info("loading torch, the model code and the flags")
+    cfg = parse_train_args(rest, prog=PROG)  # the component registries import torch
+    from shardtrain.plan import planner, report  # torch and the model code: after the flags are checked
+    progress("loaded torch, the model code and the flags")
     machine = planner.machine_for(cfg, args.gpu_memory, args.host_memory, args.gpus_per_node, args.nodes,
                                   args.network_gbps, args.pcie_gbps, args.gpu_memory_gbps)
-    result = planner.plan(cfg, machine, args.headroom)
+    progress("measured this machine's speeds")
+    result = planner.plan(cfg, machine, args.headroom, progress=progress)
     print(report.render(result, cfg))
     if args.verify:
         from shardtrain.plan.measure import verify
+        logger.info("--verify: training the run as given for 4 updates here, in a scratch folder of its own")
         print(verify(cfg, result.given.estimate, machine))
+        progress("verified")
     return result
 
 

@@ -9,7 +9,8 @@ the optimizer state. On a GPU run each kind is placed where the run keeps it: th
 (and fp32 master copies) in host memory where the optimizer steps there (cpu_adam) or the backend
 offloads it (--cpu-offload), the parameter and gradient shards too where the backend offloads; the
 rest on the GPU. --spike-rollback's snapshot (trainer/spike.py: a copy of the parameters, buffers
-and optimizer state, held through every step) lies beside what it copies.
+and optimizer state, held through every step) lies beside what it copies. --async-save's stager keeps a
+pinned host copy of the state the rank holds on its GPU for the whole run (rank_memory.staged_bytes).
 
 Time, with no overlap assumed (an upper bound where the backend overlaps communication with
 compute), each piece priced on the device that runs it: the model's FLOPs at the matmul speed
@@ -24,7 +25,7 @@ from typing import Dict, Optional
 import torch
 
 from shardtrain.trainer.parallel.choose import backend_class
-from shardtrain.trainer.rank_memory import RunFacts, gradient_copy_bytes, place, run_facts
+from shardtrain.trainer.rank_memory import RunFacts, gradient_copy_bytes, place, run_facts, staged_bytes
 from shardtrain.trainer.resolved import Components
 
 MIB = 2 ** 20
@@ -75,6 +76,7 @@ class Estimate:
     extra: int  # DDP buckets, legacy_ddp's flat buffer
     runtime: int  # kernels' own buffers (RUNTIME_BYTES)
     snapshot: int  # --spike-rollback's copy of the parameters, buffers and optimizer state (0 without it)
+    staged: int  # --async-save's host copy of the state on the GPU, held for the run (0 without it)
     gpu_peak: Optional[int]
     host_peak: int  # this rank's; the node holds ranks_per_node of them
     comm_bytes: int
@@ -107,13 +109,14 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
     state = {"params": params, "grads": grads, "optimizer": optimizer, "master": master}
     host = place(state, machine.device, facts.state_on_host, facts.optimizer_on_host, bool(snapshot))["host"]
     gpu_peak = None if machine.device == "cpu" else peak - host
-    host = peak if machine.device == "cpu" else host
+    staged = staged_bytes(facts, state, machine.device)
+    host = (peak if machine.device == "cpu" else host) + staged
     comm, offload = _comm_bytes(cfg, count, facts, machine), _offload_bytes(cfg, count, facts, machine)
     return Estimate(
         params=params, grads=grads, optimizer=optimizer, master=master, activations=kinds["activations"],
         fsdp_buffers=kinds["gathered_params"] + kinds["gathered_grads"] + kinds["comm_buffers"],
-        temporaries=kinds["temporaries"], extra=extra, runtime=runtime, snapshot=snapshot, gpu_peak=gpu_peak,
-        host_peak=host,
+        temporaries=kinds["temporaries"], extra=extra, runtime=runtime, snapshot=snapshot, staged=staged,
+        gpu_peak=gpu_peak, host_peak=host,
         comm_bytes=comm, offload_bytes=offload,
         step_seconds=_seconds(cfg, count, flops_per_token * tokens, dtypes, machine, comm, offload,
                               shard * facts.zero_shards))

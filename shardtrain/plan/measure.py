@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from shardtrain.core.errors import ConfigError
 from shardtrain.plan.estimate import Estimate, Machine
 from shardtrain.trainer import loop
 from shardtrain.trainer.parallel import fsdp_wrap
@@ -90,9 +91,15 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
         run.close()
     if not ctx.is_master:
         return None
-    later = times[2:] or times
     return {"peaks": [peak for peak, _ in ranks], "baselines": [base for _, base in ranks],
-            "step_seconds": sorted(later)[len(later) // 2]}
+            "step_seconds": median_step_seconds(times)}
+
+
+def median_step_seconds(times: List[float]) -> Optional[float]:
+    """The median update's seconds after the first two (which warm up), or of all where fewer ran; None where
+    none ran (verify then says why, in one paragraph)."""
+    later = times[2:] or times
+    return sorted(later)[len(later) // 2] if later else None
 
 
 # On the CPU, resident memory follows live tensors only if freed blocks go back to the OS: glibc
@@ -121,7 +128,14 @@ def measure_in_subprocess(cfgs: List, updates: int = 4, timeout: float = 1800) -
             run = cfg.copy()
             OmegaConf.set_readonly(run, False)
             run.optimization.max_update = updates
+            # A scratch save dir (removed with ``tmp``) and the default restore file in it: a user's checkpoints
+            # (``checkpoints/`` in the cwd, by default) are never resumed, nor their run's lock taken. Resuming one
+            # trained 0 updates and measured nothing.
+            run.checkpoint.save_dir = os.path.join(tmp, "checkpoints")
+            run.checkpoint.restore_file = "checkpoint_last.pt"
             run.checkpoint.no_save = True
+            run.common.tensorboard_logdir = None  # nor a user's logs written to
+            run.common.log_file = None
             run.dataset.disable_validation = True
             run.common.log_format = "none"
             paths.append(os.path.join(tmp, f"config{i}.yaml"))
@@ -153,7 +167,14 @@ GIB = 2 ** 30
 
 
 def verify(cfg, planned: Estimate, machine: Machine) -> str:
+    """shard-plan --verify: train ``cfg`` for 4 updates here, in a scratch folder, and compare with the plan."""
     measured = measure_in_subprocess([cfg])[0]
+    if measured["step_seconds"] is None:
+        raise ConfigError(
+            "shard-plan --verify: the measuring run trained no updates, so there is no peak or step time to compare "
+            "with the plan. It trains the command as given for 4 updates (in a scratch save dir, resuming nothing); "
+            "a setting that ends the run before its first update (--max-epoch reached, an empty --train-subset, "
+            "--skip-batches over the whole epoch) leaves nothing to measure: leave it out of the shard-plan command.")
     predicted = planned.host_peak if machine.device == "cpu" else planned.gpu_peak
     worst = max(measured["peaks"])
     where = "resident memory" if machine.device == "cpu" else "GPU memory allocated"

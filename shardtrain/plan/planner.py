@@ -2,7 +2,7 @@
 import dataclasses
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from omegaconf import OmegaConf
@@ -131,27 +131,33 @@ def _gpu_memory_gbps(given: Optional[float], device: str, visible: bool) -> Tupl
     return 2 * src.numel() * 4 / best / 1e9, "measured here"
 
 
-def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, traces: Optional[Dict] = None) -> Plan:
+def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, traces: Optional[Dict] = None,
+         progress: Callable[[str], None] = lambda what: None) -> Plan:
     """Trace and estimate the configuration given and (``compare``) its alternatives. ``traces``:
-    traced steps by trace_key, kept between calls for the same model and batch."""
+    traced steps by trace_key, kept between calls for the same model and batch. ``progress`` is told
+    each piece of work done (the model counted, each configuration traced): a large model's traces take
+    minutes, which must not pass in silence."""
     components = Components.of(cfg)
     task = build_task(cfg, components)
     count = model_sizes(cfg, components, task)[0]
     shape = batch_shape(cfg, task)
     flops_per_token = _flops_per_token(cfg, components, task, shape[1])
+    progress(f"counted the model ({count:,} parameters)")
     traces = {} if traces is None else traces
 
-    def planned(option: Option) -> Planned:
+    def planned(option: Option, which: str) -> Planned:
         variant = option.apply(cfg)
         key = trace_key(variant)
-        if key not in traces:
+        reused = key in traces
+        if not reused:
             traces[key] = traced_peak(variant, task, machine.world_size)
         est = estimate(variant, traces[key], count, flops_per_token, shape[0] * shape[1], machine)
+        progress(f"planned {which}: {option.label}" + (" (an earlier trace reused)" if reused else " (traced)"))
         return Planned(option, variant, est, fits(est, machine, headroom))
 
-    given = planned(as_given())
-    options = [planned(o) for o in alternatives(cfg, machine.world_size, machine.ranks_per_node, machine.device)] \
-        if compare else []
+    given = planned(as_given(), "the run")
+    chosen = alternatives(cfg, machine.world_size, machine.ranks_per_node, machine.device) if compare else []
+    options = [planned(o, f"alternative {i} of {len(chosen)}") for i, o in enumerate(chosen, 1)]
     return Plan(machine, count, flops_per_token, shape, given, options, headroom)
 
 

@@ -72,6 +72,8 @@ def _detail(e: Estimate, plan: Plan, device: str) -> List[str]:
             ("kernels' own buffers (workspaces, JIT code)", e.runtime)]
     if e.snapshot:
         rows.append(("--spike-rollback's snapshot of the state", e.snapshot))
+    if e.staged:
+        rows.append(("--async-save's pinned host copy of the state", e.staged))
     out = [f"  {name:<52} {_gib(value):>9} GiB" for name, value in rows]
     if device == "cuda":
         out.append(f"  {'peak on the GPU':<52} {_gib(e.gpu_peak):>9} GiB")

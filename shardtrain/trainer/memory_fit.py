@@ -16,7 +16,9 @@ through saved-tensor hooks. Only the model runs, in eval mode and with the RNG
 state restored after, so counting changes nothing a run does (a criterion may
 count its calls; layerdrop and dropout would draw random numbers).
 --spike-rollback's snapshot is a copy of the parameters, buffers and optimizer state, each beside
-what it copies. The host's free memory is MemAvailable, or less under a cgroup limit (host_memory.py).
+what it copies. --async-save keeps a pinned host copy of the state each rank holds on its GPU for the
+whole run (rank_memory.staged_bytes): without it counted, a run passed this check and ran out of host
+memory at its first save. The host's free memory is MemAvailable, or less under a cgroup limit (host_memory.py).
 Only what certainly cannot fit is refused: the activations of one sequence only,
 none under --checkpoint-activations, and an optimizer whose spec does not say its
 state bytes (OptimizerSpec.state_bytes) counts none.
@@ -36,7 +38,7 @@ from shardtrain.models.capabilities import repeated_layers_field
 from shardtrain.trainer.build import optimizer_spec
 from shardtrain.trainer.host_memory import host_memory
 from shardtrain.trainer.launch.threads import local_ranks
-from shardtrain.trainer.rank_memory import place, run_facts
+from shardtrain.trainer.rank_memory import RunFacts, place, run_facts, staged_bytes
 from shardtrain.trainer.resolved import Components
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class Estimate:
     bookkeeping: int  # host memory of the module and tensor objects themselves
     activations: int = 0  # saved by one forward of one sequence (0: not counted)
     snapshots: int = 0  # --spike-rollback keeps one (trainer/spike.py); none without it
+    staged: int = 0  # host memory --async-save's stager holds for the run (rank_memory.staged_bytes)
 
     @property
     def snapshot(self) -> int:
@@ -181,12 +184,13 @@ def memory_needs(est: Estimate, device: torch.device, ranks_on_host: int, state_
     the buffers and activations on the rank's GPU, the state there too unless ``state_on_host``
     (--cpu-offload; the optimizer's also when ``optimizer_on_host``: an optimizer stepping in CPU memory);
     the host is shared by ``ranks_on_host`` ranks. A CPU run needs everything on the host. A
-    --spike-rollback snapshot lies beside what it copies."""
+    --spike-rollback snapshot lies beside what it copies; --async-save's staged copy (``est.staged``) is
+    host memory."""
     kinds = {"params": est.params, "grads": est.grads, "optimizer": est.optimizer, "buffers": est.buffers,
              "bookkeeping": est.bookkeeping, "activations": est.activations}
     needs = place(kinds, device.type, state_on_host, state_on_host if optimizer_on_host is None else optimizer_on_host,
                   snapshot=est.snapshots > 0)
-    needs["host"] *= ranks_on_host
+    needs["host"] = (needs["host"] + est.staged) * ranks_on_host
     if device.type == "cpu":
         del needs["device"]
     return needs
@@ -214,14 +218,24 @@ def check_run_fits(cfg, components: Components, task, backend, dtypes) -> None:
     ranks = ranks_on_this_host(backend.world_size)
     facts = run_facts(cfg, components, backend.world_size, ranks, backend=type(backend))
     try:
-        est = estimate(cfg, components, task, param_bytes=facts.param_bytes, shards=facts.shards,
-                       optimizer_shards=facts.shards * facts.zero_shards, activations=True,
-                       compute_bytes=dtypes.compute.itemsize if dtypes.compute else 4)
+        est = run_estimate(cfg, components, task, facts, backend.device.type,
+                           compute_bytes=dtypes.compute.itemsize if dtypes.compute else 4)
     except (RuntimeError, NotImplementedError) as e:  # a plugin's model that cannot be built on meta
         logger.info(f"memory not estimated: the model could not be built on the meta device ({e})")
         return
     check_fits(est, backend.device, ranks, state_on_host=facts.state_on_host,
                optimizer_on_host=facts.optimizer_on_host)
+
+
+def run_estimate(cfg, components: Components, task, facts: RunFacts, device_type: str,
+                 compute_bytes: int = 4) -> Estimate:
+    """One rank's estimate of the run ``facts`` describe, on a ``device_type`` device, with what --async-save
+    stages in host memory."""
+    est = estimate(cfg, components, task, param_bytes=facts.param_bytes, shards=facts.shards,
+                   optimizer_shards=facts.shards * facts.zero_shards, activations=True, compute_bytes=compute_bytes)
+    # estimate's optimizer bytes hold the master copies too: both are host or device as the optimizer is
+    est.staged = staged_bytes(facts, {"params": est.params, "optimizer": est.optimizer, "master": 0}, device_type)
+    return est
 
 
 def ranks_on_this_host(world_size: int) -> int:
@@ -248,10 +262,15 @@ def _message(est: Estimate, where: str, need: int, free: int, ranks: int, host_s
         if est.snapshot:
             fix += ("; or leave out --spike-rollback (its snapshot is a second copy of the parameters, buffers "
                     "and optimizer state)")
+    if where == "host" and est.staged:
+        fix += ("; or leave out --async-save (it keeps a pinned host copy of each rank's state on the GPU for the "
+                "whole run; --cpu-offload's state is written live, not copied)")
     activations = (f"activations of one sequence {est.activations / GIB:.1f} GiB" if est.activations else
                    "activations not counted")
     snapshot = est.snapshot + est.snapshot_buffers
     snapshot = f", --spike-rollback's snapshot {snapshot / GIB:.1f}" if snapshot else ""
+    if where == "host" and est.staged:
+        snapshot += f", --async-save's host copy of the state {est.staged / GIB:.1f}"
     return (f"The model cannot fit: it needs about {need / GIB:.1f} GiB{per} (parameters {est.params / GIB:.1f}, "
             f"gradients {est.grads / GIB:.1f}, optimizer state {est.optimizer / GIB:.1f}, buffers such as the "
             f"positions {est.buffers / GIB:.1f}{snapshot}, tensor bookkeeping {est.bookkeeping / GIB:.1f} GiB; "

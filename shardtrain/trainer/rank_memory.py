@@ -5,7 +5,8 @@ meta build) share, so the two cannot disagree on where a run keeps what.
 Every fact comes from the run's own classes, never from a name: how many ranks a parameter is split
 over, whether its state is offloaded and which gradient copies a backend keeps (the Backend class), how
 many bytes of state the optimizer keeps per parameter and whether it steps in CPU memory (its
-OptimizerSpec), the dtypes (the precision's ``run_dtypes``).
+OptimizerSpec), the dtypes (the precision's ``run_dtypes``), whether --async-save stages its saves
+(the backend writes sharded checkpoints).
 """
 import dataclasses
 import types
@@ -22,6 +23,9 @@ from shardtrain.trainer.resolved import Components
 
 # Kinds a snapshot (--spike-rollback, trainer/spike.py) copies; each copy lies beside its original.
 SNAPSHOT_KINDS = ("params", "optimizer", "master", "buffers")
+# Kinds a checkpoint holds, which --async-save's stager (checkpoint/async_staging.py) copies to host memory
+# where they are on the GPU (the model's buffers in it are the non-persistent positions: not saved).
+SAVED_KINDS = ("params", "optimizer", "master")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +37,7 @@ class RunFacts:
     world_size: int
     shards: int  # ranks a parameter, its gradient and optimizer state are split over
     distributed: object  # the config's distributed section, which the backend's facts read
+    staged_kinds: tuple = ()  # what --async-save copies at each save (SAVED_KINDS, or less): none without it
 
     @property
     def param_bytes(self) -> int:
@@ -64,7 +69,25 @@ def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int,
     backend = backend or chosen_backend_class(cfg, types.SimpleNamespace(world_size=world_size))
     spec = optimizer_spec(cfg, components, torch.device("cpu"))
     shards = backend.parameter_shards(cfg.distributed, world_size, ranks_per_node)
-    return RunFacts(backend, spec, run_dtypes(cfg), world_size, shards, cfg.distributed)
+    return RunFacts(backend, spec, run_dtypes(cfg), world_size, shards, cfg.distributed, _staged_kinds(cfg, backend))
+
+
+def _staged_kinds(cfg, backend: type) -> tuple:
+    """What an --async-save run stages: only a backend that writes sharded checkpoints saves in the background
+    (formats.format_for_saving), and nothing is saved under --no-save; the optimizer's state not under
+    --no-save-optimizer-state."""
+    c = cfg.checkpoint
+    if not (c.async_save and backend.sharded_checkpoints) or c.no_save:
+        return ()
+    return ("params",) if c.no_save_optimizer_state else SAVED_KINDS
+
+
+def staged_bytes(facts: RunFacts, kinds: Dict[str, int], device_type: str) -> int:
+    """Host bytes --async-save's stager keeps for the whole run (allocated at the first save, pinned, refilled
+    at every later one, freed when the run ends): a copy of each saved kind the rank keeps on its GPU. State in
+    host memory (a CPU run's, --cpu-offload's, cpu_adam's) is written from the live tensors, never copied."""
+    saved = {kind: kinds[kind] for kind in facts.staged_kinds}
+    return place(saved, device_type, facts.state_on_host, facts.optimizer_on_host, snapshot=False)["device"]
 
 
 def gradient_copy_bytes(facts: RunFacts, grads: int, after_backward: int, peak: int) -> int:

@@ -107,3 +107,33 @@ def test_readme_example_spends_under_five_percent_of_the_step_in_the_optimizer(d
         assert p.estimate.step_seconds["optimizer"] == pytest.approx(28 * result.count / share / speed / 1e9), label
         if "offload" not in label:
             assert p.estimate.step_seconds["optimizer"] < 0.05 * p.estimate.seconds, label
+
+
+# Issue 37, item 2: the time model beyond the simplest setup, each at a non-default setting, worked out by hand.
+
+def test_offload_copies_run_every_micro_batch(data):
+    """--cpu-offload moves each micro-batch's fp32 shards in and gradients out: --update-freq 3 on 2 ranks copies
+    3 x (4 + 4) bytes x 1e9 / 2 = 12 GB at 20 GB/s, three times one micro-batch's 4 GB."""
+    offloaded = ("--ddp-backend", "fully_sharded", "--cpu-offload")
+    assert seconds(data, *offloaded, world=2)["offload"] == pytest.approx(4e9 / 20e9)
+    assert seconds(data, *offloaded, "--update-freq", "3", world=2)["offload"] == pytest.approx(12e9 / 20e9)  # 0.6 s
+
+
+def test_zero_broadcasts_each_ranks_updated_partition(data):
+    """--zero-sharding os: after its step each rank broadcasts its updated partition, so a rank receives the
+    others' (world - 1) / world of the fp32 parameters beside DDP's ring all-reduce of the gradients."""
+    allreduce4 = 2 * 3 / 4 * 4e9  # 6 GB
+    assert seconds(data, world=4)["communication"] == pytest.approx(allreduce4 / 50e9)
+    zero4 = seconds(data, "--zero-sharding", "os", world=4)["communication"]
+    assert zero4 == pytest.approx((allreduce4 + 3 / 4 * 4e9) / 50e9)  # + 3 GB: 0.18 s in all
+    zero8 = seconds(data, "--zero-sharding", "os", world=8)["communication"]
+    assert zero8 == pytest.approx((2 * 7 / 8 * 4e9 + 7 / 8 * 4e9) / 50e9)  # 7 + 3.5 GB
+
+
+def test_offloaded_activations_are_recomputed_as_checkpointed_ones(data):
+    """--offload-activations checkpoints each block (its input kept in host memory): backward runs the forward
+    again, 2 of the step's 6 FLOPs a parameter and token, so 8 / 6 of 128 tokens x 1,000 FLOPs at 100 TFLOP/s."""
+    plain = 1000.0 * 128 / 100e12
+    assert seconds(data, "--offload-activations")["compute"] == pytest.approx(plain * 8 / 6)
+    assert seconds(data, "--checkpoint-activations")["compute"] == pytest.approx(plain * 8 / 6)
+    assert seconds(data, "--offload-activations", "--update-freq", "3")["compute"] == pytest.approx(3 * plain * 8 / 6)

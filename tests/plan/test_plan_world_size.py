@@ -65,3 +65,16 @@ def test_combine_fits_the_shards_and_scales_the_wholes():
     assert out["gathered_params"] == 4 * 16384 * 10  # the padded whole: a row for each of 16384 ranks
     assert (out["activations"], out["temporaries"], out["buffers"]) == (7, 9, 3)
     assert combine([(TraceSizes(8, None, 8, 8), small)], rows) == small  # the run's own trace: as it is
+
+
+def test_shard_grad_op_shards_over_every_rank_whatever_the_shard_group_size(data, monkeypatch):
+    """Issue 37, item 2: --shard-group-size groups only the hybrid strategies (build_mesh's 2-D mesh);
+    shard_grad_op shards over all ranks, like full_shard, and is traced so. 128 ranks traced on 4 and 8
+    (TRACE_RANKS 8): each rank holds the same 400 elements (1,600 bytes) as under full_shard (written down
+    from the shapes, test_a_scaled_trace_holds_what_fsdp2_gives_one_rank), not a group of 8's share."""
+    grouped = fsdp_cfg(data, "--fsdp-sharding-strategy", "shard_grad_op", "--shard-group-size", "8")
+    assert trace_sizes(grouped.distributed, 16) == [TraceSizes(16, 8, 16, 16)]
+    assert trace_sizes(grouped.distributed, 16384) == [TraceSizes(32, 32, 32, 16384), TraceSizes(64, 64, 64, 16384)]
+    monkeypatch.setattr(many_ranks, "TRACE_RANKS", 8)
+    task = build_task(grouped, Components.of(grouped))
+    assert trace._traced(grouped, task, 128)["params"] == 1600

@@ -1,0 +1,46 @@
+"""shard-plan --verify measures in a scratch folder of its own and never resumes the user's run (issue 37,
+item 3): run where a previous run left checkpoints/ (shard-train's default save dir), the measuring run used
+to resume it, train 0 updates and die on an IndexError; a measuring run without step times is one paragraph."""
+import os
+
+import pytest
+
+from shardtrain.cli import plan as plan_cli
+from shardtrain.cli import train
+from shardtrain.core.errors import ConfigError
+from shardtrain.plan import measure, planner
+from st_testutils import small_data_bin
+
+MODEL = ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "8",
+         "--decoder-ffn-embed-dim", "16", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
+         "--batch-size", "4", "--cpu", "--threads", "1", "--max-update", "4", "--disable-validation"]
+
+
+def test_verify_measures_in_scratch_beside_a_finished_run_and_leaves_it_alone(tmp_path, monkeypatch, capsys):
+    data = small_data_bin(str(tmp_path / "data"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    train.main([data, *MODEL, "--log-format", "none"])  # a real run: ./checkpoints/checkpoint_last.pt at update 4
+    last = work / "checkpoints" / "checkpoint_last.pt"
+    assert last.is_file()
+    before = sorted(os.listdir(work / "checkpoints")), last.stat().st_mtime_ns, last.read_bytes()
+    monkeypatch.setattr(planner, "alternatives", lambda *args: [])  # the run as given only: one trace
+    capsys.readouterr()
+    plan_cli.main([data, *MODEL, "--host-memory", "100", "--verify"])
+    out = capsys.readouterr().out
+    assert "verified: trained 4 updates here" in out, out[-3000:]
+    after = sorted(os.listdir(work / "checkpoints")), last.stat().st_mtime_ns, last.read_bytes()
+    assert after == before  # nothing of the user's run was resumed, written or locked
+    assert sorted(os.listdir(work)) == ["checkpoints"]  # the scratch folder went with the measurement
+
+
+def test_a_measuring_run_without_step_times_is_one_paragraph(monkeypatch):
+    assert measure.median_step_seconds([]) is None
+    assert measure.median_step_seconds([9.0, 8.0, 3.0, 5.0, 4.0]) == 4.0  # the first two warm up
+    assert measure.median_step_seconds([7.0]) == 7.0
+    monkeypatch.setattr(measure, "measure_in_subprocess", lambda cfgs: [
+        {"peaks": [0], "baselines": [0], "step_seconds": None}])
+    with pytest.raises(ConfigError) as info:
+        measure.verify(None, None, None)
+    assert "trained no updates" in str(info.value) and "\n" not in str(info.value)
