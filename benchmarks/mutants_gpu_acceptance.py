@@ -1,5 +1,6 @@
-"""Issue 28, items 3 and 5: the budgeted GPU acceptance run, its scenarios and the data sheet's peaks.
-Each mutant was seen to fail its tests."""
+"""Issue 28, items 3 and 5: the budgeted GPU acceptance run, its scenarios and the data sheet's peaks;
+issue 37: run_all.py's faults (bad --resume and --out, probe timeout, NaN, signals, commit, clock) and
+the exact-resume check on the CPU. Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
 R = "tests/cli/test_gpu_acceptance_runner.py::"
@@ -10,6 +11,8 @@ SCENARIOS, FLOPS = "benchmarks/gpu/scenarios.py", "shardtrain/trainer/metrics/fl
 FITS = R + "test_a_case_that_does_not_fit_in_the_budget_left_is_not_started"
 RESUME = R + "test_a_tier_resumes_where_the_last_stopped"
 REAL = R + "test_the_real_runner_reads_pytest_and_kills_a_hanging_case_with_its_children"
+SIGNAL = R + "test_a_signal_during_a_case_records_it_as_interrupted_and_writes_the_results"
+STAMP = R + "test_the_commit_is_stamped_before_the_tree_leaves_git"
 
 MUTANTS = [
     Mutant("gpu_budget_ignored", "a case whose estimate does not fit in the budget left is not started",
@@ -39,9 +42,9 @@ MUTANTS = [
            "todo = list(catalogue)", (RESUME,)),
     Mutant("gpu_resume_drops_leftovers", "a tier resumes with what the last one left over",
            RUN_ALL, "(c.tier <= tier if previous else c.tier == tier)", "(c.tier == tier)", (RESUME,)),
-    Mutant("gpu_killed_case_rerun", "a case running when the run was killed is not run again",
+    Mutant("gpu_killed_case_rerun", "a case running when the run was killed is recorded as interrupted",
            RUN_ALL, 'if r.get("status") == "running":', "if False:",
-           (R + "test_a_case_running_when_the_run_was_killed_is_not_run_again",)),
+           (R + "test_a_case_running_or_interrupted_when_the_run_was_killed_is_run_again",)),
     Mutant("gpu_failures_exit_0", "a failed case or a missed target exits 1",
            RUN_ALL, 'return 1 if state["problems"] else 0', "return 0", (R + "test_exit_status",)),
     Mutant("gpu_no_cuda_runs_anyway", "without CUDA the run exits 2 and lists every case as not run",
@@ -79,4 +82,48 @@ MUTANTS = [
            (R + "test_a_case_whose_runner_raises_fails_and_the_next_one_runs",)),
     Mutant("gpu_basetemp_parent_missing", "pytest's --basetemp parent exists (the first GPU run failed every tmp_path "
            "test without it)", RUNNER, "    os.makedirs(os.path.dirname(basetemp), exist_ok=True)\n", "", (REAL,)),
+    # issue 37: run_all.py's faults
+    Mutant("gpu_resume_cases_unchecked", "--resume refuses a results.json whose cases are not named records",
+           RUN_ALL, "        problem = _malformed(cases)", '        problem = ""',
+           (R + "test_a_resume_file_that_is_not_a_results_json_is_refused_in_one_paragraph",)),
+    Mutant("gpu_out_unwritable_crashes", "an --out that cannot be written is one paragraph and exit 2",
+           RUN_ALL, "    except OSError as e:\n        raise UsageError(f\"--out", "    except ValueError as e:\n"
+           "        raise UsageError(f\"--out",
+           (R + "test_an_out_directory_that_cannot_be_written_is_refused_before_the_probe",)),
+    Mutant("gpu_probe_timeout_crashes", "a probe timeout is recorded and the results are written",
+           RUN_ALL, "    except subprocess.TimeoutExpired:\n        info = {", "    except ZeroDivisionError:\n"
+           "        info = {", (R + "test_a_probe_that_hangs_is_recorded_and_the_results_are_written",)),
+    Mutant("gpu_budget_nan_accepted", "--budget must be finite and positive",
+           RUN_ALL, "if not (math.isfinite(args.budget) and args.budget > 0):", "if args.budget <= 0:",
+           (R + "test_a_budget_that_is_not_a_finite_positive_number_is_refused",)),
+    Mutant("gpu_results_json_nan", "results.json is strict JSON (no NaN)",
+           "benchmarks/gpu/report.py", "json.dumps(finite(plain), indent=1, default=str, allow_nan=False)",
+           "json.dumps(plain, indent=1, default=str)",
+           (R + "test_results_json_is_strict_json_when_a_figure_is_not_finite",)),
+    Mutant("gpu_signals_not_handled", "SIGTERM/SIGINT/SIGHUP end the run with its results written",
+           RUN_ALL, "    handlers = {s: signal.signal(s, _interrupt) for s in SIGNALS}", "    handlers = {}",
+           (SIGNAL,)),
+    Mutant("gpu_interrupted_case_unrecorded", "the case running at a signal is recorded as interrupted",
+           RUN_ALL, 'for r in (r for r in state["cases"] if r["status"] == "running"):', "for r in ():", (SIGNAL,)),
+    Mutant("gpu_interrupt_leaves_the_group", "a signal kills the running case's process group",
+           RUNNER, "    finally:\n        _end_group(proc.pid)", "    finally:\n        pass",
+           (R + "test_sigterm_kills_the_running_cases_process_group_and_writes_the_results",)),
+    Mutant("gpu_interrupted_not_retried", "--resume runs an interrupted case again",
+           RUNNER, 'VERDICTS = ("passed", "failed", "timeout", "skipped")',
+           'VERDICTS = ("passed", "failed", "timeout", "skipped", "interrupted")',
+           (R + "test_a_case_running_or_interrupted_when_the_run_was_killed_is_run_again",)),
+    Mutant("gpu_commit_stamp_unread", "without .git the results name the stamped commit",
+           "benchmarks/gpu/stamp_commit.py", "        with open(os.path.join(root, STAMP)) as f:",
+           "        with open(os.path.join(root, STAMP + '.txt')) as f:", (STAMP,)),
+    Mutant("gpu_commit_dirty_unsaid", "a stamp says when tracked files differ from the commit",
+           "benchmarks/gpu/stamp_commit.py", 'return head + ("+dirty" if changed else "")', "return head", (STAMP,)),
+    Mutant("gpu_budget_clock_not_main", "the budget counts from main() on the clock main() is given",
+           RUN_ALL, "    start = clock() if start is None else start", "    start = time.monotonic() if start is None "
+           "else start", (R + "test_the_budget_counts_from_main_not_from_the_import",)),
+    # the exact-resume check itself (tests/gpu/exact_resume.py, shared with the GPU test): compared with a
+    # tolerance, as rounded losses were, it passes a checkpoint of the wrong update
+    Mutant("gpu_exact_resume_tolerant", "a resumed run ends with the straight run's state bit for bit",
+           "tests/gpu/exact_resume.py", "                and torch.equal(x, y)",
+           "                and torch.allclose(x, y, rtol=1e-3, atol=1e-3)",
+           ("tests/distributed/test_async_save_resume_cpu.py",)),
 ]

@@ -10,6 +10,7 @@ Four files, none in a subfolder: the node sends back at most 8.
 """
 import datetime
 import json
+import math
 import os
 import xml.etree.ElementTree as ET
 from typing import Dict, List, Optional
@@ -54,9 +55,21 @@ def write(out: str, state: Dict) -> None:
     state["result_lines"] += [result_line(*r) for r in state["derived"]]
     state["problems"] = problems(state)
     plain = {**state, "cases": [{k: v for k, v in r.items() if not k.startswith("_")} for r in state["cases"]]}
-    _replace(os.path.join(out, "results.json"), json.dumps(plain, indent=1, default=str))
+    # strict JSON (no NaN or Infinity, which other readers refuse): a non-finite figure is written as text
+    _replace(os.path.join(out, "results.json"), json.dumps(finite(plain), indent=1, default=str, allow_nan=False))
     _replace(os.path.join(out, "results.md"), markdown(state))
     _replace(os.path.join(out, "junit.xml"), ET.tostring(junit(state["cases"]), encoding="unicode"))
+
+
+def finite(value):
+    """``value`` with every non-finite float as its text ("nan", "inf")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def _replace(path: str, text: str) -> None:

@@ -5,34 +5,42 @@
 
 Runs the cases of cases.py (every test of tests/gpu and every scenario of scenarios.py) in order,
 each in its own process group killed at its timeout. A case whose estimate does not fit in what is
-left of --budget (wall seconds since this script started) is not started; one that needs more GPUs
+left of --budget (wall seconds since main() started) is not started; one that needs more GPUs
 than are visible is listed as not run. --out receives results.json, results.md, junit.xml and run.log
 (report.py), rewritten after every case. --resume reads an earlier results.json: the cases it holds a
-verdict for (passed, failed, timeout, skipped, interrupted) are carried over, not run again, and the
-run starts with those of tiers up to --tier that did not run (default: the first tier with any).
+verdict for (passed, failed, timeout, skipped) are carried over, not run again, and the run starts
+with those of tiers up to --tier that did not run (default: the first tier with any); a case that was
+interrupted (the run was killed while it ran) is run again.
+
+SIGTERM, SIGINT or SIGHUP (a node's command limit, Ctrl-C) kill the running case's process group,
+record it as interrupted, write the results and exit 128 + the signal's number.
 
 Exit status: 0 when every case this run started passed and met its targets (cases left over for the
 budget, or for want of GPUs, are listed but are no failure); 1 when one failed, timed out, skipped a
 test or missed a target; 2 for bad arguments, or when no CUDA device is visible (the files say so).
-"""
-import time
 
-STARTED = time.monotonic()  # the budget counts from here, imports included
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-from typing import Callable, Dict, List, Optional, Sequence  # noqa: E402
+On a node without .git the commit comes from benchmarks/gpu/COMMIT, which
+`python benchmarks/gpu/stamp_commit.py` writes in the checkout before it is copied.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
 import runner  # noqa: E402
+import stamp_commit  # noqa: E402
 from cases import BUDGET_S, CASES, Case  # noqa: E402
 
 BEGIN, END = "<!-- gpu-acceptance:begin -->", "<!-- gpu-acceptance:end -->"
@@ -43,6 +51,8 @@ if gpus:
     p = torch.cuda.get_device_properties(0)
     info.update(device=p.name, memory_gib=round(p.total_memory / 2**30, 1))
 print(json.dumps(info))"""
+PROBE_TIMEOUT_S = 120  # a CUDA init that takes longer is a broken node: recorded, not waited on
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class UsageError(Exception):
@@ -59,9 +69,10 @@ def parse_args(argv, tiers: Sequence[int]) -> argparse.Namespace:
     parser.add_argument("--write-benchmarks", action="store_true",
                         help="also write results.md into BENCHMARKS.md's GPU section")
     args = parser.parse_args(argv)
-    if args.budget <= 0:
-        raise UsageError(f"--budget {args.budget:g}: the run's wall seconds must be > 0 (a node with a 10-minute "
-                         "limit per command: --budget 480 leaves time for start-up and copying the results).")
+    if not (math.isfinite(args.budget) and args.budget > 0):  # nan > 0 is False, but so is nan <= 0
+        raise UsageError(f"--budget {args.budget:g}: the run's wall seconds must be a finite number > 0 (a node "
+                         "with a 10-minute limit per command: --budget 480 leaves time for start-up and copying "
+                         "the results).")
     if args.tier is not None and args.tier not in tiers:
         raise UsageError(f"--tier {args.tier}: the catalogue has tiers {min(tiers)} to {max(tiers)} "
                          "(benchmarks/gpu/cases.py).")
@@ -77,15 +88,28 @@ def load_previous(path: Optional[str]) -> Dict[str, Dict]:
     try:
         with open(path) as f:
             cases = json.load(f)["cases"]
+        problem = _malformed(cases)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"--resume {path!r} cannot be read as a run_all.py results.json ({e}); pass the "
-                         "results.json an earlier run wrote into its --out directory.") from None
+        problem = f"{type(e).__name__}: {e}"
+    if problem:
+        raise UsageError(f"--resume {path!r} cannot be read as a run_all.py results.json ({problem}); pass the "
+                         "results.json an earlier run wrote into its --out directory.")
     previous = {}
     for r in cases:
         if r.get("status") == "running":
             r.update(status="interrupted", reason="the run ended while this case ran (killed from outside?)")
         previous[r["name"]] = r
     return previous
+
+
+def _malformed(cases) -> str:
+    """What keeps ``cases`` from being a results.json's case records ("" when nothing)."""
+    if not isinstance(cases, list):
+        return f"its \"cases\" is a {type(cases).__name__}, not a list of case records"
+    for i, r in enumerate(cases):
+        if not (isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("status", ""), str)):
+            return f"case record {i} has no name and status: {json.dumps(r)[:80]}"
+    return ""
 
 
 def select(catalogue: Sequence[Case], tier: Optional[int], previous: Dict[str, Dict], gpus: int):
@@ -118,12 +142,20 @@ def records_for(catalogue: Sequence[Case], previous: Dict[str, Dict], selected: 
 
 
 def probe_environment() -> Dict:
-    """What the node is, from a separate Python (this process never touches CUDA) and nvidia-smi."""
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
-    info = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
-        "gpus": 0, "error": done.stderr[-500:]}
+    """What the node is, from a separate Python (this process never touches CUDA) and nvidia-smi.
+    A probe that hangs or fails is recorded in "error" (0 GPUs): the results say why nothing ran."""
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S)
+        info = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {
+            "gpus": 0, "error": f"the device probe exited {done.returncode}: {done.stderr[-500:]}"}
+    except subprocess.TimeoutExpired:
+        info = {"gpus": 0, "error": f"the device probe (a Python that imports torch and counts the GPUs) timed out "
+                                    f"after {PROBE_TIMEOUT_S} s: a hung driver or GPU?"}
+    except (ValueError, IndexError) as e:
+        info = {"gpus": 0, "error": f"the device probe printed no JSON ({e})"}
     info["driver"] = _driver_version()
-    info["commit"] = _git(["rev-parse", "--short", "HEAD"])
+    info["commit"] = stamp_commit.commit(ROOT)
     info["cpus"] = os.cpu_count()
     return info
 
@@ -144,13 +176,6 @@ def _driver_version() -> str:
         return "unknown"
 
 
-def _git(args: List[str]) -> str:
-    try:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
-        return done.stdout.strip() if done.returncode == 0 else "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-
 
 def child_env() -> Dict[str, str]:
     """This checkout first on PYTHONPATH (it wins over an installed shardtrain), output unbuffered."""
@@ -170,17 +195,53 @@ def write_section(text: str, root: Optional[str] = None) -> None:
     report._replace(path, doc)
 
 
+class Interrupted(BaseException):
+    """A signal from outside: not an Exception, so no case runner's ``except Exception`` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum, frame):
+    raise Interrupted(signum)
+
+
+def open_log(out: str):
+    """--out's run.log, opened before the probe: a directory that cannot be written is said at once."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        return open(os.path.join(out, "run.log"), "ab")
+    except OSError as e:
+        raise UsageError(f"--out {out!r} cannot be written ({e.strerror or e}); pass a directory you can write "
+                         "(created if missing).") from None
+
+
 def main(argv=None, catalogue: Sequence[Case] = CASES, run_case: Optional[Callable] = None,
          probe: Callable[[], Dict] = probe_environment, clock: Callable[[], float] = time.monotonic,
          start: Optional[float] = None) -> int:
     """``run_case``: a stand-in for runner.run_case (tests; no GPU needed, exit 2 is not taken)."""
-    start = STARTED if start is None else start
+    start = clock() if start is None else start  # not at import: pytest imports this module long before
     try:
         args = parse_args(argv, sorted({c.tier for c in catalogue}))
         previous = load_previous(args.resume)
+        log = open_log(args.out)
     except UsageError as e:
         print(f"run_all.py: error: {e}", file=sys.stderr)
         return 2
+    handlers = {s: signal.signal(s, _interrupt) for s in SIGNALS}
+    try:
+        with log:
+            return run(args, argv, previous, catalogue, run_case, probe, clock, start, log)
+    except Interrupted as e:  # during the probe, before there were results to write
+        print(f"run_all.py: error: stopped by {signal.Signals(e.signum).name} before any case ran.", file=sys.stderr)
+        return 128 + e.signum
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
+def run(args, argv, previous, catalogue, run_case, probe, clock, start, log) -> int:
     env = probe()
     gpus = env.get("gpus", 0)
     tier, selected = select(catalogue, args.tier, previous, gpus)
@@ -188,27 +249,44 @@ def main(argv=None, catalogue: Sequence[Case] = CASES, run_case: Optional[Callab
              "started": report.now(), "budget_s": args.budget, "tier": tier, "resumed_from": args.resume,
              "environment": env, "elapsed_s": 0.0, "finished": False,
              "cases": records_for(catalogue, previous, selected, gpus)}
-    os.makedirs(args.out, exist_ok=True)
     no_cuda = run_case is None and gpus == 0
     if no_cuda:
         for r in (r for r in state["cases"] if r.get("this_run")):
-            r.update(status="not run", reason="no CUDA device is visible")
+            r.update(status="not run", reason=env.get("error") or "no CUDA device is visible")
         selected = []
     workdir = tempfile.mkdtemp(prefix="shardtrain-gpu-acceptance-")
-    with open(os.path.join(args.out, "run.log"), "ab") as log:
+
+    def saved():
+        state["elapsed_s"] = round(clock() - start, 1)
+        report.write(args.out, state)
+
+    try:
         runner._log(log, f"==== {state['command']} at {state['started']}: {json.dumps(env)}")
-        ctx = runner.Context(workdir, log, child_env())
-
-        def saved():
-            state["elapsed_s"] = round(clock() - start, 1)
-            report.write(args.out, state)
-
         records = {r["name"]: r for r in state["cases"]}
-        runner.run_cases(selected, records, args.budget, gpus, clock, start, run_case or runner.run_case, ctx, saved)
+        runner.run_cases(selected, records, args.budget, gpus, clock, start, run_case or runner.run_case,
+                         runner.Context(workdir, log, child_env()), saved)
         state["finished"] = True
         saved()
-    shutil.rmtree(workdir, ignore_errors=True)
+    except Interrupted as e:
+        return interrupted(state, e.signum, saved)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     return finish(state, args, no_cuda)
+
+
+def interrupted(state: Dict, signum: int, saved: Callable[[], None]) -> int:
+    """The running case's process group is gone (runner.run_process ends it as the signal unwinds it)."""
+    for s in SIGNALS:  # a second signal must not cut the results short
+        signal.signal(s, signal.SIG_IGN)
+    name = signal.Signals(signum).name
+    for r in (r for r in state["cases"] if r["status"] == "running"):
+        r.update(status="interrupted", reason=f"run_all.py got {name} while this case ran; its process group "
+                                              "was killed (--resume runs it again)")
+    state["interrupted"] = name
+    saved()
+    print(f"run_all.py: error: stopped by {name}; the results files hold what ran (--resume continues).",
+          file=sys.stderr)
+    return 128 + signum
 
 
 def finish(state: Dict, args, no_cuda: bool) -> int:
@@ -217,9 +295,9 @@ def finish(state: Dict, args, no_cuda: bool) -> int:
     if args.write_benchmarks:
         write_section(text)
     if no_cuda:
-        print("run_all.py: error: no CUDA device is visible (torch.cuda.is_available() is False in this Python); "
-              "run it on a GPU node with a CUDA build of torch. The results files list every case as not run.",
-              file=sys.stderr)
+        why = state["environment"].get("error") or "torch.cuda.is_available() is False in this Python"
+        print(f"run_all.py: error: no CUDA device is visible ({why}); run it on a GPU node with a CUDA build of "
+              "torch. The results files list every case as not run.", file=sys.stderr)
         return 2
     return 1 if state["problems"] else 0
 

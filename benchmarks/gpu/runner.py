@@ -20,8 +20,9 @@ from cases import Case
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-# Statuses a resumed run does not run again: the case ran and has its verdict.
-VERDICTS = ("passed", "failed", "timeout", "skipped", "interrupted")
+# Statuses a resumed run does not run again: the case ran and has its verdict ("interrupted": the run
+# was killed while it ran, which says nothing of the case, so --resume runs it again).
+VERDICTS = ("passed", "failed", "timeout", "skipped")
 LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| ")  # shardtrain's log format: not a figure
 
 

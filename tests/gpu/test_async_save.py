@@ -1,7 +1,9 @@
 """--async-save on one GPU, with the state on the GPU and under --cpu-offload.
 
 Resume: a run saving in the background at HALF, resumed from that checkpoint,
-reproduces the straight run's later losses bit for bit, as the sync save does.
+ends with the straight run's weights and optimizer state bit for bit (and its
+later losses), as the sync save does, at an lr that moves every weight
+(exact_resume.py).
 Stall: the time training loses to an async save (save() returning, plus the
 slow-down of the update overlapping the write). With the state on the GPU it is
 a non-blocking copy to pinned memory (allocated by the first save, refilled by
@@ -17,12 +19,13 @@ import torch
 
 import gpu_runs
 from conftest import needs_gpus
+from exact_resume import DETERMINISTIC, HALF, MOVING_LR, assert_resumed_exactly, checkpoint_state, \
+    straight_and_resumed
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run
 from shardtrain.trainer.checkpoint.sharded import ShardedSaver
 
-UPDATES, HALF = 6, 3
 OFFLOAD = {"on_gpu": [], "cpu_offload": ["--cpu-offload"]}
 
 
@@ -31,21 +34,16 @@ def data(tmp_path_factory):
     return gpu_runs.data_bin(tmp_path_factory.mktemp("async"))
 
 
-def _losses(records):
-    return [r["loss"] for r in records]
-
-
 @needs_gpus(1)
 @pytest.mark.parametrize("placement", sorted(OFFLOAD))
 @pytest.mark.parametrize("saving", ["async", "sync"])
-def test_resume_from_a_background_save_is_bit_exact(data, tmp_path, placement, saving):
-    flags = ["--ddp-backend", "fully_sharded", "--distributed-world-size", "1", "--save-interval-updates",
-             str(HALF), *OFFLOAD[placement], *(["--async-save"] if saving == "async" else [])]
-    straight, _ = gpu_runs.train(data, tmp_path / "straight", "--max-update", str(UPDATES), *flags)
-    half = tmp_path / "straight" / f"checkpoint_1_{HALF}"
-    resumed, _ = gpu_runs.train(data, tmp_path / "resumed", "--max-update", str(UPDATES), "--restore-file",
-                                str(half), *flags)
-    assert _losses(resumed) == _losses(straight)[HALF:], (placement, saving)
+def test_resume_from_a_background_save_is_bit_exact(data, tmp_path, placement, saving, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # with the plugin: deterministic kernels
+    flags = ["--ddp-backend", "fully_sharded", "--distributed-world-size", "1", *MOVING_LR, "--user-dir",
+             DETERMINISTIC, *OFFLOAD[placement], *(["--async-save"] if saving == "async" else [])]
+    losses, resumed_losses, straight, resumed = straight_and_resumed(gpu_runs.train, data, tmp_path, flags)
+    halfway = checkpoint_state(str(tmp_path / "straight" / f"checkpoint_1_{HALF}"))
+    assert_resumed_exactly(losses, resumed_losses, straight, resumed, halfway)
 
 
 def timed_saves(cfg, ctx):

@@ -45,11 +45,23 @@ def test_compiled_fully_sharded_checkpointed_equals_eager(data, tmp_path):
     assert max((e[k] - c[k]).abs().max().item() for k in e) <= 1e-5
 
 
+# The FLOPs of gpu_runs.MODEL per trained token, counted here from its config (PaLM's count, as
+# models/flops.py documents it): 6 per weight a token is multiplied by (2 forward, 4 backward) plus
+# 12 x layers x width x seq_len for attention's scores and weighted sum.
+LAYERS, WIDTH, FFN, SEQ = 2, 64, 128, 64
+VOCAB = 72  # gpu_runs.data_bin: 64 words + 4 specials, padded to a multiple of 8
+MATMUL_WEIGHTS = LAYERS * (3 * WIDTH * WIDTH + WIDTH * WIDTH + 2 * WIDTH * FFN) + VOCAB * WIDTH  # qkv, out, fc1,
+FLOPS_PER_TOKEN = 6 * MATMUL_WEIGHTS + 12 * LAYERS * WIDTH * SEQ  # fc2, the untied output projection: 519,168
+
+
 @needs_gpus(1)
 def test_mfu_is_against_the_data_sheet(data, tmp_path):
     records, _ = train(data, tmp_path / "run", *FLAGS, "--bf16")
+    assert last_checkpoint_state(tmp_path / "run")["model"]["embed_tokens.weight"].shape == (VOCAB, WIDTH)
     peak = gpu_peak_tflops(torch.cuda.get_device_name(0), torch.bfloat16, tf32=False)
     for r in records[2:]:
+        tflops = r["wps"] * FLOPS_PER_TOKEN / 1e12  # one GPU: wps is this device's tokens per second
+        assert r["tflops"] == pytest.approx(tflops, rel=2e-3), (r, FLOPS_PER_TOKEN)
         if peak is not None:
-            assert r["mfu"] == pytest.approx(100 * r["tflops"] / peak, rel=2e-3)
+            assert r["mfu"] == pytest.approx(100 * tflops / peak, rel=2e-3), (r, peak)
         assert 0 < r["mfu"] < 100

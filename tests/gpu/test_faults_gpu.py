@@ -11,6 +11,8 @@ import torch
 
 import gpu_runs
 from conftest import needs_gpus
+from exact_resume import differences, flat
+from shardtrain.trainer.checkpoint.consolidate import read_sharded
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed_launch"))
 from test_faults import stop_rank_1  # noqa: E402
@@ -49,8 +51,18 @@ def test_consolidate_a_gpu_checkpoint_without_gpus(data, tmp_path):
     done = subprocess.run([sys.executable, "-m", "shardtrain.cli.consolidate", str(save / "checkpoint_last"), str(out)],
                           capture_output=True, text=True, timeout=600, env=_env(CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 0, done.stderr[-3000:]
-    state = torch.load(out, weights_only=True, map_location="cpu")
-    assert all(t.device.type == "cpu" for t in state["model"].values())
+    # No map_location: each tensor comes back on the device the file records, and this process sees a
+    # GPU, so a tensor saved from cuda would load onto it. The file must load on a GPU-less machine.
+    state = torch.load(out, weights_only=True)
+    written = {k: v for k, v in flat({"model": state["model"], "optimizer": state["optimizer"]})
+               if torch.is_tensor(v)}
+    assert len(written) > len(state["model"]), sorted(written)[:10]  # the optimizer's moments too
+    on = {k: t.device.type for k, t in written.items() if t.device.type != "cpu"}
+    assert on == {}, f"the consolidated file records tensors on {on}"
+    # ... and they are the GPU run's values (read from its shards here, onto the CPU)
+    source = dict(flat({k: v for k, v in read_sharded(str(save / "checkpoint_last"), model_only=False).items()
+                        if k in ("model", "optimizer")}))
+    assert differences(dict(flat({"model": state["model"], "optimizer": state["optimizer"]})), source) == []
 
 
 @needs_gpus(2)
