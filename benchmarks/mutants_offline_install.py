@@ -11,6 +11,7 @@ PRUNE = T + "test_prune_drops_torch_its_cuda_libraries_and_the_excluded"
 BAD = T + "test_a_bad_python_or_platform_is_refused_before_any_download"
 NO_INDEX = T + "test_without_the_index_it_fails_in_one_paragraph_and_leaves_no_folder"
 IN_USE = T + "test_a_folder_in_use_is_left_as_it_is"
+DEST = "tests/packaging/test_wheelhouse_dest.py::"
 FALLBACK = T + "test_a_node_whose_torch_disagrees_with_its_own_packages_installs_with_the_fallback"
 
 MUTANTS = [
@@ -56,4 +57,10 @@ MUTANTS = [
            W, "        shutil.rmtree(work, ignore_errors=True)", "        pass", (NO_INDEX,)),
     Mutant("wheelhouse_dest_in_use_overwritten", "a --dest that holds files is refused, its files untouched",
            W, "if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):", "if False:", (IN_USE,)),
+    Mutant("wheelhouse_read_only_dest_traceback", "a --dest under a read-only folder is one paragraph (issue 37)",
+           W, "    except OSError as e:\n        where = next(", "    except ValueError as e:\n        where = next(",
+           (DEST + "test_a_dest_under_a_read_only_folder_is_one_paragraph",)),
+    Mutant("wheelhouse_made_parents_left", "a failed run leaves no folder it made",
+           W, "                folder.rmdir()", "                pass",
+           (DEST + "test_a_failed_run_removes_the_parents_it_made",)),
 ]

@@ -15,6 +15,7 @@ run on the node is printed: ``python -m pip install --no-index --find-links DIR 
 keeps an installed torch that satisfies shardtrain's range (with no index, pip has no other torch).
 """
 import argparse
+import contextlib
 import email
 import json
 import os
@@ -189,16 +190,42 @@ def main(argv: List[str]) -> None:
     if not (CHECKOUT / "pyproject.toml").is_file():
         raise ShardtrainError(f"{CHECKOUT} is not a checkout (no pyproject.toml): run this module from a clone "
                               "of shardtrain's source, where its wheel is built.")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".wheelhouse-", dir=dest.parent))  # same file system: rename is atomic
+    made = missing_parents(dest)
     try:
-        fill(work, dest, version, platforms, exclude)
-        if dest.exists():
-            dest.rmdir()
-        (work / "wheels").rename(dest)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        work = work_folder(dest, args.dest)
+        try:
+            fill(work, dest, version, platforms, exclude)
+            if dest.exists():
+                dest.rmdir()
+            (work / "wheels").rename(dest)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        for folder in made:  # innermost first: a failed run leaves no folder it made
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     report(args.dest, version, args.platform)
+
+
+def missing_parents(dest: Path) -> List[Path]:
+    """The folders above ``dest`` that do not exist yet, innermost first."""
+    return [p for p in dest.parents if not os.path.lexists(p)]
+
+
+def work_folder(dest: Path, given: str) -> Path:
+    """A new temporary folder beside ``dest`` (same file system: the final rename is atomic), making
+    dest's missing parents; a folder that cannot be written to is one paragraph."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=".wheelhouse-", dir=dest.parent))
+    except OSError as e:
+        where = next(p for p in dest.parents if os.path.lexists(p))  # the folder that refused
+        raise ShardtrainError(f"Cannot create --dest {given} in {where}: {e.strerror} (a read-only "
+                              "folder or mount, or no write permission for this user). The wheelhouse is filled "
+                              "under a temporary name beside DIR and renamed when complete, so DIR's folder must be "
+                              "writable: choose a --dest in a folder you can write to, or make it writable; nothing "
+                              "was written.") from None
 
 
 def report(dest: str, version: str, platform: str) -> None:
