@@ -11,7 +11,7 @@ EARLY = "tests/cli/test_fail_early.py::test_refused_before_any_rank_starts_in_ea
 
 MUTANTS = [
     Mutant("demo_not_plotted", "the demo ends with a plot of its curves",
-           "shardtrain/cli/demo.py", 'plot.main([os.path.join(args.workdir, LOG_FILE), "--output", curves])',
+           "shardtrain/cli/demo.py", "draw_curves(args.workdir, half)",
            "pass", (DEMO + "test_demo_runs_on_a_small_stdlib_corpus", DEMO + "test_both_phases_have_a_positive_limit")),
     Mutant("generate_prompt_without_bos", "shard-generate starts the prompt with bos for a --add-bos-token model",
            "shardtrain/cli/generate.py",

@@ -6,7 +6,8 @@ BT = "tests/docs/test_benchmarks_table.py::"
 
 MUTANTS = [
     Mutant("readme_plot_reads_an_unwritten_log", "README's shard-plot reads the log file its training command writes",
-           "README.md", "    --log-format simple --log-file train.log\n", "    --log-format simple\n",
+           "README.md", "    --log-format simple --log-interval 10 --log-file train.log\n",
+           "    --log-format simple --log-interval 10\n",
            (RC + "test_shard_plot_reads_the_log_file_the_training_command_writes",
             RC + "test_readme_blocks_run_as_written")),
     Mutant("benchmarks_table_misses_a_result", "BENCHMARKS.md's table lists every RESULT a benchmark prints",

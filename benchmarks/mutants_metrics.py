@@ -5,6 +5,8 @@ from mutant_spec import Mutant
 E2E = "tests/cli/test_cli_end_to_end.py::"
 MFU = "tests/trainer/test_mfu.py::"
 AMP = "tests/trainer/test_amp_flag.py::"
+BUSY = "tests/trainer/test_mfu_busy_machine.py::"
+AXES = "tests/trainer/test_gpu_peak_axes.py::"
 
 MUTANTS = [
     Mutant("mfu_speed_not_per_device", "tokens/s per device divide the ranks' sum by the world size",
@@ -24,4 +26,24 @@ MUTANTS = [
     Mutant("bsz_counts_tokens", "bsz is sentences per batch",
            "shardtrain/trainer/metrics/run_metrics.py", 'm.log_scalar("bsz", nsentences, round=1)',
            'm.log_scalar("bsz", ntokens, round=1)', (E2E + "test_checkpoint_names_keep_policy_and_validate_generate",)),
+    # issue 37: a peak measured on a busy machine (0.000 TFLOP/s) gave mfu 371-722 in every record
+    Mutant("mfu_over_100_logged", "an mfu above 100% is never logged: the field is left out, the log says why",
+           "shardtrain/trainer/metrics/flops.py", "            if mfu <= 100.0:", "            if True:",
+           (BUSY + "test_mfu_above_100_is_dropped_for_the_rest_of_the_run",)),
+    Mutant("mfu_peak_floor_ignored", "a measured peak near zero leaves mfu out, and the log says why",
+           "shardtrain/trainer/metrics/flops.py", "    if measured < MEASURED_FLOOR_TFLOPS:", "    if False:",
+           (BUSY + "test_a_peak_measured_near_zero_leaves_mfu_out_and_says_why_once",)),
+    Mutant("mfu_peak_one_trial", "the measured peak is the best of several matmuls",
+           "shardtrain/trainer/metrics/flops.py", "    while trials < MIN_TRIALS or time.perf_counter() < deadline:",
+           "    while trials < 1:", (BUSY + "test_the_measured_peak_is_the_best_of_several_trials",)),
+    Mutant("mfu_peak_not_measured_again", "a peak measured below the floor is measured again after a pause",
+           "shardtrain/trainer/metrics/flops.py", "    for attempt in range(MEASURE_ROUNDS):",
+           "    for attempt in range(1):", (BUSY + "test_a_low_first_round_is_measured_again_after_a_pause",)),
+    Mutant("peak_bf16_in_tf32_column", "a bf16 run is held against the bf16 peak when TF32 is allowed",
+           "shardtrain/trainer/metrics/flops.py", '    if key == "fp32" and tf32:', "    if tf32:",
+           (AXES + "test_the_table_on_every_axis",)),
+    Mutant("peak_tf32_switch_ignored", "an fp32 run where torch allows TF32 is held against the TF32 peak",
+           "shardtrain/trainer/metrics/flops.py", "listed = gpu_peak_tflops(name, dtype, torch.backends.cuda.matmul.allow_tf32)",
+           "listed = gpu_peak_tflops(name, dtype, False)",
+           (AXES + "test_a_runs_peak_on_a_named_gpu_reads_torchs_tf32_switch",)),
 ]

@@ -20,4 +20,12 @@ MUTANTS = [
     Mutant("plot_ticks_not_nearest", "axis ticks are round values about four to a panel",
            "shardtrain/plot/axes.py", "            if last - first + 1 >= at_least:",
            "            if last - first + 1 >= 1:", (PLOT + "test_ticks_are_round_and_inside",)),
+    # issue 37: marks (the demo's stop and resume)
+    Mutant("plot_mark_from_zero", "a mark is drawn at its update on the panel's x axis",
+           "shardtrain/plot/svg.py", "        x = frame.px(update)\n",
+           "        x = frame.left + frame.w * update / frame.x_span[1]\n",
+           ("tests/cli/test_demo_curves.py::test_the_demos_curves_name_the_run_and_mark_the_stop_and_resume",)),
+    Mutant("plot_mark_outside_drawn", "a mark outside a panel's updates is not drawn",
+           "shardtrain/plot/svg.py", "        if not frame.x_span[0] <= update <= frame.x_span[1]:", "        if False:",
+           ("tests/cli/test_demo_curves.py::test_a_mark_outside_the_updates_is_not_drawn_and_a_bad_one_is_refused",)),
 ]

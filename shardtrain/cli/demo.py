@@ -35,6 +35,7 @@ DEFAULT_CORPUS_MB = 2.0
 DEFAULT_MAX_UPDATE = 240
 VALID_INTERVAL = 60  # 4 points on the validation curve at the default --max-update
 LOG_FILE = "train.log"
+RUN_NAME = "shard-demo"  # the run's name in the curves' legend
 # The sample: a class header, then lines the model writes. A temperature below 1 and top-p keep a small model
 # to the likely tokens, which in Python source are keywords, `self.`, colons and indentation.
 SAMPLE_PROMPT = "class Reader:"
@@ -228,9 +229,15 @@ def main(argv):
         print_sample(data, os.path.join(save_dir, "checkpoint_last.pt"))
     curves = os.path.join(args.workdir, "curves.svg")
     with phase("plot", f"drawing the training curves into {curves}"):
-        plot.main([os.path.join(args.workdir, LOG_FILE), "--output", curves])
+        draw_curves(args.workdir, half)
     print(f"== shard-demo: done in {phase.summary()}. Open {curves} in a browser, or run "
           f"`tensorboard --logdir {os.path.join(args.workdir, 'tb')}`.")
+
+
+def draw_curves(workdir: str, resumed_at: int) -> str:
+    """The run's curves, named for the demo (not its log file), with the stop and resume marked."""
+    return plot.main([os.path.join(workdir, LOG_FILE), "--output", os.path.join(workdir, "curves.svg"),
+                      "--names", RUN_NAME, "--mark", f"{resumed_at}=stop / resume"])
 
 
 class Phases:

@@ -7,8 +7,9 @@ By default the panels are loss, ppl, lr, gnorm, loss_scale, wps and memory (gb_r
 a GPU), those the runs have; ``--metrics`` picks any recorded stat. One line per RUN says what it holds.
 """
 import argparse
+import math
 import sys
-from typing import List
+from typing import List, Tuple
 
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config.flags import new_parser
@@ -29,7 +30,25 @@ def parse_command_line(argv) -> argparse.Namespace:
                                                       "gnorm, loss_scale, wps and memory, those recorded)")
     parser.add_argument("--names", default="", help="comma-separated names of the runs in the legend (default: "
                                                     "their file names)")
+    parser.add_argument("--mark", action="append", default=[], metavar="UPDATE=LABEL",
+                        help="a vertical line at UPDATE labelled LABEL in every panel, e.g. --mark '120=stop / "
+                             "resume' (repeatable)")
     return parser.parse_args(argv)
+
+
+def parse_marks(marks: List[str]) -> List[Tuple[float, str]]:
+    """--mark UPDATE=LABEL values as (update, label)."""
+    parsed = []
+    for mark in marks:
+        update, _, label = mark.partition("=")
+        try:
+            parsed.append((float(update), label.strip()))
+            if not math.isfinite(parsed[-1][0]):
+                raise ValueError(update)
+        except ValueError:
+            raise ConfigError(f"--mark {mark!r}: give an update number, '=', and a label, e.g. --mark "
+                              "'120=stop / resume'.") from None
+    return parsed
 
 
 @cli_entry("shard-plot")
@@ -42,6 +61,7 @@ def main(argv):
     if len(names) != len(args.runs):
         raise ConfigError(f"--names gives {len(names)} name(s) for {len(args.runs)} run(s); give one per run, "
                           "comma-separated, or leave it out.")
+    marks = parse_marks(args.mark)
     runs = [read_run(path, name) for path, name in zip(args.runs, names)]
     metrics = choose_metrics(runs, args.metrics)
     for path, run in zip(args.runs, runs):
@@ -49,7 +69,7 @@ def main(argv):
     for note in no_training_notes(args.runs, runs) + nonfinite_notes(runs, metrics, args.metrics):
         print(f"shard-plot: note: {note}", file=sys.stderr)
     try:
-        atomic_write_bytes(args.output, svg.render(runs, metrics).encode("utf-8"))
+        atomic_write_bytes(args.output, svg.render(runs, metrics, marks).encode("utf-8"))
     except OSError as e:
         raise ConfigError(f"Cannot write --output {args.output!r}: {e.strerror or e}. Pass a path in a "
                           "writable directory.") from None

@@ -5,7 +5,8 @@ Written by hand: none of shardtrain's dependencies draws (tensorboard shows curv
 save a picture, and matplotlib would be a dependency for one picture). SVG is text: every browser opens it,
 GitHub shows it in a README, and a test can read it back: each panel is a ``<g data-panel>`` holding its
 ``plot-area`` rect, its ``title``, ``unit``, ``ytick`` and ``xtick`` texts, one ``<polyline>`` per curve
-(``data-run``, ``data-tag``, ``data-metric``) and the curves' ``marker`` paths.
+(``data-run``, ``data-tag``, ``data-metric``), the curves' ``marker`` paths, and for each mark (an update
+where something happened: a stop and resume) a dashed ``mark`` line (``data-update``) and its ``mark-label``.
 
 Runs that coincide (a rerun, the same log passed twice) stay visible: each run has its own colour and
 marker shape, marks other points of its curves than the runs before it, and is drawn thinner than them,
@@ -61,7 +62,8 @@ def plan_panels(runs: Sequence[Run], metrics: Sequence[str]) -> List[Panel]:
     return panels
 
 
-def render(runs: Sequence[Run], metrics: Sequence[str]) -> str:
+def render(runs: Sequence[Run], metrics: Sequence[str], marks: Sequence[Tuple[float, str]] = ()) -> str:
+    """``marks``: (update, label) pairs, a vertical line in every panel whose updates reach it."""
     panels = plan_panels(runs, metrics)
     columns = 3 if len(panels) <= 6 or len(panels) == 9 else 4  # rows as full as can be
     columns = min(columns, len(panels))
@@ -70,7 +72,7 @@ def render(runs: Sequence[Run], metrics: Sequence[str]) -> str:
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
              f'<rect width="{width}" height="{height}" fill="white"/>', *_legend(runs)]
     for i, panel in enumerate(panels):
-        parts += _panel(runs, panel, PANEL_W * (i % columns), LEGEND_H + PANEL_H * (i // columns))
+        parts += _panel(runs, panel, PANEL_W * (i % columns), LEGEND_H + PANEL_H * (i // columns), marks)
     return "\n".join(parts + ["</svg>"]) + "\n"
 
 
@@ -107,7 +109,7 @@ class _Frame:
         return self.px(x), self.py(_scale(y, self.log))
 
 
-def _panel(runs: Sequence[Run], panel: Panel, x0: float, y0: float) -> List[str]:
+def _panel(runs: Sequence[Run], panel: Panel, x0: float, y0: float, marks=()) -> List[str]:
     curves = [(i, run, tag, points) for i, run in enumerate(runs)
               for (tag, m), points in sorted(run.series.items()) if m == panel.metric and panel.holds(tag)]
     log = panel.metric in axes.LOG_SCALE and all(y > 0 for *_, points in curves for _, y in points)
@@ -120,7 +122,7 @@ def _panel(runs: Sequence[Run], panel: Panel, x0: float, y0: float) -> List[str]
            f'font-weight="bold">{escape(title)}</text>',
            f'<rect class="plot-area" x="{frame.left}" y="{frame.top}" width="{frame.w}" height="{frame.h}" '
            'fill="none" stroke="#999"/>']
-    out += _y_axis(frame, axes.unit(panel.metric), x0) + _x_axis(frame)
+    out += _y_axis(frame, axes.unit(panel.metric), x0) + _x_axis(frame) + _marks(frame, marks)
     for i, run, tag, points in curves:
         out += _curve(frame, i, len(runs), run.name, tag, panel.metric, points)
     return out + ["</g>"]
@@ -157,6 +159,20 @@ def _x_axis(frame: _Frame) -> List[str]:
            f'{text}</text>' for t, text in zip(ticks, texts)]
     out.append(f'<text class="xlabel" x="{frame.left + frame.w / 2}" y="{frame.top + frame.h + 28}" '
                'text-anchor="middle" fill="#555">updates</text>')
+    return out
+
+
+def _marks(frame: _Frame, marks) -> List[str]:
+    """A grey dashed line at each mark's update, under the curves, labelled at its top; none outside the panel."""
+    out = []
+    for update, label in marks:
+        if not frame.x_span[0] <= update <= frame.x_span[1]:
+            continue
+        x = frame.px(update)
+        out.append(f'<line class="mark" data-update="{update:g}" x1="{x:.1f}" y1="{frame.top}" x2="{x:.1f}" '
+                   f'y2="{frame.top + frame.h}" stroke="#777" stroke-dasharray="2,3"/>')
+        out.append(f'<text class="mark-label" x="{x + 3:.1f}" y="{frame.top + 10}" font-size="9" fill="#555">'
+                   f'{escape(label)}</text>')
     return out
 
 

@@ -1,9 +1,10 @@
 """The package as a user gets it: build the wheel, install it into a fresh venv, run the commands.
 
-The venv sees the system's site-packages (torch and the other dependencies are not downloaded again), but
-pip still resolves the wheel's declared requirements against them with ``--no-index``, so a requirement
-nothing installed satisfies fails here. The wheel is built from a copy of the source tree: setuptools
-builds in-tree, and a stale ``build/`` of the working copy must neither leak into the wheel nor be written.
+The venv sees the running interpreter's site-packages (venv_site.py: a user's venv's too, not only the base
+interpreter's; torch and the other dependencies are not downloaded again), but pip still resolves the wheel's
+declared requirements against them with ``--no-index``, so a requirement nothing installed satisfies fails here.
+The wheel is built from a copy of the source tree: setuptools builds in-tree, and a stale ``build/`` of the
+working copy must neither leak into the wheel nor be written.
 """
 import email
 import os
@@ -17,6 +18,7 @@ import pytest
 
 import shardtrain
 from st_testutils import MarkovChain, scaled, write_markov_corpus
+from venv_site import make_venv
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOT_SOURCE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
@@ -44,10 +46,9 @@ def wheel(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def venv(wheel, tmp_path_factory):
-    """A fresh venv with the wheel installed. ``--without-pip``: the system's pip runs in it (a seeded pip
-    would bring an older setuptools that shadows the one torch requires)."""
+    """A fresh venv with the wheel installed, seeing the running interpreter's packages (and its pip)."""
     env = tmp_path_factory.mktemp("venv") / "env"
-    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env)], cwd=env.parent)
+    make_venv(env, timeout=scaled(300))
     run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", str(wheel)], cwd=env.parent)
     return env
 

@@ -154,6 +154,8 @@ class RunStager:
     def _fill(self, path: str, local: torch.Tensor, device: torch.device, kept: Dict,
               waits: Set[torch.device]) -> torch.Tensor:
         pinned = device.type == "cuda"  # pinning is a CUDA host allocation
+        while path in kept:  # another source spelled this path ("a/b", or "b" in "a"; 0 and "0"): its own buffer,
+            path += "'"  # found again at the next save, as entries come in the same order
         buffer, was_pinned = self._buffers.get(path, (None, None))
         if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype or was_pinned != pinned:
             buffer = self.memory.allocate(local, pinned)
