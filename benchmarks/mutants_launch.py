@@ -1,6 +1,9 @@
 """Mutants of shardtrain/trainer/launch/: rendezvous, preemption, threads. Each mutant was seen to fail its tests."""
 from mutant_spec import T, Mutant
 
+SIGNALS = "tests/distributed_launch/test_launch_signals.py::"
+VALID_STOP = "tests/trainer/test_validation_interrupt.py::"
+
 MUTANTS = [
     Mutant("preemption_not_agreed", "every rank stops at the same update on SIGTERM/SIGUSR1",
            T + "launch/preemption.py", "        if backend.world_size > 1:\n",
@@ -22,4 +25,43 @@ MUTANTS = [
     Mutant("threads_ignore_local_ranks", "each rank uses usable cores / ranks on this node",
            T + "launch/threads.py", "return ThreadPlan(max(1, cores // local),", "return ThreadPlan(max(1, cores),",
            ("tests/distributed_launch/test_thread_policy.py",)),
+    # issue 37: signals while the ranks start, CPU ranks beyond the cores, a lost peer's blame, the 1-rank
+    # group's directory, a validation a first Ctrl-C stops
+    Mutant("ctrl_c_while_starting_forwarded", "Ctrl-C before the ranks have joined exits 130 with one line",
+           T + "launch/preemption.py",
+           "        if starting() and len(interrupts) == 1:\n            state.stop(signum)\n            return\n", "",
+           (SIGNALS + "test_a_signal_while_the_ranks_start_is_answered_as_that_signal[SIGINT]",)),
+    Mutant("sigterm_while_starting_forwarded", "SIGTERM before the ranks have joined exits 143 with one line",
+           T + "launch/preemption.py", "        if signum == signal.SIGTERM and starting():", "        if False:",
+           (SIGNALS + "test_a_signal_while_the_ranks_start_is_answered_as_that_signal[SIGTERM]",)),
+    Mutant("signal_while_spawning_lost", "a Ctrl-C while the ranks are being started stops them",
+           T + "launch/start.py", "first=lambda: (signals.check(), watch.begin(init_method))",
+           "first=lambda: watch.begin(init_method)",
+           (SIGNALS + "test_a_ctrl_c_while_the_ranks_are_being_started_is_kept_and_stops_them",)),
+    Mutant("oversubscribed_cpu_ranks_silent", "CPU ranks far beyond the cores are warned about before spawning",
+           T + "launch/threads.py", "    if ranks <= OVERSUBSCRIBED * cores:", "    if True:",
+           (SIGNALS + "test_cpu_ranks_far_beyond_the_cores_are_warned_before_any_starts",
+            SIGNALS + "test_the_oversubscription_rule")),
+    Mutant("lost_peer_blamed", "a failed run names the rank that stopped first, not the one that lost it",
+           T + "launch/start.py", "    if causes or silent:  # the lost peers are their consequence\n"
+           "        raised = causes\n", "", (SIGNALS + "test_a_lost_peer_is_never_blamed_over_the_rank_that_stopped",)),
+    Mutant("lost_peer_no_grace", "the rank that stopped first is awaited a moment after a lost peer",
+           T + "launch/start.py", "multiprocessing.connection.wait([p.sentinel for p in running], timeout=grace_s)",
+           "multiprocessing.connection.wait([p.sentinel for p in running], timeout=0)",
+           (SIGNALS + "test_a_lost_peer_waits_a_moment_for_the_rank_that_stopped",)),
+    Mutant("one_rank_group_dir_left", "a one-process fully_sharded run leaves no temporary directory",
+           T + "launch/one_rank_group.py", "        self._remove_dir()  # the store removes its file",
+           "        pass  #",
+           ("tests/distributed_launch/test_one_rank_group_tmpdir.py",)),
+    Mutant("validation_ignores_the_first_ctrl_c", "a first Ctrl-C stops a validation at its next batch",
+           T + "validation.py", "            if run.preemption.agreed(run.backend):", "            if False:",
+           (VALID_STOP + "test_a_first_ctrl_c_during_validation_stops_it_at_the_next_batch_and_saves",
+            VALID_STOP + "test_a_stop_asked_during_an_update_skips_the_validation_it_would_wait_for")),
+    Mutant("partial_validation_recorded", "a validation stopped part-way is not recorded (no best from it)",
+           T + "validation.py", "                raise Interrupted()", "                break",
+           (VALID_STOP + "test_a_first_ctrl_c_during_validation_stops_it_at_the_next_batch_and_saves",)),
+    Mutant("doc_first_ctrl_c_exit_status", "docs/checkpoints.md gives the exit status of shard-train's first Ctrl-C",
+           "docs/checkpoints.md", "save `checkpoint_last` and exit 0; a second Ctrl-C", "save `checkpoint_last` and "
+           "exit 130; a second Ctrl-C",
+           (VALID_STOP + "test_a_first_ctrl_c_during_validation_stops_it_at_the_next_batch_and_saves",)),
 ]

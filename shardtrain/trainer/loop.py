@@ -36,7 +36,7 @@ from shardtrain.trainer.parallel.base import unwrap
 from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task
 from shardtrain.trainer.spike import SpikeGuard
 from shardtrain.trainer.train_state import TrainingClock
-from shardtrain.trainer.validation import due, record, validate
+from shardtrain.trainer.validation import Due, Interrupted, due, record, validate
 from shardtrain.trainer.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -282,7 +282,11 @@ def validate_and_save(run: Run, epoch_itr, end_of_epoch: bool) -> Tuple[Optional
     ck, state, epoch = run.cfg.checkpoint, run.trainer.state, epoch_itr.epoch
     should_stop = stop_requested(run, state.num_updates)
     when = due(state.num_updates, epoch, end_of_epoch, should_stop, ck, run.cfg.dataset)
-    valid_loss = validate(run, epoch)[0] if when.validate else None
+    try:
+        valid_loss = validate(run, epoch)[0] if when.validate else None
+    except Interrupted:  # by a signal, part-way: nothing recorded, save checkpoint_last and stop
+        valid_loss, when = None, Due(validate=False, save=True)
+        should_stop = should_stop or stop_requested(run, state.num_updates)
     is_best, out_of_patience = record(valid_loss, state, ck)
     do_save = when.save
     if out_of_patience:

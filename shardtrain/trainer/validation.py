@@ -77,6 +77,11 @@ def _forked_rng(device: torch.device):
     return torch.random.fork_rng(devices=[device], device_type=device.type)
 
 
+class Interrupted(Exception):
+    """A first Ctrl-C, SIGTERM or SIGUSR1 (agreed by every rank) stopped validation part-way: what it saw is no
+    validation, so nothing is recorded from it (no best checkpoint, no --patience count); the run saves and stops."""
+
+
 def _validate_subsets(run, epoch: int) -> List[Optional[float]]:
     results = []
     for subset in run.cfg.dataset.valid_subset.split(","):
@@ -85,7 +90,16 @@ def _validate_subsets(run, epoch: int) -> List[Optional[float]]:
         metrics = MetricsLogger()
         run.metrics.begin_valid()
         since = time.perf_counter()
-        for sample in itertools.islice(progress, run.cfg.dataset.max_valid_steps):
+        batches = min(len(itr), run.cfg.dataset.max_valid_steps or len(itr))
+        for done, sample in enumerate(itertools.islice(progress, run.cfg.dataset.max_valid_steps)):
+            # Before every batch (a tiny all-reduce: the ranks stop at the same one): a long validation would
+            # otherwise hold a first Ctrl-C or a preemption's signal for all of its batches.
+            if run.preemption.agreed(run.backend):
+                progress.close()
+                logger.info(f"validation on '{subset}' stopped after {done} of {batches} batches by "
+                            f"{'Ctrl-C' if run.preemption.interrupted else 'SIGTERM/SIGUSR1'}: not recorded "
+                            "(no best checkpoint, no --patience count)")
+                raise Interrupted()
             logs = run.trainer.valid_step(sample)
             run.trainer.criterion.reduce_metrics(logs, metrics)
             log_throughput(metrics, logs, since)  # valid_wps, valid_wpb, valid_bsz

@@ -36,6 +36,9 @@ def refusal_of_cpu_tensors() -> str:
     except RuntimeError as e:
         return str(e)
     finally:
+        # new_group has no barrier (TORCH_DIST_INIT_BARRIER): the refusal is local and immediate, so without
+        # one a rank may tear its connections down while the other, slower under load, still connects.
+        dist.barrier()
         dist.destroy_process_group(group)
     return "accepted"
 

@@ -50,7 +50,7 @@ def _cfg(data_bin, save_dir, extra):
         "--batch-size", "4", "--required-batch-size-multiple", "1", "--max-update", str(UPDATES),
         "--save-interval-updates", "2", "--validate-interval-updates", "2", "--save-dir", save_dir,
         "--cpu", "--threads", "1", "--log-format", "none", "--distributed-world-size", "2",
-        "--heartbeat-timeout", "120", *extra])
+        "--heartbeat-timeout", "600", *extra])  # a starved rank may lag the other by minutes under load
     cfg.distributed.distributed_backend = ACCELERATOR_ONLY  # not a --distributed-backend choice
     return cfg
 

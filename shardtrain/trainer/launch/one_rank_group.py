@@ -7,6 +7,7 @@ and starts the group here, before building the backend: process groups are made 
 launch, never by a backend.
 """
 import os
+import shutil
 import tempfile
 
 import torch
@@ -22,15 +23,27 @@ class OneRankGroup:
 
     def __init__(self, device: torch.device):
         self.started = not dist.is_initialized()
+        self._dir = None  # the rendezvous file's directory: removed with the group
         if self.started:
-            path = os.path.join(tempfile.mkdtemp(prefix="shardtrain-pg-"), "rendezvous")
+            self._dir = tempfile.mkdtemp(prefix="shardtrain-pg-")
             backend = process_group_backend("nccl" if device.type == "cuda" else "gloo")
-            dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1)
+            try:
+                dist.init_process_group(backend, init_method=f"file://{os.path.join(self._dir, 'rendezvous')}",
+                                        rank=0, world_size=1)
+            except BaseException:
+                self._remove_dir()
+                raise
 
     def close(self) -> None:
         if self.started and dist.is_initialized():
             dist.destroy_process_group()
         self.started = False
+        self._remove_dir()  # the store removes its file when the group ends, but not the directory
+
+    def _remove_dir(self) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     def __enter__(self) -> "OneRankGroup":
         return self

@@ -16,6 +16,11 @@ reaches the launcher and every rank (one process group); the launcher passes its
 which a rank that had the Ctrl-C itself ignores (it already stops), and its second as SIGINT, which
 a rank ignores once it is already stopping at once. A rank always sees its own SIGINT before the
 launcher's SIGTERM: the kernel marks it pending at once, and Python runs handlers in signal order.
+A validation under way stops at its next batch (validation.py); the partial pass is not recorded.
+
+Until every spawned rank has joined the process group nothing can be saved: Ctrl-C or SIGTERM to the
+launcher then stops the ranks at once and the command answers as for any signal (one line, exit
+128 + signal: 130 / 143), rather than reporting ranks killed by the SIGTERM it sent them.
 """
 import contextlib
 import logging
@@ -24,7 +29,7 @@ import shutil
 import signal
 import subprocess
 import threading
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -35,7 +40,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # What shard-train's one-line exit after a second Ctrl-C (or SIGTERM while starting) says is true.
 STOPPED_AT_ONCE = ("nothing newer than the last checkpoint in --save-dir was saved (a first Ctrl-C finishes the "
                    "update and saves); the same command resumes from that checkpoint, or starts afresh without one")
-FIRST_CTRL_C = ("Ctrl-C: finishing the current update, then saving checkpoint_last "
+FIRST_CTRL_C = ("Ctrl-C: finishing the current update (or validation batch), then saving checkpoint_last "
                 "(press Ctrl-C again to stop at once, without saving)")
 
 
@@ -131,14 +136,37 @@ def _not_requeued(job: str, why: str, command: str) -> str:
             "so that SLURM does not record the job as completed.")
 
 
+class StoppedWhileStarting(BaseException):
+    """Ctrl-C or SIGTERM reached the launcher before every rank had joined: there is nothing to save yet, so
+    the launcher stops the ranks and then answers the signal as any command does (cli: one line, 128 + signal).
+    A BaseException, like KeyboardInterrupt: no ``except Exception`` on the way out swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def answer_signal(signum: int) -> None:
+    """Raise ``signum`` again in this process, once its handlers are the caller's again (the command's
+    answer: KeyboardInterrupt for SIGINT, cli's one line for SIGTERM, else the default: death by the signal)."""
+    signal.raise_signal(signum)
+    raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)  # the signal was ignored
+
+
 @contextlib.contextmanager
-def forwarding_signals(processes):
+def forwarding_signals(processes, starting: Callable[[], bool] = lambda: False):
     """In a launcher that spawned the ranks: pass SIGTERM/SIGUSR1 on to every rank,
     which then saves checkpoint_last and exits 0, instead of dying and orphaning them.
     Ctrl-C: the first is passed on as SIGTERM (see the module's docstring), the second as SIGINT,
-    and the launcher then stops waiting (KeyboardInterrupt: its clean-up ends the ranks)."""
+    and the launcher then stops waiting (KeyboardInterrupt: its clean-up ends the ranks).
+
+    While ``starting()`` (not every rank has joined: none can save yet) Ctrl-C or SIGTERM raises
+    StoppedWhileStarting instead (the ranks are sent SIGTERM first), once ``processes`` (a list the
+    launcher fills after starting them) is not empty: a signal that comes while they are being started
+    is raised by ``.check()``, which the launcher calls once the list is full."""
+    state = _Forwarding(processes)
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield state
         return
     interrupts = []
 
@@ -147,18 +175,48 @@ def forwarding_signals(processes):
             if process.is_alive():
                 os.kill(process.pid, as_signal or signum)
 
+    def on_signal(signum, frame):
+        if signum == signal.SIGTERM and starting():
+            state.stop(signum)
+            return
+        forward(signum, frame)
+
     def interrupt(signum, frame):
         interrupts.append(signum)
+        if starting() and len(interrupts) == 1:
+            state.stop(signum)
+            return
         if len(interrupts) > 1:
             forward(signum, frame)
             raise KeyboardInterrupt
         forward(signum, frame, as_signal=signal.SIGTERM)
         os.write(2, f"\n{FIRST_CTRL_C}\n".encode())
 
-    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    previous = {sig: signal.signal(sig, on_signal) for sig in SIGNALS}
     previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     try:
-        yield
+        yield state
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class _Forwarding:
+    """The launcher's side of a stop while its ranks start (see forwarding_signals)."""
+
+    def __init__(self, processes):
+        self.processes = processes
+        self.stopped: Optional[int] = None  # the signal that stopped the start
+
+    def stop(self, signum: int) -> None:
+        self.stopped = signum
+        self.check()
+
+    def check(self) -> None:
+        """Raise StoppedWhileStarting if a signal stopped the start, once the ranks can be stopped."""
+        if self.stopped is None or not self.processes:
+            return
+        for process in self.processes:  # they die at once: none has a handler before it trains
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+        raise StoppedWhileStarting(self.stopped)

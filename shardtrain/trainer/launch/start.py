@@ -33,7 +33,7 @@ from shardtrain.trainer.launch import threads
 from shardtrain.trainer.launch import peer_lost
 from shardtrain.trainer.launch import waiting
 from shardtrain.trainer.metrics.logging_setup import setup_logging
-from shardtrain.trainer.launch.preemption import forwarding_signals
+from shardtrain.trainer.launch.preemption import StoppedWhileStarting, answer_signal, forwarding_signals
 
 logger = logging.getLogger(__name__)
 
@@ -188,16 +188,26 @@ class _SpawnPlan:
 
 def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
     backend = rendezvous.resolve_backend(cfg.distributed.distributed_backend, use_cuda)
-    with tempfile.TemporaryDirectory(prefix="shardtrain-ranks-") as run_dir:
-        init_method = cfg.distributed.distributed_init_method or "file://" + os.path.join(run_dir, "rendezvous")
-        plan = _SpawnPlan(world_size, backend, init_method, use_cuda, run_dir, time.time())
-        context = mp.start_processes(_spawned_rank, args=(cfg, main, plan), nprocs=world_size,
-                                     join=False, start_method="spawn")
-        watch = waiting.StartWatch(run_dir, world_size, backend)
-        watch.begin(init_method)
-        with forwarding_signals(context.processes):
-            _supervise(context, run_dir, watch)
-        return _read_result(run_dir)
+    processes = []  # filled once started: the signal handlers stop what is there
+    try:
+        with tempfile.TemporaryDirectory(prefix="shardtrain-ranks-") as run_dir:
+            init_method = cfg.distributed.distributed_init_method or "file://" + os.path.join(run_dir, "rendezvous")
+            plan = _SpawnPlan(world_size, backend, init_method, use_cuda, run_dir, time.time())
+            watch = waiting.StartWatch(run_dir, world_size, backend)
+            if not use_cuda:  # said before a single process starts: 64 ranks on 2 cores started none in minutes
+                crowded = threads.oversubscription_warning(world_size, threads.usable_cores())
+                if crowded:
+                    watch.warn(crowded)
+            # Installed before the ranks start: Ctrl-C or SIGTERM before they have all joined stops them at once
+            # (there is nothing to save yet), and is answered as the signal, not as a rank killed by it.
+            with forwarding_signals(processes, starting=lambda: not watch.done) as signals:
+                context = mp.start_processes(_spawned_rank, args=(cfg, main, plan), nprocs=world_size,
+                                             join=False, start_method="spawn")
+                processes.extend(context.processes)
+                _supervise(context, run_dir, watch, first=lambda: (signals.check(), watch.begin(init_method)))
+            return _read_result(run_dir)
+    except StoppedWhileStarting as stopped:  # the ranks are stopped, the handlers are the command's again
+        answer_signal(stopped.signum)
 
 
 def _spawned_rank(rank: int, cfg, main, plan: _SpawnPlan) -> None:
@@ -225,14 +235,19 @@ def _report_failure(run_dir: str, rank: int, error: Exception) -> None:
         except Exception:  # noqa: BLE001 - a class pickle cannot find by name; the base class will do
             error_class = pickle.dumps(ShardtrainError)
     report = {"time": time.time(), "error_class": error_class, "message": str(error),
-              "traceback": traceback.format_exc()}
+              "traceback": traceback.format_exc(), "peer_lost": isinstance(error, peer_lost.PeerLostError)}
     atomic_write_bytes(_report_path(run_dir, rank), pickle.dumps(report))
 
 
-def _supervise(context, run_dir: str, watch: Optional[waiting.StartWatch] = None) -> None:
-    """Wait for every rank; on the first failure stop the others and raise that failure."""
+def _supervise(context, run_dir: str, watch: Optional[waiting.StartWatch] = None,
+               first: Callable[[], Any] = lambda: None) -> None:
+    """Wait for every rank; on the first failure stop the others and raise that failure. ``first`` runs
+    before the wait, where an exception it raises (a signal's StoppedWhileStarting) stops the ranks too."""
     try:
+        first()
         failed = _wait_until_failure_or_done(context.processes, run_dir, watch)
+        if failed and all((_read_report(run_dir, rank) or {}).get("peer_lost") for rank in failed):
+            failed = _after_lost_peers(context.processes, run_dir, failed)
     finally:
         # After a failure the others may wait in a collective for the failed rank,
         # and after Ctrl-C here nobody would end them: never leave ranks behind.
@@ -248,8 +263,7 @@ def _wait_until_failure_or_done(processes, run_dir: str, watch: Optional[waiting
     polled every second until every rank has joined."""
     while True:
         codes = [p.exitcode for p in processes]  # read once: a rank may exit while we look
-        failed = [rank for rank, code in enumerate(codes)
-                  if code is not None and (code != 0 or not os.path.exists(_result_path(run_dir, rank)))]
+        failed = _failed(codes, run_dir)
         running = [p for p, code in zip(processes, codes) if code is None]
         if failed or not running:
             return failed
@@ -262,17 +276,39 @@ def _wait_until_failure_or_done(processes, run_dir: str, watch: Optional[waiting
                 process.join()
 
 
+def _after_lost_peers(processes, run_dir: str, failed: List[int], grace_s: float = 10.0) -> List[int]:
+    """Ranks that only lost their peer are not the cause: the rank that stopped first may still be on its
+    way out (its report unwritten, under load); give the others ``grace_s`` to end before stopping them."""
+    running = [p for p in processes if p.exitcode is None]
+    if running:
+        multiprocessing.connection.wait([p.sentinel for p in running], timeout=grace_s)
+        time.sleep(0.5)  # the others of the same failure
+    for process in running:
+        process.join(timeout=0)
+    return sorted(set(failed) | set(_failed([p.exitcode for p in processes], run_dir)))
+
+
+def _failed(codes: List[Optional[int]], run_dir: str) -> List[int]:
+    """The ranks that ended by themselves without main returning (exit code 0 from Ctrl-C included)."""
+    return [rank for rank, code in enumerate(codes)
+            if code is not None and (code != 0 or not os.path.exists(_result_path(run_dir, rank)))]
+
+
 def _failure(run_dir: str, processes, failed: List[int]) -> Exception:
     """The error to raise for the root cause among ranks that failed at about the same time.
 
     A rank that dies takes its peers' collectives down with it, so several ranks
     may have failed before we looked: prefer a user error, then a rank that died
-    without a Python exception, then the earliest exception.
+    without a Python exception, then the earliest exception. A rank that lost its peer
+    (PeerLostError) says only that another rank stopped: it is the cause only when nothing else is.
     """
     reports = {rank: _read_report(run_dir, rank) for rank in failed}
     raised = sorted((r["time"], rank) for rank, r in reports.items() if r is not None)
-    user_errors = [rank for _, rank in raised if reports[rank]["error_class"] is not None]
     silent = [rank for rank in failed if reports[rank] is None]
+    causes = [(t, rank) for t, rank in raised if not reports[rank].get("peer_lost")]
+    if causes or silent:  # the lost peers are their consequence
+        raised = causes
+    user_errors = [rank for _, rank in raised if reports[rank]["error_class"] is not None]
     if user_errors:
         return _user_error(user_errors[0], reports[user_errors[0]])
     if silent:

@@ -96,6 +96,20 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+OVERSUBSCRIBED = 2  # CPU ranks per usable core above which the launcher warns before it starts them
+
+
+def oversubscription_warning(ranks: int, cores: int) -> Optional[str]:
+    """What starting ``ranks`` CPU ranks on ``cores`` usable cores costs, when they far exceed them."""
+    if ranks <= OVERSUBSCRIBED * cores:
+        return None
+    return (f"starting {ranks} CPU ranks on {cores} usable core{'s' if cores > 1 else ''} ({ranks / cores:.0f} per "
+            "core): each rank is a process that imports torch (seconds of CPU and a few hundred MB of memory each) "
+            "before any of them trains, then they take turns on the cores, so the start alone can take minutes and "
+            f"every update is slower than with fewer ranks. Unless that is the point, pass --distributed-world-size "
+            f"{cores} (one rank per core) or less.")
+
+
 def apply_threads(requested: int, rank: int, launcher: Optional[str], spawned_ranks: int = 1) -> int:
     """Set this rank's torch threads by the policy above and say so once."""
     plan = plan_threads(requested, usable_cores(), os.environ, launcher, spawned_ranks)

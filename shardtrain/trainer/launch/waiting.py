@@ -44,6 +44,9 @@ class StartWatch:
         self._say(f"starting {self.world_size} ranks on this machine ({self.backend}): each process imports "
                   f"torch, then they meet through {where}; waiting for them")
 
+    def warn(self, text: str) -> None:
+        self.logger.warning(text)
+
     def poll(self) -> None:
         started = _marked(self.run_dir, "started", self.world_size)
         joined = _marked(self.run_dir, "joined", self.world_size)

@@ -1,0 +1,202 @@
+"""Issue 37: signals while the launcher starts its ranks, and CPU ranks far beyond the cores.
+
+Ctrl-C or SIGTERM before every rank has joined: nothing can be saved yet, so the ranks are stopped and the
+command answers the signal itself (one line, exit 128 + signal), not "rank 0 ... killed by signal SIGTERM,
+look for the cause in rank 0's output" (the SIGTERM the launcher had sent it). One real launch per signal,
+whose ranks are stopped while they import torch; the rest in-process."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+from shardtrain.config.run_config import parse_train_args
+from shardtrain.trainer.launch import start, threads
+from shardtrain.trainer.launch.peer_lost import PeerLostError
+from shardtrain.trainer.launch.preemption import FIRST_CTRL_C, STOPPED_AT_ONCE
+from st_testutils import make_space_data_bin, scaled, tiny_model_flags
+
+WAITING = "waiting for them"  # the launcher's line once it has started the ranks (waiting.py)
+
+
+def gone(pgid) -> bool:
+    deadline = time.time() + scaled(20)
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("signum,status,answer", [
+    (signal.SIGINT, 130, "shard-train: interrupted (Ctrl-C / SIGINT) before it finished"),
+    (signal.SIGTERM, 143, "shard-train: terminated by SIGTERM before it finished"),
+], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_ranks_start_is_answered_as_that_signal(signum, status, answer, tmp_path):
+    data = make_space_data_bin(str(tmp_path), train_tokens=2000, valid_tokens=200)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardtrain.cli.train", data, *tiny_model_flags(), "--max-update", "5", "--cpu",
+         "--distributed-world-size", "2", "--save-dir", str(tmp_path / "ck")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        before = []
+        for line in proc.stderr:  # the ranks were started a moment ago: they are importing torch
+            before.append(line)
+            if WAITING in line:
+                break
+        assert WAITING in before[-1], "".join(before)[-3000:]
+        proc.send_signal(signum)  # to the launcher only
+        out, err = proc.communicate(timeout=scaled(120))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == status, err[-3000:]
+    answers = [line for line in err.splitlines() if line.startswith("shard-train:")]
+    assert answers == [f"{answer}; {STOPPED_AT_ONCE}."], err[-3000:]  # one line, and only that
+    assert "killed by signal" not in err and "Traceback" not in err and FIRST_CTRL_C not in err, err[-3000:]
+    assert not (tmp_path / "ck" / "checkpoint_last.pt").exists()
+    assert gone(proc.pid)  # no rank left behind
+
+
+class _Sleeper:
+    """A started rank as torch.multiprocessing gives it (a real process that would never end by itself)."""
+
+    def __init__(self):
+        self.popen = subprocess.Popen(["sleep", "600"])
+        self.pid, self.sentinel = self.popen.pid, None
+
+    @property
+    def exitcode(self):
+        return self.popen.poll()
+
+    def is_alive(self):
+        return self.popen.poll() is None
+
+    def terminate(self):
+        self.popen.terminate()
+
+    def kill(self):
+        self.popen.kill()
+
+    def join(self, timeout=None):
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _cfg(tmp_path, ranks: int):
+    return parse_train_args([str(tmp_path), "--batch-size", "1", "--cpu", "--save-dir", str(tmp_path),
+                             "--distributed-world-size", str(ranks)])
+
+
+def test_a_ctrl_c_while_the_ranks_are_being_started_is_kept_and_stops_them(tmp_path, monkeypatch, capfd):
+    """The launcher's handlers are in place before the first rank starts: a Ctrl-C that comes while
+    torch.multiprocessing is still starting them is answered once they exist, not lost nor left to kill them."""
+    started = []
+
+    class Context:
+        error_files = []
+
+    def start_processes(fn, args, nprocs, join, start_method):
+        os.kill(os.getpid(), signal.SIGINT)  # during the start: no rank to stop yet
+        started.extend(_Sleeper() for _ in range(nprocs))
+        Context.processes = started
+        return Context
+
+    monkeypatch.setattr(start.mp, "start_processes", start_processes)
+    with pytest.raises(KeyboardInterrupt):  # the command's answer: one line, exit 130 (cli/errors.py)
+        start.call_main(_cfg(tmp_path, 2), main=None)
+    assert [p.exitcode for p in started] == [-signal.SIGTERM, -signal.SIGTERM]
+    assert FIRST_CTRL_C not in capfd.readouterr().err  # nothing is finished nor saved while they start
+
+
+class _NotStarted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("ranks,warned", [(64, True), (5, True), (4, False)])
+def test_cpu_ranks_far_beyond_the_cores_are_warned_before_any_starts(ranks, warned, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+
+    def start_processes(*args, **kwargs):
+        raise _NotStarted()
+
+    monkeypatch.setattr(start.mp, "start_processes", start_processes)
+    with pytest.raises(_NotStarted):
+        start.call_main(_cfg(tmp_path, ranks), main=None)
+    err = capsys.readouterr().err
+    assert (f"starting {ranks} CPU ranks on 2 usable cores" in err) == warned, err
+    if ranks == 64:
+        assert "(32 per core)" in err and "pass --distributed-world-size 2 (one rank per core) or less" in err
+        assert err.count("\n") == 1 and " | WARNING | " in err  # one line, before a single rank started
+
+
+def test_the_oversubscription_rule():
+    assert threads.oversubscription_warning(2, 1) is None  # two ranks on one core: the usual CI test
+    assert threads.oversubscription_warning(3, 1).startswith("starting 3 CPU ranks on 1 usable core (3 per core)")
+    assert threads.oversubscription_warning(16, 8) is None
+    assert threads.oversubscription_warning(17, 8) is not None
+
+
+def _report(run_dir, rank, error):
+    try:
+        raise error
+    except Exception as e:  # noqa: BLE001 - _report_failure records the exception being handled
+        start._report_failure(run_dir, rank, e)
+    time.sleep(0.01)  # reports are ordered by time
+
+
+def _ended(*exitcodes):
+    return [types.SimpleNamespace(pid=100 + i, exitcode=code) for i, code in enumerate(exitcodes)]
+
+
+LOST = "Rank 0 of 2 lost its connection to another rank in a collective"
+
+
+def test_a_lost_peer_is_never_blamed_over_the_rank_that_stopped(tmp_path):
+    """Issue 37 item 6: a rank that fails first (a bug, a timeout, a kill) made the other lose its peer; the
+    lost peer is a user error (no traceback), and was chosen over the bug's traceback and the silent death."""
+    bug, killed = str(tmp_path / "bug"), str(tmp_path / "killed")
+    for run_dir in (bug, killed):
+        os.makedirs(run_dir)
+        _report(run_dir, 0, PeerLostError(LOST))  # reported first, as a loaded machine may order them
+    _report(bug, 1, KeyError("the cause"))
+    error = start._failure(bug, _ended(2, 1), failed=[0, 1])
+    assert isinstance(error, start.RankFailedError) and error.rank == 1 and "KeyError: 'the cause'" in str(error)
+    assert str(start._failure(killed, _ended(2, -9), failed=[0, 1])).startswith(
+        "rank 1 (pid 101) stopped without raising an exception: killed by signal SIGKILL")
+    alone = start._failure(killed, _ended(2, None), failed=[0])  # nothing else known: the lost peer it is
+    assert isinstance(alone, PeerLostError) and str(alone) == f"rank 0: {LOST}"
+
+
+def test_a_lost_peer_waits_a_moment_for_the_rank_that_stopped(tmp_path):
+    run_dir = str(tmp_path)
+    _report(run_dir, 0, PeerLostError(LOST))
+    dying = subprocess.Popen(["sh", "-c", "sleep 1; kill -9 $$"])  # the cause, still on its way out
+    sentinel = os.pidfd_open(dying.pid)  # readable once it has ended, as a process's sentinel
+    try:
+        processes = [types.SimpleNamespace(pid=1, exitcode=2), _Polled(dying, sentinel)]
+        assert start._after_lost_peers(processes, run_dir, [0], grace_s=scaled(30)) == [0, 1]
+        assert str(start._failure(run_dir, processes, [0, 1])).startswith(f"rank 1 (pid {dying.pid}) stopped "
+                                                                           "without raising an exception")
+    finally:
+        os.close(sentinel)
+        dying.wait()
+
+
+class _Polled:
+    def __init__(self, popen, sentinel):
+        self.popen, self.pid, self.sentinel = popen, popen.pid, sentinel
+
+    @property
+    def exitcode(self):
+        return self.popen.poll()
+
+    def join(self, timeout=None):
+        self.popen.poll()
