@@ -58,6 +58,19 @@ class MarkovChain:
         return out
 
 
+def group_gone(pgid: int, seconds: float) -> bool:
+    """Whether every process of the group ``pgid`` (a launcher and its ranks) has ended, waiting up to
+    ``seconds`` (scaled by the load) for it."""
+    deadline = time.time() + scaled(seconds)
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def write_markov_corpus(directory: str, chain: MarkovChain, train_tokens: int, valid_tokens: int,
                         line_len=400) -> dict:
     """Write train.txt/valid.txt: one continuous chain cut into lines of ``line_len``

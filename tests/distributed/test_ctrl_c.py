@@ -11,7 +11,7 @@ import time
 import pytest
 
 from shardtrain.trainer.launch.preemption import FIRST_CTRL_C, STOPPED_AT_ONCE
-from st_testutils import last_checkpoint_state, make_space_data_bin, scaled
+from st_testutils import group_gone, last_checkpoint_state, make_space_data_bin, scaled
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +34,6 @@ def start(data, save, ranks):
     return proc
 
 
-def gone(pgid) -> bool:
-    """Whether every process of the group (launcher and ranks) has ended, waiting a little for it."""
-    deadline = time.time() + scaled(10)
-    while time.time() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.mark.parametrize("ranks,to", [(2, "group"), (2, "launcher"), (1, "group")])
 def test_the_first_ctrl_c_finishes_the_update_and_saves(ranks, to, data, tmp_path):
     """``group``: a terminal's Ctrl-C, which every process gets; ``launcher``: only the launcher gets it."""
@@ -61,7 +49,7 @@ def test_the_first_ctrl_c_finishes_the_update_and_saves(ranks, to, data, tmp_pat
     why = "Ctrl-C" if to == "group" else "SIGTERM/SIGUSR1"  # the launcher passes its Ctrl-C on as SIGTERM
     assert f"stopped by {why} at update {updates} with checkpoint_last saved: the same command resumes" in out
     assert "redo it" not in out + err
-    assert gone(proc.pid)
+    assert group_gone(proc.pid, 10)
 
 
 def test_a_second_ctrl_c_stops_at_once(data, tmp_path):
@@ -73,7 +61,7 @@ def test_a_second_ctrl_c_stops_at_once(data, tmp_path):
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     assert f"shard-train: interrupted (Ctrl-C / SIGINT) before it finished; {STOPPED_AT_ONCE}." in err
     assert "redo it" not in err and "Traceback" not in err, err[-3000:]
-    assert gone(proc.pid)  # no rank left behind
+    assert group_gone(proc.pid, 10)  # no rank left behind
 
 
 def test_the_watcher_stops_at_once_on_a_second_ctrl_c_and_once_only(capfd):

@@ -1,6 +1,7 @@
 """Launch decisions without processes: world size, backend, timeout, device, which failure to report."""
 import datetime
 import os
+import subprocess
 import threading
 import time
 import types
@@ -12,7 +13,9 @@ from shardtrain.core.errors import ConfigError, DataError, ShardtrainError
 from shardtrain.trainer.launch import start as launch
 from shardtrain.trainer.launch.start import (DistributedContext, RankFailedError, describe_exit, make_context,
                                        resolve_world_size)
+from shardtrain.trainer.launch.peer_lost import PeerLostError
 from shardtrain.trainer.launch.rendezvous import as_timeout_error, process_group_timeout, resolve_backend
+from st_testutils import scaled
 
 
 @pytest.mark.parametrize("requested, use_cuda, gpus, expected", [
@@ -197,3 +200,49 @@ def test_a_rank_exiting_while_we_look_is_not_missed(tmp_path):
         release()
         os.close(exiting.sentinel)
         os.close(read_end)
+
+
+LOST = "Rank 0 of 2 lost its connection to another rank in a collective"
+
+
+def test_a_lost_peer_is_never_blamed_over_the_rank_that_stopped(tmp_path):
+    """Issue 37 item 6: a rank that fails first (a bug, a timeout, a kill) made the other lose its peer; the
+    lost peer is a user error (no traceback), and was chosen over the bug's traceback and the silent death."""
+    bug, killed = str(tmp_path / "bug"), str(tmp_path / "killed")
+    for run_dir in (bug, killed):
+        os.makedirs(run_dir)
+        _report(run_dir, 0, PeerLostError(LOST))  # reported first, as a loaded machine may order them
+    _report(bug, 1, KeyError("the cause"))
+    error = launch._failure(bug, _processes(2, 1), failed=[0, 1])
+    assert isinstance(error, launch.RankFailedError) and error.rank == 1 and "KeyError: 'the cause'" in str(error)
+    assert str(launch._failure(killed, _processes(2, -9), failed=[0, 1])).startswith(
+        "rank 1 (pid 101) stopped without raising an exception: killed by signal SIGKILL")
+    alone = launch._failure(killed, _processes(2, None), failed=[0])  # nothing else known: the lost peer it is
+    assert isinstance(alone, PeerLostError) and str(alone) == f"rank 0: {LOST}"
+
+
+def test_a_lost_peer_waits_a_moment_for_the_rank_that_stopped(tmp_path):
+    run_dir = str(tmp_path)
+    _report(run_dir, 0, PeerLostError(LOST))
+    dying = subprocess.Popen(["sh", "-c", "sleep 1; kill -9 $$"])  # the cause, still on its way out
+    sentinel = os.pidfd_open(dying.pid)  # readable once it has ended, as a process's sentinel
+    try:
+        processes = [types.SimpleNamespace(pid=1, exitcode=2), _Polled(dying, sentinel)]
+        assert launch._after_lost_peers(processes, run_dir, [0], grace_s=scaled(30)) == [0, 1]
+        assert str(launch._failure(run_dir, processes, [0, 1])).startswith(f"rank 1 (pid {dying.pid}) stopped "
+                                                                           "without raising an exception")
+    finally:
+        os.close(sentinel)
+        dying.wait()
+
+
+class _Polled:
+    def __init__(self, popen, sentinel):
+        self.popen, self.pid, self.sentinel = popen, popen.pid, sentinel
+
+    @property
+    def exitcode(self):
+        return self.popen.poll()
+
+    def join(self, timeout=None):
+        self.popen.poll()

@@ -8,29 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import types
 
 import pytest
 
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch import start, threads
-from shardtrain.trainer.launch.peer_lost import PeerLostError
 from shardtrain.trainer.launch.preemption import FIRST_CTRL_C, STOPPED_AT_ONCE
-from st_testutils import make_space_data_bin, scaled, tiny_model_flags
+from st_testutils import group_gone, make_space_data_bin, scaled, tiny_model_flags
 
 WAITING = "waiting for them"  # the launcher's line once it has started the ranks (waiting.py)
-
-
-def gone(pgid) -> bool:
-    deadline = time.time() + scaled(20)
-    while time.time() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.mark.parametrize("signum,status,answer", [
@@ -60,7 +46,7 @@ def test_a_signal_while_the_ranks_start_is_answered_as_that_signal(signum, statu
     assert answers == [f"{answer}; {STOPPED_AT_ONCE}."], err[-3000:]  # one line, and only that
     assert "killed by signal" not in err and "Traceback" not in err and FIRST_CTRL_C not in err, err[-3000:]
     assert not (tmp_path / "ck" / "checkpoint_last.pt").exists()
-    assert gone(proc.pid)  # no rank left behind
+    assert group_gone(proc.pid, 20)  # no rank left behind
 
 
 class _Sleeper:
@@ -142,61 +128,3 @@ def test_the_oversubscription_rule():
     assert threads.oversubscription_warning(3, 1).startswith("starting 3 CPU ranks on 1 usable core (3 per core)")
     assert threads.oversubscription_warning(16, 8) is None
     assert threads.oversubscription_warning(17, 8) is not None
-
-
-def _report(run_dir, rank, error):
-    try:
-        raise error
-    except Exception as e:  # noqa: BLE001 - _report_failure records the exception being handled
-        start._report_failure(run_dir, rank, e)
-    time.sleep(0.01)  # reports are ordered by time
-
-
-def _ended(*exitcodes):
-    return [types.SimpleNamespace(pid=100 + i, exitcode=code) for i, code in enumerate(exitcodes)]
-
-
-LOST = "Rank 0 of 2 lost its connection to another rank in a collective"
-
-
-def test_a_lost_peer_is_never_blamed_over_the_rank_that_stopped(tmp_path):
-    """Issue 37 item 6: a rank that fails first (a bug, a timeout, a kill) made the other lose its peer; the
-    lost peer is a user error (no traceback), and was chosen over the bug's traceback and the silent death."""
-    bug, killed = str(tmp_path / "bug"), str(tmp_path / "killed")
-    for run_dir in (bug, killed):
-        os.makedirs(run_dir)
-        _report(run_dir, 0, PeerLostError(LOST))  # reported first, as a loaded machine may order them
-    _report(bug, 1, KeyError("the cause"))
-    error = start._failure(bug, _ended(2, 1), failed=[0, 1])
-    assert isinstance(error, start.RankFailedError) and error.rank == 1 and "KeyError: 'the cause'" in str(error)
-    assert str(start._failure(killed, _ended(2, -9), failed=[0, 1])).startswith(
-        "rank 1 (pid 101) stopped without raising an exception: killed by signal SIGKILL")
-    alone = start._failure(killed, _ended(2, None), failed=[0])  # nothing else known: the lost peer it is
-    assert isinstance(alone, PeerLostError) and str(alone) == f"rank 0: {LOST}"
-
-
-def test_a_lost_peer_waits_a_moment_for_the_rank_that_stopped(tmp_path):
-    run_dir = str(tmp_path)
-    _report(run_dir, 0, PeerLostError(LOST))
-    dying = subprocess.Popen(["sh", "-c", "sleep 1; kill -9 $$"])  # the cause, still on its way out
-    sentinel = os.pidfd_open(dying.pid)  # readable once it has ended, as a process's sentinel
-    try:
-        processes = [types.SimpleNamespace(pid=1, exitcode=2), _Polled(dying, sentinel)]
-        assert start._after_lost_peers(processes, run_dir, [0], grace_s=scaled(30)) == [0, 1]
-        assert str(start._failure(run_dir, processes, [0, 1])).startswith(f"rank 1 (pid {dying.pid}) stopped "
-                                                                           "without raising an exception")
-    finally:
-        os.close(sentinel)
-        dying.wait()
-
-
-class _Polled:
-    def __init__(self, popen, sentinel):
-        self.popen, self.pid, self.sentinel = popen, popen.pid, sentinel
-
-    @property
-    def exitcode(self):
-        return self.popen.poll()
-
-    def join(self, timeout=None):
-        self.popen.poll()
