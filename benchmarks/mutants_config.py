@@ -58,4 +58,8 @@ MUTANTS = [
     Mutant("override_wins_over_another_override", "two contradicting overrides are still refused",
            "shardtrain/config/override_wins.py", "        if len(won) != 1 or", "        if not won or",
            ("tests/config/test_override_wins.py::test_both_from_one_place_are_still_refused",)),
+    Mutant("precision_override_loses_to_the_file", "a command-line precision wins over the config file's other one",
+           "shardtrain/config/override_wins.py", '    (("common.fp16", "common.bf16"), lambda fp16, bf16: bool(fp16) and bool(bf16),',
+           '    (("common.fp16", "common.bf16"), lambda fp16, bf16: False,',
+           ("tests/config/test_override_wins.py::test_a_precision_override_wins_over_the_files_other_precision",)),
 ]

@@ -16,6 +16,9 @@ RULES: List[Rule] = [
     (("checkpoint.no_save", "checkpoint.save_interval_updates"),
      lambda no_save, interval: bool(no_save) and interval > 0,
      {"checkpoint.no_save": False, "checkpoint.save_interval_updates": 0}),
+    # a config file's bf16 and the command line's fp16=true (or the reverse): the compute precision asked last
+    (("common.fp16", "common.bf16"), lambda fp16, bf16: bool(fp16) and bool(bf16),
+     {"common.fp16": False, "common.bf16": False}),
 ]
 
 

@@ -61,3 +61,15 @@ def test_the_recipe_with_no_save_trains_and_saves_nothing(tmp_path, monkeypatch,
     assert [r["num_updates"] for r in json_records(log, "train_inner")] == [1, 2]
     assert not os.path.exists(tmp_path / "checkpoints")  # the recipe's save_dir: nothing saved, not even made
     assert "checkpoint.save_interval_updates=100 set in the config" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_precision_override_wins_over_the_files_other_precision(tmp_path, capsys):
+    (tmp_path / "bf16.yaml").write_text("defaults:\n  - shardtrain\n  - _self_\ntask:\n  data: d\n"
+                                        "common:\n  bf16: true\n")
+    cfg = hydra_config("--config-dir", str(tmp_path), "--config-name", "bf16", "common.fp16=true")
+    assert cfg.common.fp16 is True and cfg.common.bf16 is False
+    assert notices(capsys) == [
+        "shard-hydra-train: notice: common.fp16=true wins over common.bf16=true set in the config "
+        f"{tmp_path}/bf16.yaml, which is ignored (common.bf16=false)"]
+    with pytest.raises(ConfigError, match="--fp16 .* and --bf16 both pick the compute precision"):
+        hydra_config("--config-dir", str(tmp_path), "--config-name", "bf16", "common.fp16=true", "common.bf16=true")
