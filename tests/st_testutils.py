@@ -1,6 +1,7 @@
 """Small data the tests make for themselves (nothing is downloaded), and time budgets that scale."""
 import json
 import os
+import time
 
 import numpy as np
 import torch
@@ -168,8 +169,6 @@ def record_losses(trainer) -> list:
 def spawn_ranks(fn, args: tuple, nprocs: int = 2, timeout: float = 120.0) -> None:
     """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes; fail the test (and end them) when they
     outlast ``timeout`` seconds, stretched by the machine's load (``scaled``)."""
-    import time
-
     import pytest
     import torch.multiprocessing as mp
     context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
