@@ -7,11 +7,37 @@ import random
 import pytest
 import torch
 
+import tier_guard
+
+pytest_plugins = ["pytester"]  # tests/architecture/test_tier_guard.py runs the hooks in a session of their own
+
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "flag_effect(*flags): the test passes these shard-train flags a non-default value and asserts "
         "the effect; benchmarks/flag_coverage.py lists them")
+    config.addinivalue_line(
+        "markers", "slow: the test starts a process, a process group of more than one rank or a training run; "
+        "the fast tier (-m 'not slow') leaves it out, and tier_guard.py fails an unmarked test that does")
+    tier_guard.install()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    tier_guard.begin(item)  # before any fixture of the test is set up
+    try:
+        return (yield)
+    finally:
+        tier_guard.end()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    caught = tier_guard.swallowed()
+    if caught:  # the test went on after the guard's failure (a thread, a bare except): it still fails
+        pytest.fail(caught[0], pytrace=False)
+    return result
 
 
 @pytest.fixture

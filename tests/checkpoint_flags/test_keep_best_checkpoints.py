@@ -10,6 +10,8 @@ import pytest
 
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 BEST = re.compile(r"checkpoint\.best_loss_(\d+\.\d{3})(\d)(\.pt)?")
 
 

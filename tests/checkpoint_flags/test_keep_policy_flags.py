@@ -9,6 +9,8 @@ import pytest
 
 from schedule_runs import UPDATES_PER_EPOCH, link_targets, run, short_epochs_data_bin
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 FORMATS = ["pytorch_ddp", "fully_sharded"]
 
 

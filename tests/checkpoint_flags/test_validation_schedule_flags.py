@@ -7,6 +7,8 @@ import pytest
 from schedule_runs import run, short_epochs_data_bin
 from st_testutils import json_records, last_checkpoint_state
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 # Validation batches come shortest first (fairseq orders them by size). The blocks of 32 tokens: valid's
 # 128 tokens in lines of 40 (+ eos) make 4 x 32 + 4; test's (the 512 training tokens) 16 x 32 + 13.
 

@@ -195,6 +195,7 @@ def assert_refused(main, argv, capsys, save_dir, prog="shard-train") -> str:
     return err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_train_input(name, good_bin, tmp_path, capsys):
     make_args, expected = CASES[name]
@@ -211,6 +212,7 @@ def test_bad_train_input(name, good_bin, tmp_path, capsys):
         assert text in err, (text, err)
 
 
+@pytest.mark.slow
 def test_id_beyond_the_vocabulary_late_in_valid_is_refused_at_start(tmp_path, capsys):
     """Not after training an epoch, as an IndexError in validation with nothing saved."""
     words = ["Split 'valid'", "valid.bin", "binarized with another dictionary", "shard-preprocess"]
@@ -346,6 +348,7 @@ def trained(good_bin, tmp_path_factory):
     # same vocabulary, wider embeddings: must not blame dict.txt
     (["--decoder-embed-dim", "16"], ["shapes differ", "--decoder-embed-dim 32 in the checkpoint, 16 in this run"]),
 ])
+@pytest.mark.slow
 def test_restore_file_from_another_architecture(flags, expected, good_bin, trained, tmp_path, capsys):
     save_dir = str(tmp_path / "save")
     err = assert_refused(train.main, [good_bin, *tiny_model_flags(), *flags, "--max-update", "2",
@@ -356,6 +359,7 @@ def test_restore_file_from_another_architecture(flags, expected, good_bin, train
         assert text in err, (text, err)
 
 
+@pytest.mark.slow
 def test_checkpoint_from_another_vocabulary_is_refused(good_bin, tmp_path, capsys):
     save = str(tmp_path / "ck")
     train.main([good_bin, *tiny_model_flags(), "--max-update", "1", "--save-dir", save])

@@ -32,6 +32,7 @@ def trained(tmp_path_factory):
     return data, f"{d}/ck/checkpoint_last.pt"
 
 
+@pytest.mark.slow
 def test_shard_interactive_refuses_a_binary_input_file_after_the_lines_before(trained, tmp_path, capsys):
     data, path = trained
     prompts = tmp_path / "prompts.bin"
@@ -42,6 +43,7 @@ def test_shard_interactive_refuses_a_binary_input_file_after_the_lines_before(tr
     assert f"--input {prompts} is not UTF-8 text: line 2 has the byte 0xb2" in err
 
 
+@pytest.mark.slow
 def test_shard_interactive_refuses_an_input_it_cannot_read(trained, tmp_path, capsys):
     data, path = trained
     err = cli_refusal(interactive.main, [data, "--path", path, "--cpu", "--input", str(tmp_path)], capsys)[1]
@@ -60,6 +62,7 @@ train.main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_out_of_host_memory_while_building_the_model_names_the_size(tmp_path):
     data = make_space_data_bin(str(tmp_path), n_words=6, train_tokens=500, valid_tokens=100)
     # One block of width 8192: its fused q/k/v projection is 3 x 8192 x 8192 fp32 = 805,306,368 bytes
@@ -90,6 +93,7 @@ def test_out_of_host_memory_while_loading_the_dictionary_names_its_size(tmp_path
     assert "`shard-plan`" in err
 
 
+@pytest.mark.slow
 def test_an_address_space_too_small_to_import_torch_is_refused_before_the_import(tmp_path):
     """512 MiB: torch 2.13's CPU build needs 640 MiB to import (the CUDA build 3.1 GiB); below, the import
     aborted (std::bad_alloc, exit 134) or failed deep in torch. The console entry point checks first."""

@@ -13,6 +13,8 @@ from shardtrain.cli import generate, train, validate
 from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):

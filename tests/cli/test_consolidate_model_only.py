@@ -13,6 +13,8 @@ from shardtrain.config.run_config import from_dict
 from shardtrain.trainer.checkpoint.consolidate import read_sharded
 from st_testutils import small_data_bin, train_both_forms
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 MODEL_ONLY_KEYS = {"version", "cfg", "task_fingerprint", "model"}  # as docs/checkpoints.md lists them
 
 

@@ -10,6 +10,7 @@ from shardtrain.cli import demo
 from shardtrain.trainer.launch.preemption import PreemptionWatcher
 
 
+@pytest.mark.slow
 def test_demo_runs_on_a_small_stdlib_corpus(tmp_path, capfd):
     work = str(tmp_path / "demo")
     demo.main(["--workdir", work, "--corpus-mb", "0.3", "--max-update", "8", "--log-format", "simple"])

@@ -41,6 +41,7 @@ def run(data, path, *extra):
     return eval_lm.main([data, "--path", path, "--gen-subset", "valid", "--cpu", *extra])
 
 
+@pytest.mark.slow
 def test_perplexity_equals_shard_validates_loss(trained, capsys):
     data, path = trained
     results = run(data, path, "--batch-size", "3")
@@ -54,6 +55,7 @@ def test_perplexity_equals_shard_validates_loss(trained, capsys):
     assert run(data, path, "--max-tokens", "40")["loss"] == pytest.approx(results["loss"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_context_window_scores_each_block_after_its_context(trained):
     """Each block's log-probs are those of the model run over the stream from up to N tokens earlier."""
     data, path = trained
@@ -90,6 +92,7 @@ def test_context_window_does_not_raise_perplexity():
     assert abs(plain["loss"] - FAIRSEQ_VALID_LOSS) < 0.01, plain
 
 
+@pytest.mark.slow
 def test_output_word_probs_and_word_level_perplexity(trained, capsys):
     data, path = trained
     tokens = run(data, path)
@@ -127,6 +130,7 @@ def test_group_words_for_subword_nmt_and_sentencepiece():
     assert [w for w, _ in eval_lm.group_words(d, toks, [0.0] * 6, None)] == [d[t] for t in toks]
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_paragraph(trained, tmp_path, capsys):
     data, path = trained
     err = cli_refusal(eval_lm.main, [data, "--path", str(tmp_path / "none.pt"), "--cpu"], capsys)[1]
@@ -240,6 +244,7 @@ def fairseq_rows(blocks, context):
 @pytest.mark.flag_effect("--context-window", "--tokens-per-sample")
 @pytest.mark.parametrize("block,window,break_mode", [(3, 20, "none"), (7, 5, "none"), (9, 30, "eos"),
                                                      (12, 25, "complete")])
+@pytest.mark.slow
 def test_context_windows_feed_the_rows_fairseq_feeds(block, window, break_mode, trained):
     """Rows and scores of score_split against fairseq's collater, on the tiny model's data-bin
     (blocks of 25-token lines and their ends), in batches of 4."""

@@ -48,6 +48,7 @@ def test_refused_before_the_first_update(flags, expected, data_bin, tmp_path, ca
 
 @pytest.mark.parametrize("backend, link", [("pytorch_ddp", "checkpoint_last.pt"),
                                            ("fully_sharded", "checkpoint_last")])
+@pytest.mark.slow
 def test_dangling_checkpoint_last_is_not_a_fresh_start(backend, link, data_bin, tmp_path, capsys):
     save = tmp_path / "save"
     argv = [data_bin, *tiny_model_flags(), "--cpu", "--ddp-backend", backend, "--save-dir", str(save)]
@@ -70,6 +71,7 @@ def test_dangling_checkpoint_last_is_not_a_fresh_start(backend, link, data_bin, 
     (lambda p: p.write_text("components:\n  task: x\n"), "not a checkpoint at all"),
     (lambda p: p.mkdir(), "is a directory but not a checkpoint"),
 ])
+@pytest.mark.slow
 def test_restore_file_that_is_no_checkpoint(make, expected, data_bin, tmp_path, capsys):
     bad = tmp_path / "bad.pt"
     make(bad)
@@ -79,6 +81,7 @@ def test_restore_file_that_is_no_checkpoint(make, expected, data_bin, tmp_path, 
     assert "weights_only" not in err and "arbitrary code" not in err  # never torch's advice to load unsafely
 
 
+@pytest.mark.slow
 def test_stop_min_lr_waits_for_the_learning_rate_to_fall(data_bin, tmp_path, capsys):
     """fairseq stops before the first update when warmup starts below --stop-min-lr; here the lr must fall to it."""
     save = tmp_path / "save"
@@ -95,6 +98,7 @@ def test_stop_min_lr_waits_for_the_learning_rate_to_fall(data_bin, tmp_path, cap
     assert "begin training epoch 2" not in out + err
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_changes_nothing(data_bin, tmp_path, capsys):
     """fairseq trains one more update when relaunched at --max-update, and overwrites checkpoint_last."""
     save = tmp_path / "save"

@@ -14,6 +14,8 @@ import pytest
 
 from st_testutils import MarkovChain, scaled, write_markov_corpus
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 PREPROCESS = """fairseq-preprocess \\
     --only-source \\
     --trainpref $TEXT/wiki.train.tokens \\

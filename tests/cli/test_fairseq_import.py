@@ -63,6 +63,7 @@ def test_fairseq_012_checkpoint_scores_fairseqs_valid_loss(tmp_path, fairseq_sta
     assert valid_loss(FAIRSEQ_CKPT) == valid_loss(out)
 
 
+@pytest.mark.slow
 def test_finetune_from_fairseq_and_resume_refused(tmp_path, capsys):
     model = ["--decoder-layers", "2", "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim", "128",
              "--decoder-attention-heads", "2", "--tokens-per-sample", "64", "--batch-size", "8", "--cpu",
@@ -140,6 +141,7 @@ class _Exploit:
         return os.system, (f"touch {self.marker}",)
 
 
+@pytest.mark.slow
 def test_code_in_a_trusted_pickle_is_refused_and_garbage_is_reported(tmp_path, fairseq_state, capsys):
     marker = tmp_path / "pwned"
     evil = str(tmp_path / "evil.pt")

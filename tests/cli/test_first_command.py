@@ -2,9 +2,12 @@
 import shutil
 import subprocess
 
+import pytest
 import torch
 
 from st_testutils import last_checkpoint_state, make_space_data_bin
+
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 
 def test_fully_sharded_cpu_offload_with_defaults_only(tmp_path):

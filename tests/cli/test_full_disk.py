@@ -9,6 +9,8 @@ from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 from shardtrain.trainer.checkpoint.integrity import verify_checkpoint
 from st_testutils import make_space_data_bin, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 # Runs training with a file-size limit, the same failure a full disk gives a
 # writer (EFBIG instead of ENOSPC; SIGXFSZ ignored so the write returns the error).
 LIMITED = """

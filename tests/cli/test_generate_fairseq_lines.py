@@ -15,6 +15,8 @@ from shardtrain.cli import generate, train
 from shardtrain.trainer.checkpoint.inference import load_for_inference
 from st_testutils import cli_refusal, make_space_data_bin, scaled, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):

@@ -37,12 +37,14 @@ def test_bad_options_are_refused_before_loading(flags, expected, tmp_path, capsy
     assert "Invalid generation options" in err and expected in err, err
 
 
+@pytest.mark.slow
 def test_prompt_that_fills_every_position(trained, capsys):
     data, path = trained
     err = refused([data, "--path", path, "--prompt", " ".join(["w1"] * 31)], capsys)  # + eos = 32 positions
     assert "takes 32 of the model's 32 positions" in err and "Shorten the prompt" in err
 
 
+@pytest.mark.slow
 def test_sampling_gives_nbest_lines(trained, capsys):
     data, path = trained
     out = generate.main([data, "--path", path, "--prompt", "w1", "--sampling", "--nbest", "3", "--max-len", "4",

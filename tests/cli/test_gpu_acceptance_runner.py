@@ -63,6 +63,7 @@ def statuses(out):
         return {r["name"]: (r["status"], r["reason"]) for r in json.load(f)["cases"]}
 
 
+@pytest.mark.slow
 def test_the_catalogue_runs_every_gpu_test_exactly_once_and_every_scenario():
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                            "tests/gpu"], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -223,6 +224,7 @@ def test_write_benchmarks_replaces_the_section(tmp_path, monkeypatch):
     assert "other figures" in text and text.count(run_all.BEGIN) == 1 and "--tier 2" in text
 
 
+@pytest.mark.slow
 def test_the_real_runner_reads_pytest_and_kills_a_hanging_case_with_its_children(tmp_path):
     (tmp_path / "test_fake.py").write_text(
         "import subprocess, sys, time\n"
@@ -283,6 +285,7 @@ def test_the_readmes_commands_are_ones_run_all_accepts():
     assert any(run_all.parse_args(argv[2:], [1, 2]).resume == "DIR/results.json" for argv in commands)
 
 
+@pytest.mark.slow
 def test_a_catalogue_case_through_the_real_runner(tmp_path):
     """The pytest command a GPU node runs, here without CUDA: tests/gpu's tests are collected by the
     catalogue's node ids and skip themselves, which on a node said to have a GPU fails the case."""
@@ -335,6 +338,7 @@ def test_an_out_directory_that_cannot_be_written_is_refused_before_the_probe(tmp
         assert f"--out '{out}' cannot be written (Permission denied)" in err
 
 
+@pytest.mark.slow
 def test_a_probe_that_hangs_is_recorded_and_the_results_are_written(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(run_all, "PROBE", "import time; time.sleep(60)")
     monkeypatch.setattr(run_all, "PROBE_TIMEOUT_S", 1)
@@ -435,6 +439,7 @@ def group_members(pgid: int) -> list:
     return found
 
 
+@pytest.mark.slow
 def test_sigterm_kills_the_running_cases_process_group_and_writes_the_results(tmp_path):
     pids, out = tmp_path / "pids", tmp_path / "out"
     (tmp_path / "driver.py").write_text(DRIVER.format(bench=os.path.join(REPO, "benchmarks", "gpu"),
@@ -465,6 +470,7 @@ def test_sigterm_kills_the_running_cases_process_group_and_writes_the_results(tm
             os.killpg(pgid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_the_commit_is_stamped_before_the_tree_leaves_git(tmp_path, monkeypatch):
     import stamp_commit
     repo, copy = tmp_path / "repo", tmp_path / "copy"

@@ -63,6 +63,7 @@ def test_the_headline_lr_is_real_within_its_30_updates(data_bin):
     assert lrs[0] == pytest.approx(2e-4 * 2 / 5)
 
 
+@pytest.mark.slow
 def test_skipped_updates_are_counted_from_what_shard_train_logs(data_bin, tmp_path):
     """A real fp16 run on the CPU whose loss scale starts far too high: each overflow halves it
     (no growth within the window), so the skips are log2(initial scale / first record's scale)."""

@@ -234,6 +234,7 @@ def test_a_damaged_or_planted_entry_is_never_printed(cache, monkeypatch, capsys)
     assert path.read_bytes() == stored
 
 
+@pytest.mark.slow
 def test_help_a_plugin_gives_through_the_equals_form_follows_a_same_size_edit(tmp_path):
     """End to end, two processes (a registry never takes a name twice in one): the new option is listed."""
     plugin = tmp_path / "hc_opt_plugin"

@@ -238,6 +238,7 @@ def test_mistakes_are_one_paragraph_errors(name, tmp_path, capsys):
     assert not flags & set(hydra_keys.flag_table()), err  # keys, not shard-train's flags
 
 
+@pytest.mark.slow
 def test_console_script_exits_cleanly(tmp_path):
     result = subprocess.run(["shard-hydra-train", "optimizer=adamm", f"task.data={tmp_path}"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)
@@ -277,6 +278,7 @@ EXAMPLE_RUNS = {  # pytorch_ddp spawns two gloo ranks, as shard-train would; the
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXAMPLE_RUNS))
 def test_example_configs_train(name, data_bin, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no --config-dir: the built-in config of that name
@@ -306,6 +308,7 @@ def test_builtin_config_names_and_their_precedence(tmp_path, monkeypatch):
         hydra_config("--config-dir", str(tmp_path), "--config-name", "lm_fully_sharded")
 
 
+@pytest.mark.slow
 def test_shard_train_writes_config_yaml_too(data_bin, tmp_path):
     save = str(tmp_path / "ck")
     argv = [data_bin, *tiny_model_flags(), "--save-dir", save, "--warmup-updates", "1", "--max-update"]

@@ -69,6 +69,7 @@ def param_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", [1, 2], ids=["file", "sharded"])
 def test_bf16_load_holds_half_the_bytes_and_never_an_fp32_copy(trained, which):
     path = trained[which]
@@ -86,6 +87,7 @@ def test_bf16_load_holds_half_the_bytes_and_never_an_fp32_copy(trained, which):
         assert torch.equal(a.to(torch.bfloat16), b), name
 
 
+@pytest.mark.slow
 def test_validate_bf16_and_fp16_match_fp32_within_precision(trained):
     data, path, sharded = trained
     losses = {}
@@ -99,6 +101,7 @@ def test_validate_bf16_and_fp16_match_fp32_within_precision(trained):
     assert abs(losses["bf16 sharded"] - fp32_sharded) <= TOLERANCE * fp32_sharded, (losses, fp32_sharded)
 
 
+@pytest.mark.slow
 def test_load_is_logged_with_its_memory(trained, caplog):
     with caplog.at_level(logging.INFO, logger="shardtrain.trainer.checkpoint.inference"):
         load_for_inference(trained[1], dtype=torch.bfloat16)
@@ -106,6 +109,7 @@ def test_load_is_logged_with_its_memory(trained, caplog):
                and "(host " in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--bf16", "--fp16"])
 def test_generate_low_precision_produces_text(trained, flag, capsys):
     data, path, sharded = trained
@@ -135,6 +139,7 @@ print(peak[0] - base, sum(p.numel() * p.element_size() for p in model.parameters
 """
 
 
+@pytest.mark.slow
 def test_single_file_is_memory_mapped_not_read_into_ram(trained, tmp_path):
     """The fp32 file (weights and Adam's two moments: 12 bytes a parameter) is never
     read into the process's own memory: the peak grows by about the bf16 model

@@ -82,6 +82,7 @@ def assert_one_line(proc, signum):
     assert err.count("\n") == 1 and "Traceback" not in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_while_writing_is_one_line_and_leaves_nothing(signum, sharded, tmp_path):
     out_dir = tmp_path / "out"
@@ -92,6 +93,7 @@ def test_signal_while_writing_is_one_line_and_leaves_nothing(signum, sharded, tm
     assert os.listdir(out_dir) == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="sees torch being imported through /proc")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_while_importing_is_one_line(signum, sharded, tmp_path):
@@ -103,6 +105,7 @@ def test_signal_while_importing_is_one_line(signum, sharded, tmp_path):
     assert os.listdir(out_dir) == []
 
 
+@pytest.mark.slow
 def test_sigkill_leftovers_are_removed_by_the_next_run(sharded, tmp_path):
     out_dir = tmp_path / "out"
     proc = start_consolidate(sharded, out_dir)

@@ -1,7 +1,11 @@
 """The model learns: on an order-2 Markov language of known entropy, validation
 loss falls to within 10% of the entropy rate."""
+import pytest
+
 from shardtrain.cli import preprocess, train
 from st_testutils import MarkovChain, json_records, write_markov_corpus
+
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 
 def test_valid_loss_reaches_the_entropy_rate(tmp_path):

@@ -13,6 +13,7 @@ from shardtrain.trainer.launch.preemption import (PreemptionWatcher, RequeueFail
 from st_testutils import last_checkpoint_state, make_space_data_bin, scaled, tiny_model_flags
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,ranks,slurm", [(signal.SIGTERM, 1, True), (signal.SIGUSR1, 2, True)])
 def test_signal_saves_and_exits_zero_then_resumes(sig, ranks, slurm, tmp_path):
     """Under SLURM (SLURM_JOB_ID; scontrol is a stand-in that records its arguments), SIGUSR1 (the
@@ -103,6 +104,7 @@ def fake_scontrol(bin_dir, script: str) -> dict:
     ("echo 'scontrol: error: Requeue not allowed for job 4242' >&2; exit 1",
      "`scontrol requeue 4242` failed with exit code 1: scontrol: error: Requeue not allowed for job 4242"),
 ])
+@pytest.mark.slow
 def test_a_requeue_that_does_not_happen_is_an_error_naming_the_command(script, why, tmp_path, monkeypatch):
     """The scheduler must see a failure: a warning and exit 0 made SLURM record the job as COMPLETED."""
     env = fake_scontrol(tmp_path / "bin", script)
@@ -115,6 +117,7 @@ def test_a_requeue_that_does_not_happen_is_an_error_naming_the_command(script, w
     assert not requeue_after_warning({signal.SIGTERM}, env)  # SIGTERM is not ours to requeue: no error
 
 
+@pytest.mark.slow
 def test_a_failed_requeue_exits_non_zero_after_saving(tmp_path):
     """End to end, one rank: SIGUSR1, checkpoint_last saved, scontrol fails, exit 2 with the paragraph."""
     data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=20000, valid_tokens=200, line_len=40)

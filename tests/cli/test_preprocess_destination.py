@@ -62,6 +62,7 @@ def snapshot(directory):
     return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("existing", [False, True])
 def test_a_full_disk_is_one_paragraph_and_leaves_the_destination_as_it_was(existing, workers, tmp_path):
@@ -115,6 +116,7 @@ def start_held(tmp_path, destdir, paths):
     return proc, go
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_destination_is_refused_while_the_first_runs(tmp_path, capsys):
     destdir = tmp_path / "data-bin"
     first_texts, second_texts = texts(tmp_path, 7, lines=200), texts(tmp_path, 11, lines=200)
@@ -138,6 +140,7 @@ def test_a_second_run_into_a_destination_is_refused_while_the_first_runs(tmp_pat
     assert "w10" in (destdir / "dict.txt").read_text()
 
 
+@pytest.mark.slow
 def test_a_killed_run_leaves_no_lock_behind(tmp_path):
     destdir = tmp_path / "data-bin"
     first, _ = start_held(tmp_path, destdir, texts(tmp_path, 7, lines=200))

@@ -1,8 +1,11 @@
 """What a resumed run takes from its checkpoint besides weights: the training time, and older layouts."""
+import pytest
 import torch
 
 from shardtrain.cli import train
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
+
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 
 def run_train(data_bin, save_dir, log, *extra):

@@ -28,6 +28,7 @@ def wait_for_line(proc, text: str, timeout_s: float) -> None:
     pytest.fail(f"the first run ended before printing {text!r}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["pytorch_ddp", "fully_sharded"])
 def test_second_run_in_a_save_dir_is_refused_until_the_first_is_gone(backend, data_bin, tmp_path, capsys):
     save = tmp_path / "save"
@@ -62,6 +63,7 @@ def long_epoch_data_bin(tmp_path_factory):
                                valid_tokens=300, line_len=30, seed=8)
 
 
+@pytest.mark.slow
 def test_second_run_on_a_new_save_dir_is_refused_at_start(long_epoch_data_bin, tmp_path, capsys):
     """The first run made the save dir and holds it before it ever saves (red-team item 4 of issue 16:
     the lock used to be taken only at the first save, so a second run trained until then)."""

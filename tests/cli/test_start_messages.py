@@ -59,6 +59,7 @@ def test_help_key_follows_the_code_and_the_user_dir(tmp_path, monkeypatch):
     assert help_cache.key("shard-train", ["--help"]) != help_cache.key("shard-train", ["--help", "-h"])
 
 
+@pytest.mark.slow
 def test_cached_help_runs_with_torch_unimportable(tmp_path):
     """The second --help never imports torch: with a torch that cannot be imported it prints the same text."""
     (tmp_path / "fake" / "torch").mkdir(parents=True)
@@ -103,6 +104,7 @@ def test_start_watch_says_what_it_waits_for(tmp_path):
     assert watch.done
 
 
+@pytest.mark.slow
 def test_a_piped_two_rank_run_says_what_it_waits_for(tmp_path):
     data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=800, valid_tokens=100, line_len=40, seed=2)
     proc = subprocess.run(

@@ -100,6 +100,7 @@ def test_a_recipes_own_typo_is_not_dropped_by_a_switch(tmp_path, capsys):
     assert "Unknown config key 'optimizer.adam_betaz'" in err
 
 
+@pytest.mark.slow
 def test_a_switched_recipe_trains(tmp_path, monkeypatch):
     data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=1500, valid_tokens=200, line_len=40, seed=3)
     monkeypatch.chdir(tmp_path)

@@ -50,6 +50,7 @@ def test_both_from_one_place_are_still_refused(tmp_path):
         hydra_config("--config-dir", str(tmp_path), "--config-name", "both")
 
 
+@pytest.mark.slow
 def test_the_recipe_with_no_save_trains_and_saves_nothing(tmp_path, monkeypatch, capsys):
     data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=1500, valid_tokens=200, line_len=40, seed=3)
     monkeypatch.chdir(tmp_path)

@@ -203,6 +203,7 @@ def _buffer_rank(rank, root):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_ddp_broadcasts_buffers_when_built_and_never_in_forward(tmp_path):
     """Where torch has ``forward_sync_buffers`` (2.13+) both branches of the shim run here for real;
     on 2.11 the stand-in takes the same branch as torch's DDP (the next test covers the other)."""

@@ -53,6 +53,7 @@ def test_invalid_utf8_names_the_byte(tmp_path):
         list(iter_lines(str(path)))
 
 
+@pytest.mark.slow
 def test_count_symbols_counts_one_eos_per_line(text_file):
     expected = Counter(w for line in LINES for w in line.split())
     expected["</s>"] = len(LINES)
@@ -73,6 +74,7 @@ def test_binarize_items(tmp_path, text_file):
     assert sorted(os.listdir(tmp_path)) == ["out.bin", "out.idx", "text.txt"]  # worker parts cleaned up
 
 
+@pytest.mark.slow
 def test_output_is_identical_for_any_worker_count(tmp_path, big_file):
     d = Dictionary()
     d.update_counts(count_symbols(big_file, tokenize_line, progress=False))

@@ -124,6 +124,7 @@ def _texts(tmp_path, n_words):
     return paths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after", [1, 6])  # the first move, and the last one before the manifest
 @pytest.mark.parametrize("old_manifest", [False, True])  # an older shard-preprocess' data-bin, or this one's
 def test_sigkill_mid_publish_is_detected_and_cleaned_up_by_the_next_run(after, old_manifest, tmp_path):
@@ -146,6 +147,7 @@ def test_sigkill_mid_publish_is_detected_and_cleaned_up_by_the_next_run(after, o
     assert verify_data_bin(str(destdir)).startswith("intact (6 files")
 
 
+@pytest.mark.slow
 def test_a_live_writers_staging_dir_is_kept(made, tmp_path):
     path = copy_of(made["a"], tmp_path)
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

@@ -27,6 +27,7 @@ def listing(path):
     return {n: (path / n).read_bytes() for n in sorted(os.listdir(path))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_reproduces_fairseq_preprocess_byte_for_byte(tmp_path, fairseq_dir, workers):
     out = tmp_path / "data-bin"
@@ -68,6 +69,7 @@ def spm_corpus(tmp_path):
     return train, valid, lines
 
 
+@pytest.mark.slow
 def test_spm_data_bin_round_trips_and_is_worker_independent(tmp_path):
     train, valid, lines = spm_corpus(tmp_path)
     outputs = []
@@ -161,6 +163,7 @@ def test_failure_removes_the_parents_it_created(tmp_path, fairseq_dir):
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.slow
 def test_huge_worker_count_is_capped_and_logged(tmp_path, fairseq_dir, caplog):
     # Uncapped, this would start 100000 processes for a 300-line file (fairseq does).
     caplog.set_level("INFO", logger="shardtrain.data.preprocess")

@@ -17,6 +17,7 @@ def _argv(fairseq_dir, out, *extra):
             *extra]
 
 
+@pytest.mark.slow
 def test_fairseq_lm_command_line_writes_fairseqs_files(tmp_path, fairseq_dir):
     out = tmp_path / "data-bin"
     main(_argv(fairseq_dir, out, "--workers", "2", "--dataset-impl", "mmap"))

@@ -12,6 +12,8 @@ import pytest
 from shardtrain.data.binarize import count_symbols
 from shardtrain.core.errors import DataError
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 WORKERS = 2  # a real pool, within any machine's cap
 STARTUP_TIMEOUT_S = 60
 EXIT_TIMEOUT_S = 30

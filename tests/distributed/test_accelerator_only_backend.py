@@ -13,6 +13,7 @@ tensors are refused exactly as NCCL refuses them unless launch maps cpu:gloo.
 import functools
 import math
 
+import pytest
 
 from accelerator_only_mains import ACCELERATOR_ONLY, register, train_variants
 from shardtrain.config.run_config import parse_train_args
@@ -55,6 +56,7 @@ def _cfg(data_bin, save_dir, extra):
     return cfg
 
 
+@pytest.mark.slow
 def test_every_collective_passes_with_an_accelerator_only_default_backend(tmp_path):
     data_bin = make_space_data_bin(str(tmp_path / "data"), n_words=8, train_tokens=1500, valid_tokens=200,
                                    line_len=40)

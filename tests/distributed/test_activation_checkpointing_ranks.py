@@ -2,11 +2,14 @@
 the same losses and weights as without it, and under fully_sharded each FSDP unit wraps a
 checkpointed block."""
 import numpy as np
+import pytest
 
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from ac_mains import VARIANTS, train_variants
 from st_testutils import make_space_data_bin
+
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 UPDATES, LAYERS = 4, 3
 

@@ -18,6 +18,8 @@ from optim_mains import run_each
 from test_backend_equivalence import config as equivalence_config
 from st_testutils import make_space_data_bin
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 UPDATES = 12
 ADAPTIVE = ["--adaptive-input", "--adaptive-input-cutoff", "6,12", "--adaptive-softmax-cutoff", "6,12",
             "--tie-adaptive-weights", "--tie-adaptive-proj", "--criterion", "adaptive_loss"]

@@ -15,6 +15,8 @@ from shardtrain.trainer.launch.start import call_main
 from async_save_mains import save_change_load
 from st_testutils import make_space_data_bin
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):

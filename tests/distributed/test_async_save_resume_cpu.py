@@ -7,6 +7,8 @@ import os
 import shutil
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu"))
 import gpu_runs  # noqa: E402
 from exact_resume import HALF, MOVING_LR, UPDATES, assert_resumed_exactly, checkpoint_state, differences, \
@@ -14,6 +16,8 @@ from exact_resume import HALF, MOVING_LR, UPDATES, assert_resumed_exactly, check
 from shardtrain.cli import train  # noqa: E402
 from shardtrain.trainer.checkpoint.checksums import MANIFEST, file_entry, manifest_bytes, read_manifest  # noqa: E402
 from st_testutils import json_records, make_space_data_bin  # noqa: E402
+
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 
 def train_here(data, save_dir, *flags):

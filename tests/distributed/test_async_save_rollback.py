@@ -29,6 +29,8 @@ from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train
 from st_testutils import make_space_data_bin, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 NAN_CALL = 7  # the 7th update's loss is NaN: after the save of update 6, before update 7
 SAVED = "checkpoint_1_6"
 

@@ -20,6 +20,8 @@ from equivalence_mains import initial_weights, train_and_record_steps
 from optim_mains import run_each
 from st_testutils import make_space_data_bin
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 UPDATES = 20
 FSDP = ["--ddp-backend", "fully_sharded"]
 # name -> (flags of the 2-rank run, the --update-freq of the 1-process run with the same global batch)

@@ -45,6 +45,7 @@ ADVANCE_TIMEOUT = 600  # seconds for a (re)started run to save a newer update: s
 KILL_DELAYS = (0.013, 0.057, 0.101, 0.149, 0.211)  # after a new save shows: land in different phases of the next ones
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fully_sharded", "pytorch_ddp"])
 def test_kill_during_saves_leaves_a_loadable_checkpoint_last(backend, data_bin, tmp_path):
     save, seen = tmp_path / "ck", 0

@@ -18,6 +18,8 @@ from shardtrain.trainer.launch.start import call_main
 from collective_mains import count_variants
 from st_testutils import make_space_data_bin
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 LAYERS, UPDATES, UPDATE_FREQS = 2, 2, (1, 3)
 UNITS = LAYERS + 1  # fully_sharded: one FSDP unit per block, then the root
 GRADIENT_KINDS = ("all_reduce", "reduce_scatter")

@@ -11,6 +11,8 @@ from shardtrain.models.transformer_lm import TransformerLanguageModel
 from test_sharded_checkpoints import HALF, TOTAL, run
 from st_testutils import make_space_data_bin
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):

@@ -34,6 +34,7 @@ def start(data, save, ranks):
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks,to", [(2, "group"), (2, "launcher"), (1, "group")])
 def test_the_first_ctrl_c_finishes_the_update_and_saves(ranks, to, data, tmp_path):
     """``group``: a terminal's Ctrl-C, which every process gets; ``launcher``: only the launcher gets it."""
@@ -52,6 +53,7 @@ def test_the_first_ctrl_c_finishes_the_update_and_saves(ranks, to, data, tmp_pat
     assert group_gone(proc.pid, 10)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once(data, tmp_path):
     proc = start(data, tmp_path / "ck", 2)
     os.killpg(proc.pid, signal.SIGINT)

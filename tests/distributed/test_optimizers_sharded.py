@@ -34,6 +34,8 @@ from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from st_testutils import make_space_data_bin
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 UPDATES = 8
 EMBED_DIM = 18  # with --decoder-ffn-embed-dim 35, fc1's rows split unevenly (18 + 17) over 2 ranks
 FSDP = ["--ddp-backend", "fully_sharded"]

@@ -10,6 +10,8 @@ import pytest
 
 from precision_mains import assert_all_trained, make_data_bin, run_matrix
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):

@@ -19,6 +19,8 @@ from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.rng import reseed
 from st_testutils import last_checkpoint_state
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):

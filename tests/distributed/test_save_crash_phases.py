@@ -22,6 +22,8 @@ import pytest
 from save_crash_mains import FILE_PHASES, KILLED, SHARDED_PHASES, crash, resume
 from st_testutils import make_space_data_bin
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 # The update checkpoint_last holds after a kill in each phase: the new save counts from its alias on.
 EXPECTED = {("pytorch_ddp", phase): 2 if phase == "prune" else 1 for phase in FILE_PHASES}
 EXPECTED.update({("fully_sharded", phase): 2 if phase == "prune" else 1 for phase in SHARDED_PHASES})

@@ -50,6 +50,7 @@ def saved_on_two_ranks(data_bin, tmp_path_factory):
     return save, losses
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_layout(saved_on_two_ranks):
     save, _ = saved_on_two_ranks
     last = save / "checkpoint_last"
@@ -59,6 +60,7 @@ def test_sharded_checkpoint_layout(saved_on_two_ranks):
     assert not [p for p in save.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME]  # no partial dirs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 1, 3])
 def test_resume_on_any_number_of_ranks_continues_exactly(world_size, data_bin, reference, saved_on_two_ranks,
                                                          tmp_path):
@@ -70,6 +72,7 @@ def test_resume_on_any_number_of_ranks_continues_exactly(world_size, data_bin, r
     np.testing.assert_allclose(second_half, reference[HALF:], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_one_rank_checkpoint_resumes_on_two(data_bin, reference, tmp_path):
     save = tmp_path / "ck"
     run(data_bin, save, 1, HALF)
@@ -77,6 +80,7 @@ def test_one_rank_checkpoint_resumes_on_two(data_bin, reference, tmp_path):
     np.testing.assert_allclose(run(data_bin, save, 2, TOTAL)[0], reference[HALF:], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_two_rank_resume_is_exact_with_dropout(data_bin, tmp_path):
     """Every rank's RNG stream is saved and restored, so dropout masks continue too."""
     straight = run(data_bin, tmp_path / "straight", 2, TOTAL, dropout="0.2")[0]
@@ -86,6 +90,7 @@ def test_two_rank_resume_is_exact_with_dropout(data_bin, tmp_path):
     assert first + second == straight  # bit-identical
 
 
+@pytest.mark.slow
 def test_async_save_resumes_exactly(data_bin, reference, tmp_path):
     """--async-save (saving after every update, in the background) keeps resume exact and atomic."""
     save = tmp_path / "ck"
@@ -99,6 +104,7 @@ def test_async_save_resumes_exactly(data_bin, reference, tmp_path):
                                reference[HALF:], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_every_form_resumes_under_another_backend(data_bin, reference, saved_on_two_ranks, tmp_path):
     # sharded (fully_sharded) -> pytorch_ddp
     sharded = tmp_path / "sharded"
@@ -111,6 +117,7 @@ def test_every_form_resumes_under_another_backend(data_bin, reference, saved_on_
     np.testing.assert_allclose(run(data_bin, single, 2, TOTAL)[0], reference[HALF:], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_missing_shard_is_a_clear_error(data_bin, saved_on_two_ranks, tmp_path, capsys):
     from shardtrain.cli import train
 
@@ -126,6 +133,7 @@ def test_missing_shard_is_a_clear_error(data_bin, saved_on_two_ranks, tmp_path, 
     assert info.value.code == 2 and "shard file is missing or damaged" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_finetune_from_a_sharded_checkpoint(data_bin, saved_on_two_ranks, tmp_path):
     """--finetune-from-model takes a sharded directory too: its weights, fresh counters."""
     source = saved_on_two_ranks[0] / "checkpoint_last"
@@ -140,6 +148,7 @@ def test_finetune_from_a_sharded_checkpoint(data_bin, saved_on_two_ranks, tmp_pa
     assert len(losses) == 1  # one update: the counters started from zero
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_of_another_architecture_is_refused(data_bin, saved_on_two_ranks, tmp_path, capsys):
     from shardtrain.cli import train
 

@@ -16,6 +16,8 @@ from shardtrain.trainer.launch.start import call_main
 from st_testutils import make_space_data_bin
 from zero_mains import record, record_all
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 UPDATES, HALF = 10, 5
 CHECKPOINT = f"checkpoint_1_{HALF}.pt"  # saved mid-epoch by --save-interval-updates
 

@@ -4,7 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from st_testutils import make_space_data_bin, scaled, tiny_model_flags
+
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ACCEPTED = ["--use-sharded-state", "--not-fsdp-flatten-parameters", "--fp32-reduce-scatter", "--num-workers", "2",

@@ -15,6 +15,8 @@ import torch
 
 from st_testutils import last_checkpoint_state, make_space_data_bin, scaled
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 HEARTBEAT_TIMEOUT_S = 20
 # Beyond the group timeout: stopping the surviving rank and the launcher's own exit.
 MARGIN_S = 25

@@ -221,6 +221,7 @@ def test_a_lost_peer_is_never_blamed_over_the_rank_that_stopped(tmp_path):
     assert isinstance(alone, PeerLostError) and str(alone) == f"rank 0: {LOST}"
 
 
+@pytest.mark.slow
 def test_a_lost_peer_waits_a_moment_for_the_rank_that_stopped(tmp_path):
     run_dir = str(tmp_path)
     _report(run_dir, 0, PeerLostError(LOST))

@@ -119,12 +119,14 @@ def _fake_scontrol(directory, body):
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
 
 
+@pytest.mark.slow
 def test_slurm_hostnames_asks_scontrol_first(tmp_path, monkeypatch):
     _fake_scontrol(str(tmp_path), 'test "$1 $2 $3" = "show hostnames weird{list}" && printf "h1\\nh2\\n"')
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert slurm_hostnames("weird{list}") == ["h1", "h2"]
 
 
+@pytest.mark.slow
 def test_slurm_hostnames_parses_itself_without_a_working_scontrol(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol at all
     assert slurm_hostnames("gpu[1-2]") == ["gpu1", "gpu2"]
@@ -155,6 +157,7 @@ def test_other_errors_at_start_up_are_not_called_a_rendezvous():
     assert as_rendezvous_error(RuntimeError("Socket Timeout: Wait timeout somewhere else"), 2, "tcp://h:1", 3) is None
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_comes_is_named_after_the_timeout(tmp_path):
     """sbatch without srun: SLURM says 2 tasks but only this one runs. The run
     must end after --heartbeat-timeout with the fix, not a DistStoreError traceback."""
@@ -178,6 +181,7 @@ def test_a_rank_that_never_comes_is_named_after_the_timeout(tmp_path):
     assert time.monotonic() - start < scaled(60)
 
 
+@pytest.mark.slow
 def test_a_port_in_use_ends_with_the_paragraph_not_a_traceback(tmp_path):
     """The real path: rank 0's rendezvous port (SLURM's, derived from the job id) is held by another socket."""
     import socket

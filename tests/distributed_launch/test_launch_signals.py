@@ -23,6 +23,7 @@ WAITING = "waiting for them"  # the launcher's line once it has started the rank
     (signal.SIGINT, 130, "shard-train: interrupted (Ctrl-C / SIGINT) before it finished"),
     (signal.SIGTERM, 143, "shard-train: terminated by SIGTERM before it finished"),
 ], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_a_signal_while_the_ranks_start_is_answered_as_that_signal(signum, status, answer, tmp_path):
     data = make_space_data_bin(str(tmp_path), train_tokens=2000, valid_tokens=200)
     proc = subprocess.Popen(
@@ -81,6 +82,7 @@ def _cfg(tmp_path, ranks: int):
                              "--distributed-world-size", str(ranks)])
 
 
+@pytest.mark.slow
 def test_a_ctrl_c_while_the_ranks_are_being_started_is_kept_and_stops_them(tmp_path, monkeypatch, capfd):
     """The launcher's handlers are in place before the first rank starts: a Ctrl-C that comes while
     torch.multiprocessing is still starting them is answered once they exist, not lost nor left to kill them."""

@@ -29,6 +29,7 @@ def _assert_gone(pid):
         os.kill(pid, 0)
 
 
+@pytest.mark.slow
 def test_two_spawned_ranks_share_one_group_and_rank0_result_comes_back(tmp_path, monkeypatch):
     spawn_tmp = tmp_path / "tmp"
     spawn_tmp.mkdir()
@@ -74,6 +75,7 @@ def test_launcher_world_size_one_runs_in_this_process_without_a_group(tmp_path, 
     assert _seen(tmp_path, 0)["group_initialized"] is False
 
 
+@pytest.mark.slow
 def test_user_error_on_rank1_is_reraised_with_its_rank_promptly(tmp_path):
     start = time.monotonic()
     with pytest.raises(ShardtrainError) as info:
@@ -85,6 +87,7 @@ def test_user_error_on_rank1_is_reraised_with_its_rank_promptly(tmp_path):
     _assert_gone(_seen(tmp_path, 0)["pid"])  # rank 0 was stuck in a barrier: it was stopped
 
 
+@pytest.mark.slow
 def test_bug_on_rank1_keeps_its_traceback(tmp_path):
     start = time.monotonic()
     with pytest.raises(RankFailedError) as info:
@@ -99,6 +102,7 @@ def test_bug_on_rank1_keeps_its_traceback(tmp_path):
     _assert_gone(_seen(tmp_path, 0)["pid"])
 
 
+@pytest.mark.slow
 def test_rank_dying_without_exception_is_named_promptly(tmp_path):
     start = time.monotonic()
     with pytest.raises(ShardtrainError) as info:
@@ -111,6 +115,7 @@ def test_rank_dying_without_exception_is_named_promptly(tmp_path):
     _assert_gone(_seen(tmp_path, 0)["pid"])
 
 
+@pytest.mark.slow
 def test_heartbeat_timeout_reaches_the_process_group(tmp_path):
     # The timeout also bounds the ranks' connection at start-up: on a loaded machine one rank may
     # start seconds after the other, so the timeout under test grows with the load (2 s when idle).

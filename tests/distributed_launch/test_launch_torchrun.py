@@ -8,6 +8,8 @@ import pytest
 
 import launch_mains
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from shardtrain.core.errors import ShardtrainError
 from shardtrain.trainer.launch.peer_lost import as_peer_lost_error
 from st_testutils import make_space_data_bin, scaled, tiny_model_flags
@@ -15,6 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
+@pytest.mark.slow
 def test_the_surviving_rank_says_its_peer_stopped_and_exits_non_zero(tmp_path):
     data = make_space_data_bin(str(tmp_path), n_words=6, train_tokens=4000, valid_tokens=100, line_len=20)
     command = [sys.executable, "-m", "shardtrain.cli.train", data, *tiny_model_flags(), "--task", "lm_peer_exits",

@@ -12,6 +12,8 @@ import torch
 from shardtrain.trainer.checkpoint.consolidate import read_sharded
 from st_testutils import last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 FLAGS = ["--task", "lm_killed_once", "--user-dir", os.path.join(HERE, "kill_plugin"), "--max-update", "12",

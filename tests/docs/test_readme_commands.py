@@ -11,6 +11,8 @@ import re
 import shlex
 import subprocess
 
+import pytest
+
 from st_testutils import scaled
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,6 +90,7 @@ def test_hydra_example_switches_a_recipes_component():
     assert "--config-name lm_fully_sharded" in hydra and "optimizer=adafactor" in hydra.split()
 
 
+@pytest.mark.slow
 def test_readme_blocks_run_as_written(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for block in readme_blocks(readme_text()):

@@ -167,6 +167,7 @@ def _train_flags(mnist, tmp_path, *extra):
             "--log-interval", "1", "--log-file", str(tmp_path / "log"), "--cpu", *extra]
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--criterion")
 def test_net_trains_in_one_process_and_validation_reports_accuracy(mnist, tmp_path):
     train.main(_train_flags(mnist, tmp_path, "--arch", "mnist_net", "--ddp-backend", "pytorch_ddp",
@@ -181,6 +182,7 @@ def test_net_trains_in_one_process_and_validation_reports_accuracy(mnist, tmp_pa
     assert all(0 <= r["accuracy"] <= 100 for r in json_records(log, "train_inner"))
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--distributed-world-size", "--ddp-backend", "--batch-size")
 def test_fully_sharded_on_two_ranks_wraps_by_size_and_learns(mnist, tmp_path):
     train.main(_train_flags(mnist, tmp_path, "--arch", "shallow_net", "--ddp-backend", "fully_sharded",

@@ -1,5 +1,6 @@
 """Memory figures in the log records: fairseq's gb_free per record window, with
 a stand-in allocator (no GPU needed), and the keys of a real CPU run."""
+import pytest
 import torch
 
 from shardtrain.cli import train
@@ -93,6 +94,7 @@ def test_state_figures_are_gib():
     assert state_gb(params, optimizer)["param_gb"] == round(4 / 1024, 4)
 
 
+@pytest.mark.slow
 def test_cpu_run_records_host_memory_and_no_device_keys(tmp_path):
     data_bin = make_space_data_bin(str(tmp_path / "data"))
     log = str(tmp_path / "train.log")

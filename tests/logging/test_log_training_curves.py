@@ -7,6 +7,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from shardtrain.cli import train
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 
 @pytest.mark.flag_effect("--tensorboard-logdir", "--fp16")
 def test_fp16_run_writes_every_curve_and_an_honest_first_speed(tmp_path):

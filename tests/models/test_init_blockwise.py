@@ -130,6 +130,7 @@ def _gloo_rank(rank, root, block_elements):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process_bitwise(tmp_path):
     block_elements = 12  # blocks of 1-2 rows: straddling the shard boundaries
     spawn_ranks(_gloo_rank, (str(tmp_path), block_elements))

@@ -54,6 +54,7 @@ def test_fixed_takes_the_epochs_lr(force_anneal):
         assert s.step_begin_epoch(epoch) == pytest.approx(expected) == s.step_update(epoch * 10)
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--lr")
 def test_training_follows_both_lists(tmp_path):
     """Epoch 1 accumulates 3 batches per update at lr 0.004, epoch 2 and later 1 batch at 0.001."""

@@ -1,4 +1,6 @@
 """The start-up line when a fairseq-style command relies on shard-train's own default optimizer/scheduler."""
+import pytest
+
 from shardtrain.cli import train
 from shardtrain.optim.fairseq_defaults import default_components_notice
 from st_testutils import make_space_data_bin, tiny_model_flags
@@ -16,6 +18,7 @@ def test_notice_names_what_runs_and_the_fix():
     assert default_components_notice(["data-bin", "--lr-shrink", "0.5"]) is not None
 
 
+@pytest.mark.slow
 def test_shard_train_logs_the_notice_once(tmp_path):
     data_bin = make_space_data_bin(str(tmp_path / "data"), n_words=8, train_tokens=600, valid_tokens=200)
     for name, extra, expected in (("relies", [], 1), ("explicit", ["--lr-scheduler", "inverse_sqrt"], 0)):

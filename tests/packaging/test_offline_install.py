@@ -78,11 +78,13 @@ def refused(tmp_path, args, env=None):
     (["--python-version", "3.12", "--platform", "manylinux_2_28_sparc"], "manylinux_2_28_x86_64"),
     (["--python-version", "2.7", "--platform", "manylinux_2_28_x86_64"], "--python-version '2.7' is not"),
 ])
+@pytest.mark.slow
 def test_a_bad_python_or_platform_is_refused_before_any_download(tmp_path, args, says):
     assert says in refused(tmp_path, args)
     assert not (tmp_path / "wh").exists()
 
 
+@pytest.mark.slow
 def test_without_the_index_it_fails_in_one_paragraph_and_leaves_no_folder(tmp_path):
     """No network, as pip sees it: no index, no find-links."""
     err = refused(tmp_path, ["--python-version", "3.12", "--platform", "manylinux_2_28_x86_64"], env=node_env())
@@ -90,6 +92,7 @@ def test_without_the_index_it_fails_in_one_paragraph_and_leaves_no_folder(tmp_pa
     assert not (tmp_path / "wh").exists()
 
 
+@pytest.mark.slow
 def test_a_folder_in_use_is_left_as_it_is(tmp_path):
     (tmp_path / "wh").mkdir()
     (tmp_path / "wh" / "mine.txt").write_text("keep")
@@ -137,6 +140,7 @@ def train_two_updates(command, env, cwd: Path) -> None:
     assert (cwd / "ck" / "checkpoint_last.pt").is_file()
 
 
+@pytest.mark.slow
 @on_glibc_linux
 def test_the_wheelhouse_holds_shardtrain_and_what_the_node_lacks_never_torch(built):
     wheels, out = built
@@ -151,6 +155,7 @@ def test_the_wheelhouse_holds_shardtrain_and_what_the_node_lacks_never_torch(bui
     assert not [p for p in wheels.parent.iterdir() if p.name.startswith(".wheelhouse-")]  # its work folder went
 
 
+@pytest.mark.slow
 @on_glibc_linux
 def test_install_with_no_index_keeps_the_nodes_torch_and_trains(built, tmp_path):
     import torch
@@ -170,6 +175,7 @@ def test_install_with_no_index_keeps_the_nodes_torch_and_trains(built, tmp_path)
     train_two_updates([venv / "bin" / "shard-train"], node_env(), tmp_path)
 
 
+@pytest.mark.slow
 @on_glibc_linux
 def test_a_checkout_on_pythonpath_runs_with_only_the_dependencies_installed(built, tmp_path):
     wheels, out = built
@@ -183,6 +189,7 @@ def test_a_checkout_on_pythonpath_runs_with_only_the_dependencies_installed(buil
     train_two_updates([python, "-m", "shardtrain.cli.train"], with_checkout, tmp_path)
 
 
+@pytest.mark.slow
 @on_glibc_linux
 def test_a_node_whose_torch_disagrees_with_its_own_packages_installs_with_the_fallback(built, tmp_path):
     """pip checks installed packages' requirements: a torch that asks for a setuptools the node lacks

@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import venv_site
+import pytest
+
 from st_testutils import scaled
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,6 +32,7 @@ def test_the_pth_file_lists_the_interpreters_site_folders_and_its_user_site(tmp_
         assert f.read() == f"{own}\n{base}\n{user}\n"  # in order, once each, only folders that exist
 
 
+@pytest.mark.slow
 def test_a_venv_made_from_a_venv_sees_what_is_installed_in_that_venv_only(tmp_path):
     """A user's venv (no system site-packages) holding a package the base interpreter lacks; the venv the wheel
     test makes from it finds that package."""

@@ -20,6 +20,8 @@ import shardtrain
 from st_testutils import MarkovChain, scaled, write_markov_corpus
 from venv_site import make_venv
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOT_SOURCE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
 DEPENDENCIES = ("torch", "hydra-core", "omegaconf", "sentencepiece", "tensorboard", "numpy", "tqdm")

@@ -5,9 +5,13 @@ rebuilds its buckets in the second), each rank's measured peak within 15% of the
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 from make_data import random_data_bin  # noqa: E402
 from plan_accuracy import CONFIGS, run_all  # noqa: E402
+
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 # Memory-heavy and compute-light, so the updates are quick: a 64k vocabulary over a narrow model and short
 # batches (8.3M parameters: their state and the logits, ~0.35 GiB a rank, dwarf the runtime's own buffers).

@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from shardtrain.cli import plan as plan_cli
 from shardtrain.plan import options, planner
 from st_testutils import make_space_data_bin
@@ -15,6 +17,7 @@ _FRESH = ("import sys\nfrom shardtrain.cli import plan\n"
           "except SystemExit as e:\n    print('exit', e.code)\nprint('torch imported:', 'torch' in sys.modules)\n")
 
 
+@pytest.mark.slow
 def test_a_missing_or_wrong_data_bin_is_reported_before_torch_is_imported(tmp_path):
     (tmp_path / "not-a-data-bin").mkdir()  # a directory without dict.txt
     cases = [(str(tmp_path / "missing"), "does not exist. Create it with `shard-preprocess"),

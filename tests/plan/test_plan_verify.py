@@ -16,6 +16,7 @@ MODEL = ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-d
          "--batch-size", "4", "--cpu", "--threads", "1", "--max-update", "4", "--disable-validation"]
 
 
+@pytest.mark.slow
 def test_verify_measures_in_scratch_beside_a_finished_run_and_leaves_it_alone(tmp_path, monkeypatch, capsys):
     data = small_data_bin(str(tmp_path / "data"))
     work = tmp_path / "work"

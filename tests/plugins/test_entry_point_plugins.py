@@ -98,6 +98,7 @@ def test_a_failing_plugin_is_named_with_its_distribution_and_error(tmp_path, mon
     assert "pip uninstall st-loader-bad" in message and "python -c 'import st_loader_bad'" in message
 
 
+@pytest.mark.slow
 def test_importing_shardtrain_loads_no_plugin_and_a_broken_one_stops_the_cli(tmp_path):
     """Import time loads nothing; the command loads it and exits 2 with one paragraph."""
     site = install(tmp_path / "site", "st-broken-plugin", {"broken_one": "st_broken_plugin"},
@@ -118,6 +119,7 @@ def test_importing_shardtrain_loads_no_plugin_and_a_broken_one_stops_the_cli(tmp
 
 # -- the real commands with an installed plugin --
 
+@pytest.mark.slow
 def test_installed_plugin_architecture_and_optimizer_train_and_validate(tmp_path):
     site = install(tmp_path / "site", "st-ep-plugin",
                    {"tiny_archs": "st_ep_plugin.archs", "sgd": "st_ep_plugin.optim:register"},

@@ -11,7 +11,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from st_testutils import make_space_data_bin
+
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 PLUGIN = os.path.join(os.path.dirname(__file__), "facts_plugin")
 MODEL = ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "8",

@@ -18,6 +18,8 @@ from shardtrain.cli import consolidate
 
 from st_testutils import make_space_data_bin
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 GRU_PLUGIN = os.path.join(os.path.dirname(__file__), "gru_plugin")
 # Each command in one process (a plugin registers once per process); the results as one JSON line.
 COMMANDS = r"""

@@ -60,6 +60,7 @@ def commands(data, checkpoint):
             "shard-interactive": (interactive.main, [data, "--path", checkpoint])}
 
 
+@pytest.mark.slow
 def test_a_recorded_plugin_is_imported_only_when_user_dir_names_it(trained, tmp_path, capsys):
     data, state = trained
     folder, name = marking_plugin(tmp_path / "plugins")
@@ -75,6 +76,7 @@ def test_a_recorded_plugin_is_imported_only_when_user_dir_names_it(trained, tmp_
     assert (tmp_path / "plugins" / "IMPORTED").read_text() == name
 
 
+@pytest.mark.slow
 def test_an_older_checkpoints_relative_plugin_is_never_looked_up_in_the_working_directory(trained, tmp_path,
                                                                                            capsys, monkeypatch):
     data, state = trained
@@ -87,6 +89,7 @@ def test_an_older_checkpoints_relative_plugin_is_never_looked_up_in_the_working_
     assert not (tmp_path / "plugins" / "IMPORTED").exists() and name not in sys.modules
 
 
+@pytest.mark.slow
 def test_shard_verify_names_the_plugin_a_checkpoint_needs(trained, tmp_path, capsys):
     _, state = trained
     folder, name = marking_plugin(tmp_path / "plugins")
@@ -137,6 +140,7 @@ WARNED = ("warning: the plugin folder {folder} (--user-dir) is not the code chec
           "with: its .py files changed since")
 
 
+@pytest.mark.slow
 def test_a_named_plugin_whose_files_changed_since_the_save_loads_with_a_warning(trained, tmp_path, caplog):
     data, state = trained
     folder, name = marking_plugin(tmp_path / "plugins")

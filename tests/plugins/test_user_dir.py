@@ -13,6 +13,7 @@ from st_testutils import MarkovChain, json_records, write_markov_corpus
 PLUGIN = os.path.join(os.path.dirname(__file__), "toy_plugin")
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--user-dir", "--task", "--arch", "--log-format", "--log-interval", "--log-file")
 def test_plugin_components_and_flags_work_on_the_command_line(tmp_path):
     paths = write_markov_corpus(str(tmp_path / "text"), MarkovChain(n=8, seed=2), 5000, 500, line_len=40)
@@ -47,6 +48,7 @@ def test_missing_or_broken_user_dir_is_a_clear_error(tmp_path):
         build_train_parser(["--user-dir", str(broken)])
 
 
+@pytest.mark.slow
 def test_architecture_preset_with_a_wrong_key_is_named(tmp_path):
     plugin = tmp_path / "typo_preset_plugin"
     plugin.mkdir()

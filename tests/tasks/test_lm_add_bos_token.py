@@ -45,6 +45,7 @@ def test_tokens_per_sample_must_leave_room_for_a_token():
         LanguageModelingTask(LanguageModelingConfig(data=str(DATA), tokens_per_sample=1, add_bos_token=True))
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--add-bos-token")
 def test_generate_and_validate_agree_with_training(tmp_path, monkeypatch):
     """A checkpoint trained with --add-bos-token: shard-validate reads bos-first samples (its task

@@ -166,6 +166,7 @@ def train_in_process(cfg):
                                     weights_only=False)
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--checkpoint-activations", "--offload-activations", "--checkpoint-activations-every")
 def test_training_run_and_checkpoint_are_identical(data_bin, tmp_path):
     off, reference = train_in_process(flags(data_bin, tmp_path / "off"))

@@ -50,6 +50,7 @@ BACKENDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--amp", "--amp-init-scale", "--amp-scale-window")
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_amp_trains_as_fp16_with_the_same_scale(data_bin, tmp_path, backend):

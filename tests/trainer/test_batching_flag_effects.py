@@ -45,6 +45,7 @@ def mean_batch(blocks: int, per_batch: int) -> float:
     return blocks / math.ceil(blocks / per_batch)
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--max-tokens", "--required-batch-size-multiple")
 def test_max_tokens_and_the_batch_size_multiple_set_the_training_batches(data_bin, tmp_path):
     five = run(data_bin, tmp_path, "five", "--max-tokens", "160", "--required-batch-size-multiple", "1")
@@ -55,6 +56,7 @@ def test_max_tokens_and_the_batch_size_multiple_set_the_training_batches(data_bi
     assert [r["bsz"] for r in json_records(four, "train_inner")] == [4, 4]  # 5 rounded down to a multiple of 4
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--max-tokens-valid", "--batch-size-valid", "--batch-size")
 def test_validation_batches_have_their_own_limits(data_bin, tmp_path):
     log = run(data_bin, tmp_path, "tokens", "--max-tokens", "160", "--required-batch-size-multiple", "1",
@@ -67,6 +69,7 @@ def test_validation_batches_have_their_own_limits(data_bin, tmp_path):
     assert [r["valid_bsz"] for r in json_records(log, "valid")] == [pytest.approx(mean_batch(VALID_BLOCKS, 3))]
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--train-subset", "--valid-subset")
 def test_the_subsets_name_the_splits_trained_and_validated_on(data_bin, tmp_path):
     log = run(data_bin, tmp_path, "test", "--batch-size", "4", "--required-batch-size-multiple", "1",

@@ -31,6 +31,7 @@ def test_declared_metrics_are_what_validation_logs(data, flags):
     assert set(dict(metrics.smoothed_values())) == task.logged_metrics(trainer.criterion)
 
 
+@pytest.mark.slow
 def test_a_plugin_that_declares_nothing_is_trusted_with_a_warning(data, tmp_path, caplog):
     save = tmp_path / "ck"
     with caplog.at_level(logging.WARNING):

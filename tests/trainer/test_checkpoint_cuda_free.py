@@ -87,6 +87,7 @@ def data_bin(tmp_path_factory):
     return make_space_data_bin(str(tmp_path_factory.mktemp("cudafree")), n_words=8, train_tokens=2000)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saving", [[], ["--async-save"]])
 def test_a_cpu_run_saving_sharded_checkpoints_makes_no_cuda_call(data_bin, tmp_path, monkeypatch, saving):
     """The whole --cpu run (fully_sharded, one process), on a machine that says it has 2 GPUs."""

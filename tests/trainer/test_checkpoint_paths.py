@@ -16,6 +16,8 @@ from shardtrain.cli import verify as verify_cli
 from shardtrain.trainer.checkpoint.checksums import MANIFEST, file_entry, manifest_bytes, read_manifest
 from st_testutils import cli_refusal, make_space_data_bin, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):

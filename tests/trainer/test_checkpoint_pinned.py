@@ -12,6 +12,8 @@ from shardtrain.trainer.checkpoint.sharded import ShardedDirectory
 from shardtrain.trainer.checkpoint.single_file import SingleFile
 from st_testutils import small_data_bin, tiny_model_flags, train_both_forms
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):

@@ -14,6 +14,7 @@ from st_testutils import json_records, tiny_model_flags
 from test_trainer_step import blocks, data_bin, make_trainer, params  # noqa: F401 (data_bin is a fixture)
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--seed")
 def test_the_seed_decides_the_run(data_bin, tmp_path):
     """Weights, data order and dropout follow --seed: the same seed trains alike, another does not."""
@@ -75,6 +76,7 @@ def test_bf16_computes_in_bfloat16_over_fp32_weights(data_bin):
     assert losses["bf16"] != losses["fp32"] and losses["bf16"] == pytest.approx(losses["fp32"], rel=2e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--no-progress-bar")
 def test_no_progress_bar_logs_simple_lines_whatever_the_format(tmp_path):
     from st_testutils import make_space_data_bin

@@ -8,6 +8,8 @@ from shardtrain.cli import train
 from shardtrain.trainer.checkpoint.consolidate import read_sharded
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 # SGD, not Adam: Adam divides by the root of each gradient's second moment, so a parameter whose true
 # gradient is zero (attention's key bias: the softmax ignores a shift shared by all keys) turns rounding
 # noise of 1e-10 into lr-sized steps, and any two correct implementations differ there by ~1e-3 after 10

@@ -26,6 +26,7 @@ def data(tmp_path_factory):
                                valid_tokens=200, line_len=40)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks,backend", [(1, "pytorch_ddp"), (2, "fully_sharded")])
 def test_nan_weights_are_never_saved(data, tmp_path, ranks, backend):
     """The red team's case: one sign bit of exp_avg_sq flipped; update 5 steps to NaN weights
@@ -45,6 +46,7 @@ def test_nan_weights_are_never_saved(data, tmp_path, ranks, backend):
     assert not [p for p in os.listdir(save) if "_5" in p or "_6" in p], os.listdir(save)
 
 
+@pytest.mark.slow
 def test_every_rank_refuses_when_one_ranks_shard_is_damaged(data, tmp_path):
     """Under fully_sharded each rank holds only its own shard: rank 0's are finite, yet it
     must refuse with rank 1 (or it would enter the save's collectives alone)."""

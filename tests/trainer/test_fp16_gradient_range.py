@@ -86,6 +86,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer, fp16, bound", CASES)
 def test_fp16_follows_fp32_within_the_update_size(data_bin, tmp_path, optimizer, fp16, bound):
     check_fp16_follows_fp32(data_bin, tmp_path, optimizer, fp16, bound)

@@ -48,6 +48,7 @@ BACKENDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_adam_trains_with_memory_efficient_fp16(data_bin, tmp_path, backend):
     got, records = run(data_bin, str(tmp_path / "adam"), "adam", *BACKENDS[backend])
@@ -59,6 +60,7 @@ def test_adam_trains_with_memory_efficient_fp16(data_bin, tmp_path, backend):
         torch.testing.assert_close(got["model"][name], tensor, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--memory-efficient-bf16")
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_memory_efficient_bf16_stores_bf16_and_steps_fp32(data_bin, tmp_path, backend):

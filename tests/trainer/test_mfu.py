@@ -74,6 +74,7 @@ def test_a_measured_cpu_peak_is_what_a_matmul_reaches():
     assert 0 < achieved < 3 * peak  # the same order: a smaller matmul does not beat the peak by far
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--peak-tflops")
 def test_train_records_carry_per_device_speed_tflops_and_mfu(tmp_path):
     data = make_space_data_bin(str(tmp_path), n_words=20)
@@ -93,6 +94,7 @@ def test_train_records_carry_per_device_speed_tflops_and_mfu(tmp_path):
         assert r["mfu"] == pytest.approx(100 * r["tflops"] / 0.5, rel=2e-3)
 
 
+@pytest.mark.slow
 def test_measuring_the_peak_leaves_the_runs_random_numbers_alone(tmp_path):
     """Rank 0 measures a matmul before training: with dropout on, a run that measures and one given
     --peak-tflops (which measures nothing) draw the same masks."""

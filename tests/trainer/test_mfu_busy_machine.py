@@ -29,6 +29,7 @@ def _train(tmp_path, name, *extra):
         return records, f.read()
 
 
+@pytest.mark.slow
 def test_a_peak_measured_near_zero_leaves_mfu_out_and_says_why_once(tmp_path, monkeypatch):
     timed = []
     monkeypatch.setattr(flops, "_timed_mm", lambda a, b, device: timed.append(a.shape) or 100.0)
@@ -41,6 +42,7 @@ def test_a_peak_measured_near_zero_leaves_mfu_out_and_says_why_once(tmp_path, mo
     assert len(timed) >= 3 * 3 and set(timed) == {(256, 256)}  # 3 rounds of at least 3 trials each
 
 
+@pytest.mark.slow
 def test_a_peak_below_what_the_run_reaches_leaves_mfu_out_from_that_record_on(tmp_path):
     """--peak-tflops 1e-9: any CPU beats it, so every record's mfu would be millions of percent."""
     records, log = _train(tmp_path, "low", "--peak-tflops", "1e-9")

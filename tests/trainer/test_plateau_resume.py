@@ -6,6 +6,8 @@ import torch
 from shardtrain.cli import train
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):

@@ -30,6 +30,7 @@ def resume(data_bin, save, backend, max_update, caplog):
     return (loaded[0] if loaded else None), (both[0] if both else None)
 
 
+@pytest.mark.slow
 def test_the_form_with_more_updates_wins_in_both_orders(data_bin, tmp_path, caplog):
     save = tmp_path / "save"
     resume(data_bin, save, "pytorch_ddp", 2, caplog)  # checkpoint_last.pt @ 2
@@ -45,6 +46,7 @@ def test_the_form_with_more_updates_wins_in_both_orders(data_bin, tmp_path, capl
     assert f"Resuming from {save}/checkpoint_last.pt: it records more updates (6 against 4)" in both, both
 
 
+@pytest.mark.slow
 def test_at_the_same_update_the_form_the_backend_writes_wins(data_bin, tmp_path, caplog):
     save = tmp_path / "save"
     resume(data_bin, save, "fully_sharded", 2, caplog)

@@ -59,6 +59,7 @@ def torch_saved(obj) -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.slow
 def test_single_file_checkpoint_with_a_payload(saved, data_bin, tmp_path, capsys):
     marker = tmp_path / "ran"
     state = torch.load(saved["pytorch_ddp"], weights_only=True)
@@ -89,6 +90,7 @@ def tampered_copy(src, tmp_path, name, data: bytes):
     return dest
 
 
+@pytest.mark.slow
 def test_sharded_metadata_with_a_payload(saved, data_bin, tmp_path, capsys):
     marker = tmp_path / "ran"
     src = saved["fully_sharded"]
@@ -108,6 +110,7 @@ def test_sharded_metadata_with_a_payload(saved, data_bin, tmp_path, capsys):
     assert not marker.exists() and not save.exists() and not (tmp_path / "out.pt").exists()
 
 
+@pytest.mark.slow
 def test_extra_pt_with_a_payload(saved, data_bin, tmp_path, capsys):
     marker = tmp_path / "ran"
     src = saved["fully_sharded"]
@@ -134,6 +137,7 @@ def test_sharded_value_with_a_payload(tmp_path, capsys):
     assert not marker.exists() and not (tmp_path / "out.pt").exists()
 
 
+@pytest.mark.slow
 def test_truncated_shard_is_a_clear_error(saved, tmp_path, capsys):
     src = saved["fully_sharded"]
     shard = open(os.path.join(src, "__0_0.distcp"), "rb").read()
@@ -143,6 +147,7 @@ def test_truncated_shard_is_a_clear_error(saved, tmp_path, capsys):
     assert not (tmp_path / "out.pt").exists()
 
 
+@pytest.mark.slow
 def test_real_checkpoints_need_nothing_outside_the_allow_list(saved, tmp_path):
     """What shardtrain writes loads through the safe readers; the metadata
     uses only allow-listed globals (not a vacuous list)."""

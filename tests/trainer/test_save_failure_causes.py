@@ -54,6 +54,7 @@ def no_descriptors_left():
     resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fully_sharded", "pytorch_ddp"])
 def test_running_out_of_descriptors_mid_save_is_named_and_leaves_nothing(backend, data_bin, tmp_path, capsys,
                                                                          monkeypatch):
@@ -82,6 +83,7 @@ def test_running_out_of_descriptors_mid_save_is_named_and_leaves_nothing(backend
     assert sorted(os.listdir(save)) == [".shardtrain.lock", "notes.txt"], os.listdir(save)  # no .partial, no .tmp
 
 
+@pytest.mark.slow
 def test_a_save_dir_that_cannot_be_written_is_named(data_bin, tmp_path, capsys, monkeypatch):
     """Root passes every permission check, so the refusal `chattr +i` or a read-only mount gives is injected."""
     def refuse(path):
@@ -93,6 +95,7 @@ def test_a_save_dir_that_cannot_be_written_is_named(data_bin, tmp_path, capsys, 
     assert os.listdir(tmp_path / "save") == [".shardtrain.lock"]
 
 
+@pytest.mark.slow
 def test_a_path_planted_where_the_save_writes_is_named(data_bin, tmp_path, capsys):
     save = tmp_path / "save"
     save.mkdir()
@@ -106,6 +109,7 @@ def test_a_path_planted_where_the_save_writes_is_named(data_bin, tmp_path, capsy
     assert f"{planted}/checkpoint_best.pt is in the way" in err, err
 
 
+@pytest.mark.slow
 def test_gloo_out_of_descriptors_is_a_paragraph_not_a_traceback(data_bin, tmp_path, capsys, monkeypatch):
     """gloo cannot open the socket of the group a save gathers checksums on (seen with `ulimit -n` just short)."""
     from shardtrain.trainer.checkpoint.sharded import ShardedSaver

@@ -43,6 +43,7 @@ def run(data_bin, tmp_path, *flags):
     return call_main(parse_train_args(args), consumed)
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--skip-batches", "--update-freq")
 def test_update_freq_2_passes_over_exactly_the_batches_named(data_bin, tmp_path):
     """One epoch of 9 batches, --update-freq 2, --skip-batches 1:3-5: the update of batches 3-4 is skipped
@@ -54,6 +55,7 @@ def test_update_freq_2_passes_over_exactly_the_batches_named(data_bin, tmp_path)
     assert got == [[batch[1], batch[2]], [batch[6]], [batch[7], batch[8]], [batch[9]]] and updates == 4
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--skip-batches")
 def test_a_window_past_the_epochs_end_is_named(data_bin, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="shardtrain.trainer.loop"):
@@ -64,6 +66,7 @@ def test_a_window_past_the_epochs_end_is_named(data_bin, tmp_path, caplog):
                         "within the epoch), so nothing was skipped for it. Check the window's epoch and numbers."]
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--skip-batches", "--max-epoch")
 def test_an_epoch_skipped_whole_and_a_window_never_reached_are_named(data_bin, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="shardtrain.trainer.loop"):
@@ -77,6 +80,7 @@ def test_an_epoch_skipped_whole_and_a_window_never_reached_are_named(data_bin, t
         "skipped for them."]
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--skip-batches", "--max-update")
 def test_a_window_after_where_training_stopped_is_named_as_not_reached(data_bin, tmp_path, caplog):
     """Stopped at update 3, in epoch 1: a window later in that epoch was not reached (not "past its end")."""

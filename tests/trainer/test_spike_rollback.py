@@ -34,6 +34,7 @@ def cfg(data_bin, tmp_path, *extra):
     return parse_train_args([data_bin, *tiny_model_flags(), *FLAGS, "--save-dir", str(tmp_path / "ck"), *extra])
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--spike-rollback", "--spike-snapshot-interval", "--spike-factor", "--skip-batches")
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_a_rolled_back_spike_ends_as_if_its_batches_were_never_there(data_bin, tmp_path, backend):
@@ -52,6 +53,7 @@ def test_a_rolled_back_spike_ends_as_if_its_batches_were_never_there(data_bin, t
         assert torch.equal(got["weights"][name], tensor), name  # bit for bit: the skip is exact
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--skip-batches")
 def test_skip_batches_equals_skipping_those_updates(data_bin, tmp_path):
     """--skip-batches itself, against an oracle that drops the same updates' batches by count."""
@@ -62,6 +64,7 @@ def test_skip_batches_equals_skipping_those_updates(data_bin, tmp_path):
         assert torch.equal(flag[name], tensor), name
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--spike-rollback", "--skip-batches")
 def test_a_rollback_never_reaches_back_into_the_previous_epoch(data_bin, tmp_path):
     """A spike early in epoch 2, the interval's snapshot far back in epoch 1: the run rolls back to where
@@ -77,6 +80,7 @@ def test_a_rollback_never_reaches_back_into_the_previous_epoch(data_bin, tmp_pat
         assert torch.equal(got["weights"][name], tensor), name
 
 
+@pytest.mark.slow
 def test_without_the_flag_the_poisoned_update_is_trained_on(data_bin, tmp_path):
     got = call_main(cfg(data_bin, tmp_path), functools.partial(spike_mains.poisoned, poison_call=POISON))
     reference, _ = call_main(cfg(data_bin, tmp_path),
@@ -85,6 +89,7 @@ def test_without_the_flag_the_poisoned_update_is_trained_on(data_bin, tmp_path):
     assert any(not torch.equal(got["weights"][k], reference[k]) for k in reference)
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--spike-gnorm-factor", "--spike-lr-scale")
 def test_the_gradient_norm_rule_and_the_lr_scale(data_bin, tmp_path, caplog):
     """The loss rule off (a factor no loss reaches): the poisoned update's gradient norm spikes alone;
@@ -103,6 +108,7 @@ def test_the_rule():
     assert "nan" in rule.judge(math.nan) and "inf" in rule.judge(math.inf)
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--spike-max-rollbacks")
 def test_too_many_rollbacks_stop_the_run(data_bin, tmp_path):
     with pytest.raises(TrainingDivergedError, match="--spike-max-rollbacks 0"):
@@ -110,6 +116,7 @@ def test_too_many_rollbacks_stop_the_run(data_bin, tmp_path):
                   functools.partial(spike_mains.poisoned, poison_call=POISON))
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_after_a_rollback_resumes_exactly(data_bin, tmp_path):
     """2 fully_sharded ranks: stopped at update 12 (after the rollback at 10) and resumed to 16 from the
     sharded checkpoint_last, the weights are the uninterrupted run's (the skip, the guard's history and

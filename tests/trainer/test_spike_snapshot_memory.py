@@ -63,6 +63,7 @@ def test_a_refusal_names_the_snapshot_and_how_to_drop_it(data):
         check_fits(est, CUDA, 1, state_on_host=False, available={"host": 2 ** 40, "device": 1000})
 
 
+@pytest.mark.slow
 def test_the_estimate_is_what_a_real_snapshot_holds(data, tmp_path):
     """A one-process run with --spike-rollback, after 2 updates: its snapshot's tensors are the parameters and
     buffers (3,424 + 576 bytes) and Adam's state: two moments (6,848) and a 4-byte step per parameter tensor

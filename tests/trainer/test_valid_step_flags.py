@@ -20,6 +20,7 @@ def _run(data_bin, tmp_path, name, *extra):
     return json_records(log, "train_inner"), json_records(log, "valid")
 
 
+@pytest.mark.slow
 @pytest.mark.flag_effect("--max-valid-steps")
 def test_max_valid_steps_limits_the_batches(data_bin, tmp_path):
     _, full = _run(data_bin, tmp_path, "full")
@@ -30,6 +31,7 @@ def test_max_valid_steps_limits_the_batches(data_bin, tmp_path):
     assert all(a != b for a, b in zip([r["valid_loss"] for r in one], full_losses))
 
 
+@pytest.mark.slow
 def test_fixed_validation_seed_leaves_training_randomness_alone(data_bin, tmp_path):
     plain, _ = _run(data_bin, tmp_path, "plain")
     seeded, _ = _run(data_bin, tmp_path, "seeded", "--fixed-validation-seed", "123")

@@ -13,6 +13,8 @@ from shardtrain.cli import train
 from shardtrain.trainer.trainer import Trainer
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
+pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "checkpoints.md")
 
 
