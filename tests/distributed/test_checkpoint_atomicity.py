@@ -9,12 +9,12 @@ checkpoint_last must load, hold at least the update seen before the kill, and
 every visible checkpoint must be complete; a partial directory is never picked,
 and naming one explicitly is an error. Each phase is killed deterministically in
 test_save_crash_phases.py; this test is the end-to-end check with real signals.
+Each run is forked from a forkserver that imported torch and shardtrain once.
 """
+import multiprocessing
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -23,6 +23,7 @@ import torch
 from shardtrain.core.errors import CheckpointError
 from shardtrain.trainer.checkpoint.single_file import load_checkpoint
 from shardtrain.trainer.checkpoint.sharded import check_complete, load_extra, load_sharded_into
+from atomicity_mains import train_quietly
 from st_testutils import make_space_data_bin
 
 
@@ -32,13 +33,27 @@ def data_bin(tmp_path_factory):
                                valid_tokens=200, line_len=40)
 
 
-def start(data_bin, save_dir, backend):
-    command = [sys.executable, "-m", "shardtrain.cli.train", data_bin, "--arch", "transformer_lm",
-               "--decoder-layers", "2", "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim", "128",
-               "--decoder-attention-heads", "2", "--tokens-per-sample", "32", "--batch-size", "4",
-               "--save-interval-updates", "1", "--disable-validation", "--max-update", "10000", "--cpu",
-               "--threads", "1", "--log-format", "none", "--save-dir", str(save_dir), "--ddp-backend", backend]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+@pytest.fixture(scope="module")
+def children():
+    context = multiprocessing.get_context("forkserver")
+    # Ignored when this process's forkserver already runs (test_save_crash_phases.py's, the same modules but
+    # the CLI): children then import the rest for themselves.
+    context.set_forkserver_preload(["shardtrain.cli.train", "shardtrain.trainer.loop", "shardtrain.config.run_config",
+                                    "shardtrain.trainer.checkpoint.resume", "shardtrain.models.transformer_lm",
+                                    "shardtrain.tasks.language_modeling", "torch.distributed.checkpoint",
+                                    "torch._dynamo", "torch.onnx"])
+    return context
+
+
+def start(children, data_bin, save_dir, backend):
+    argv = [data_bin, "--arch", "transformer_lm",
+            "--decoder-layers", "2", "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim", "128",
+            "--decoder-attention-heads", "2", "--tokens-per-sample", "32", "--batch-size", "4",
+            "--save-interval-updates", "1", "--disable-validation", "--max-update", "10000", "--cpu",
+            "--threads", "1", "--log-format", "none", "--save-dir", str(save_dir), "--ddp-backend", backend]
+    child = children.Process(target=train_quietly, args=(argv,))
+    child.start()
+    return child
 
 
 ADVANCE_TIMEOUT = 600  # seconds for a (re)started run to save a newer update: start-up is ~6 s idle, far more loaded
@@ -47,24 +62,32 @@ KILL_DELAYS = (0.013, 0.057, 0.101, 0.149, 0.211)  # after a new save shows: lan
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fully_sharded", "pytorch_ddp"])
-def test_kill_during_saves_leaves_a_loadable_checkpoint_last(backend, data_bin, tmp_path):
+def test_kill_during_saves_leaves_a_loadable_checkpoint_last(backend, children, data_bin, tmp_path):
     save, seen = tmp_path / "ck", 0
     for delay in KILL_DELAYS:
-        proc = start(data_bin, save, backend)  # a fresh run, then resuming from checkpoint_last
+        proc = start(children, data_bin, save, backend)  # a fresh run, then resuming from checkpoint_last
         try:
             wait_for_a_save_after(seen, proc, save, backend)
             time.sleep(delay)
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_group(proc)
         seen = check_save_dir(save, backend, at_least=seen + 1)
+
+
+def kill_group(proc):
+    """SIGKILL the run's session (it made its own), or the run itself if it died before making it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        proc.kill()
+    proc.join()
 
 
 def wait_for_a_save_after(update, proc, save, backend):
     """Poll until checkpoint_last names an update later than ``update``."""
     deadline = time.time() + ADVANCE_TIMEOUT
     while last_update(save, backend) <= update:
-        assert proc.poll() is None, f"training exited ({proc.returncode}) before saving past update {update}"
+        assert proc.is_alive(), f"training exited ({proc.exitcode}) before saving past update {update}"
         assert time.time() < deadline, f"no save after update {update} in {ADVANCE_TIMEOUT} s"
         time.sleep(0.05)
 

@@ -8,18 +8,16 @@ import torch
 from shardtrain.cli import consolidate, validate
 from shardtrain.config.run_config import from_dict
 from shardtrain.models.transformer_lm import TransformerLanguageModel
-from test_sharded_checkpoints import HALF, TOTAL, run
-from st_testutils import make_space_data_bin
+import sharded_story
 
 pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("consolidate")
-    data = make_space_data_bin(str(root), n_words=8, train_tokens=8000, valid_tokens=400, line_len=40)
-    _, weights, _ = run(data, root / "ck", 2, HALF)  # rank 0 returns the full weights it trained
-    return data, root / "ck", weights
+    """The 2-rank sharded checkpoint test_sharded_checkpoints.py resumes (made once: sharded_story.py)."""
+    first = sharded_story.first_halves(tmp_path_factory)
+    return first["data"], first["dirs"]["two"], first["results"]["two"][1]  # rank 0 returns the full weights
 
 
 def test_model_only_file_loads_into_a_plain_module(trained, tmp_path):
@@ -40,42 +38,31 @@ def test_model_only_file_loads_into_a_plain_module(trained, tmp_path):
 
 
 @pytest.mark.flag_effect("--restore-file")
-def test_full_state_round_trip_resumes_like_the_original(trained, tmp_path):
-    data, ck, _ = trained
-    full = tmp_path / "full.pt"
-    consolidate.main([str(ck / "checkpoint_last"), str(full)])
-    state = torch.load(full, weights_only=True)
+def test_full_state_round_trip_resumes_like_the_original(tmp_path_factory):
+    """sharded_story.first_halves converted the checkpoint to a full-state file and back (shard-consolidate
+    both ways); the resumes from the original and from the round trip ran in one spawn."""
+    first = sharded_story.first_halves(tmp_path_factory)
+    state = torch.load(first["full"], weights_only=True)
     assert {"model", "optimizer", "lr_scheduler", "train_iterator", "train_state"} <= set(state)
-    back = tmp_path / "resharded"
-    consolidate.main([str(full), str(back)])
-    resumed_from_original = run(data, _copy(ck, tmp_path / "a"), 2, TOTAL)[0]
-    resumed_from_round_trip = run(data, tmp_path / "b", 2, TOTAL, "fully_sharded", "0", "--restore-file", str(back))[0]
-    np.testing.assert_allclose(resumed_from_round_trip, resumed_from_original, rtol=1e-6)
-
-
-def _copy(src, dst):
-    import shutil
-
-    shutil.copytree(src, dst, symlinks=True)
-    return dst
+    resumed = sharded_story.resumes(tmp_path_factory)
+    np.testing.assert_allclose(resumed["round_trip"], resumed["two"], rtol=1e-6)
 
 
 # Output handling: every direction refuses an existing output unless --overwrite, and a bad
 # output path is one paragraph (exit 2) found before anything is read or written.
 
-TINY = ["--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim",
-        "64", "--decoder-attention-heads", "2", "--tokens-per-sample", "32", "--batch-size", "8", "--cpu",
-        "--max-update", "2", "--log-format", "none", "--no-epoch-checkpoints"]
+TINY = ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim",
+        "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "16", "--batch-size", "8", "--cpu",
+        "--max-update", "1", "--log-format", "none", "--no-epoch-checkpoints", "--disable-validation"]
 
 
 @pytest.fixture(scope="module")
 def one_file(tmp_path_factory):
-    """A full-state single-file checkpoint of a tiny model (one process, two updates)."""
+    """A full-state single-file checkpoint of a tiny model (one process, one update)."""
     from shardtrain.cli import train
 
     root = tmp_path_factory.mktemp("one_file")
-    data = make_space_data_bin(str(root), n_words=8, train_tokens=4000, valid_tokens=400, line_len=40)
-    train.main([data, *TINY, "--save-dir", str(root / "ck")])
+    train.main([sharded_story.data_bin(tmp_path_factory), *TINY, "--save-dir", str(root / "ck")])
     return root / "ck" / "checkpoint_last.pt"
 
 
