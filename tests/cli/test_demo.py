@@ -13,7 +13,9 @@ from shardtrain.trainer.launch.preemption import PreemptionWatcher
 @pytest.mark.slow
 def test_demo_runs_on_a_small_stdlib_corpus(tmp_path, capfd):
     work = str(tmp_path / "demo")
-    demo.main(["--workdir", work, "--corpus-mb", "0.3", "--max-update", "8", "--log-format", "simple"])
+    # The smallest demo it accepts: MIN_CORPUS_MB of source, one update before the stop and one after it.
+    demo.main(["--workdir", work, "--corpus-mb", str(demo.MIN_CORPUS_MB), "--max-update", "2", "--log-format",
+               "simple"])
     out = capfd.readouterr().out  # capfd: the training ranks are child processes
     assert "resuming from" in out and "loaded checkpoint" in out  # the second half resumed
     # every step that can take seconds says what it does and how long it took

@@ -1,52 +1,67 @@
 """SIGTERM/SIGUSR1: finish the update, save checkpoint_last, exit 0; relaunching resumes."""
+import functools
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from shardtrain.trainer.launch.preemption import (PreemptionWatcher, RequeueFailed, requeue_after_warning,
                                                   slurm_job_id)
-from st_testutils import last_checkpoint_state, make_space_data_bin, scaled, tiny_model_flags
+from side_by_side import Budget, finish, run_side_by_side, start_under_way, train_command
+from st_testutils import last_checkpoint_state, make_space_data_bin, tiny_model_flags
+
+SIGNALLED = [(signal.SIGTERM, 1, True), (signal.SIGUSR1, 2, True)]  # (signal, ranks, under SLURM)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig,ranks,slurm", [(signal.SIGTERM, 1, True), (signal.SIGUSR1, 2, True)])
-def test_signal_saves_and_exits_zero_then_resumes(sig, ranks, slurm, tmp_path):
-    """Under SLURM (SLURM_JOB_ID; scontrol is a stand-in that records its arguments), SIGUSR1 (the
-    time-limit warning) also requeues the job once checkpoint_last is saved; SIGTERM does not."""
-    data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=20000, valid_tokens=200, line_len=40)
-    env, calls = dict(os.environ), tmp_path / "scontrol-calls"
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The end-to-end runs of this module, side by side (tests/side_by_side.py): {name: Outcome}."""
+    root = tmp_path_factory.mktemp("preemption")
+    data = make_space_data_bin(str(root), n_words=8, train_tokens=20000, valid_tokens=200, line_len=40)
+    cases = {f"{sig}-{ranks}-{slurm}": functools.partial(signal_then_resume, data, root / f"{sig}-{ranks}", sig,
+                                                         ranks, slurm) for sig, ranks, slurm in SIGNALLED}
+    cases["failed requeue"] = functools.partial(failed_requeue, data, root / "failed-requeue")
+    budget = Budget(len(cases))
+    return run_side_by_side({name: functools.partial(case, budget) for name, case in cases.items()})
+
+
+def signal_then_resume(data, root, sig, ranks, slurm, budget):
+    """Stop a run with ``sig`` once it is under way, then relaunch it for 2 more updates."""
+    root.mkdir()
+    env, calls = dict(os.environ), root / "scontrol-calls"
     if slurm:
-        bin_dir = tmp_path / "bin"
+        bin_dir = root / "bin"
         bin_dir.mkdir()
         (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
         (bin_dir / "scontrol").chmod(0o755)
         env.update(SLURM_JOB_ID="4242", PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
-    save = tmp_path / "ck"
-    command = [sys.executable, "-m", "shardtrain.cli.train", data, "--arch", "transformer_lm", "--decoder-layers",
-               "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
-               "--tokens-per-sample", "32", "--batch-size", "4", "--disable-validation", "--max-update", "100000",
-               "--cpu", "--threads", "1", "--log-format", "json", "--log-interval", "1", "--save-dir", str(save),
-               "--distributed-world-size", str(ranks), "--ddp-backend", "fully_sharded" if ranks > 1 else "c10d"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 60
-    for line in proc.stdout:  # wait until training is under way
-        if '"num_updates": "3"' in line or time.time() > deadline:
-            break
+    save = root / "ck"
+    command = train_command(data, save, ranks)
+    proc = start_under_way(command, budget, env=env)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err[-2000:]
-    stopped_at = updates_in(save)
-    assert stopped_at >= 3
+    out, err = finish(proc, budget(60))
+    stopped_at = updates_in(save) if proc.returncode == 0 else None
     requeued = calls.read_text() if calls.exists() else ""
+    resumed = None
+    if stopped_at is not None:
+        resumed = subprocess.run(command[:command.index("100000")] + [str(stopped_at + 2)]
+                                 + command[command.index("100000") + 1:], capture_output=True, text=True,
+                                 timeout=budget(120), env=env)
+    return proc, err, stopped_at, requeued, resumed, save
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,ranks,slurm", SIGNALLED)
+def test_signal_saves_and_exits_zero_then_resumes(sig, ranks, slurm, runs):
+    """Under SLURM (SLURM_JOB_ID; scontrol is a stand-in that records its arguments), SIGUSR1 (the
+    time-limit warning) also requeues the job once checkpoint_last is saved; SIGTERM does not."""
+    proc, err, stopped_at, requeued, resumed, save = runs[f"{sig}-{ranks}-{slurm}"].get()
+    assert proc.returncode == 0, err[-2000:]
+    assert stopped_at >= 3
     assert requeued == ("requeue 4242\n" if slurm and sig == signal.SIGUSR1 else ""), (requeued, err[-2000:])
-    resumed = subprocess.run(command[:command.index("100000")] + [str(stopped_at + 2)]
-                             + command[command.index("100000") + 1:], capture_output=True, text=True, timeout=120,
-                             env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"@ {stopped_at} updates" in resumed.stdout  # loaded checkpoint ... (epoch 1 @ N updates)
     assert updates_in(save) == stopped_at + 2
@@ -117,23 +132,25 @@ def test_a_requeue_that_does_not_happen_is_an_error_naming_the_command(script, w
     assert not requeue_after_warning({signal.SIGTERM}, env)  # SIGTERM is not ours to requeue: no error
 
 
-@pytest.mark.slow
-def test_a_failed_requeue_exits_non_zero_after_saving(tmp_path):
-    """End to end, one rank: SIGUSR1, checkpoint_last saved, scontrol fails, exit 2 with the paragraph."""
-    data = make_space_data_bin(str(tmp_path), n_words=8, train_tokens=20000, valid_tokens=200, line_len=40)
+def failed_requeue(data, root, budget):
+    """One rank under SLURM whose scontrol fails, stopped by SIGUSR1 once under way."""
+    root.mkdir()
     env = dict(os.environ)
-    fake = fake_scontrol(tmp_path / "bin", "echo 'Requeue not allowed' >&2; exit 1")
+    fake = fake_scontrol(root / "bin", "echo 'Requeue not allowed' >&2; exit 1")
     env.update(SLURM_JOB_ID=fake["SLURM_JOB_ID"], PATH=f"{fake['PATH']}{os.pathsep}{env['PATH']}")
-    save = tmp_path / "ck"
-    proc = subprocess.Popen([sys.executable, "-m", "shardtrain.cli.train", data, *tiny_model_flags(),
-                             "--disable-validation", "--max-update", "100000", "--cpu", "--save-dir", str(save)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + scaled(60)
-    for line in proc.stdout:  # wait until training is under way
-        if '"num_updates": "3"' in line or time.time() > deadline:
-            break
+    save = root / "ck"
+    proc = start_under_way([sys.executable, "-m", "shardtrain.cli.train", data, *tiny_model_flags(),
+                            "--disable-validation", "--max-update", "100000", "--cpu", "--save-dir", str(save)],
+                           budget, env=env)
     proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=scaled(60))
+    out, err = finish(proc, budget(60))
+    return proc, err, save
+
+
+@pytest.mark.slow
+def test_a_failed_requeue_exits_non_zero_after_saving(runs):
+    """End to end, one rank: SIGUSR1, checkpoint_last saved, scontrol fails, exit 2 with the paragraph."""
+    proc, err, save = runs["failed requeue"].get()
     assert proc.returncode == 2, err[-2000:]
     assert updates_in(save) >= 3  # saved before the requeue was tried
     assert "shard-train: error: SIGUSR1 (SLURM's warning before the time limit) reached job 4242" in err

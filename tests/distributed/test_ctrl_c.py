@@ -1,69 +1,78 @@
 """Ctrl-C (issue 31, item 6): the first finishes the update, saves checkpoint_last and says so; a second stops at
 once. Real shard-train processes (2 gloo ranks spawned by the launcher, or 1 process) in a session of their own,
 so that a signal to the group is what a terminal's Ctrl-C sends (launcher and ranks alike)."""
+import functools
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from shardtrain.trainer.launch.preemption import FIRST_CTRL_C, STOPPED_AT_ONCE
-from st_testutils import group_gone, last_checkpoint_state, make_space_data_bin, scaled
+from side_by_side import Budget, finish, run_side_by_side, start_under_way, train_command
+from st_testutils import group_gone, last_checkpoint_state, make_space_data_bin
+
+FIRST = [(2, "group"), (2, "launcher"), (1, "group")]  # (ranks, who gets the first Ctrl-C)
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return make_space_data_bin(str(tmp_path_factory.mktemp("ctrl_c")), train_tokens=20000, valid_tokens=200)
+def runs(tmp_path_factory):
+    """Every case's run, side by side (tests/side_by_side.py): {name: Outcome of (proc, out, err, save, gone)}."""
+    root = tmp_path_factory.mktemp("ctrl_c")
+    data = make_space_data_bin(str(root), train_tokens=20000, valid_tokens=200)
+    cases = {f"first-{ranks}-{to}": functools.partial(first_ctrl_c, data, root / f"{ranks}-{to}", ranks, to)
+             for ranks, to in FIRST}
+    cases["second"] = functools.partial(second_ctrl_c, data, root / "second")
+    budget = Budget(len(cases))
+    return run_side_by_side({name: functools.partial(case, budget) for name, case in cases.items()})
 
 
-def start(data, save, ranks):
-    command = [sys.executable, "-m", "shardtrain.cli.train", data, "--arch", "transformer_lm", "--decoder-layers",
-               "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
-               "--tokens-per-sample", "32", "--batch-size", "4", "--disable-validation", "--max-update", "100000",
-               "--cpu", "--threads", "1", "--log-format", "json", "--log-interval", "1", "--save-dir", str(save),
-               "--distributed-world-size", str(ranks), "--ddp-backend", "fully_sharded" if ranks > 1 else "c10d"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    deadline = time.time() + scaled(60)
-    for line in proc.stdout:  # wait until training is under way
-        if '"num_updates": "3"' in line or time.time() > deadline:
-            break
-    return proc
+def start(data, save, ranks, budget):
+    # in a session of its own: a signal to the group is what a terminal's Ctrl-C sends
+    return start_under_way(train_command(data, save, ranks), budget, start_new_session=True)
+
+
+def first_ctrl_c(data, save, ranks, to, budget):
+    proc = start(data, save, ranks, budget)
+    (os.killpg if to == "group" else os.kill)(proc.pid, signal.SIGINT)
+    out, err = finish(proc, budget(60))
+    return proc, out, err, save, group_gone(proc.pid, 10 * budget.sharing)
+
+
+def second_ctrl_c(data, save, budget):
+    proc = start(data, save, 2, budget)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.3)  # a person's second press
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = finish(proc, budget(30))
+    return proc, out, err, save, group_gone(proc.pid, 10 * budget.sharing)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks,to", [(2, "group"), (2, "launcher"), (1, "group")])
-def test_the_first_ctrl_c_finishes_the_update_and_saves(ranks, to, data, tmp_path):
+@pytest.mark.parametrize("ranks,to", FIRST)
+def test_the_first_ctrl_c_finishes_the_update_and_saves(ranks, to, runs):
     """``group``: a terminal's Ctrl-C, which every process gets; ``launcher``: only the launcher gets it."""
-    proc = start(data, tmp_path / "ck", ranks)
-    (os.killpg if to == "group" else os.kill)(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=scaled(60))
+    proc, out, err, save, gone = runs[f"first-{ranks}-{to}"].get()
     assert proc.returncode == 0, err[-3000:]
     assert FIRST_CTRL_C in err  # said at once, by the launcher or the one process
     stopped = re.search(r"stopping training at update (\d+): (.*) received; saving checkpoint_last", out)
     assert stopped, out[-3000:]
     updates = int(stopped.group(1))
-    assert updates >= 3 and last_checkpoint_state(tmp_path / "ck")["train_state"]["num_updates"] == updates
+    assert updates >= 3 and last_checkpoint_state(save)["train_state"]["num_updates"] == updates
     why = "Ctrl-C" if to == "group" else "SIGTERM/SIGUSR1"  # the launcher passes its Ctrl-C on as SIGTERM
     assert f"stopped by {why} at update {updates} with checkpoint_last saved: the same command resumes" in out
     assert "redo it" not in out + err
-    assert group_gone(proc.pid, 10)
+    assert gone
 
 
 @pytest.mark.slow
-def test_a_second_ctrl_c_stops_at_once(data, tmp_path):
-    proc = start(data, tmp_path / "ck", 2)
-    os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.3)  # a person's second press
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=scaled(30))
+def test_a_second_ctrl_c_stops_at_once(runs):
+    proc, out, err, save, gone = runs["second"].get()
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     assert f"shard-train: interrupted (Ctrl-C / SIGINT) before it finished; {STOPPED_AT_ONCE}." in err
     assert "redo it" not in err and "Traceback" not in err, err[-3000:]
-    assert group_gone(proc.pid, 10)  # no rank left behind
+    assert gone  # no rank left behind
 
 
 def test_the_watcher_stops_at_once_on_a_second_ctrl_c_and_once_only(capfd):
