@@ -1,6 +1,8 @@
 """--spike-rollback: a poisoned batch on one rank spikes the loss; every rank rolls back to the last
 snapshot, skips the batches since, and ends with exactly the weights of a run whose data never held
-them (dropout on, so the random generators must be restored too). Without the flag, as before."""
+them (dropout on, so the random generators must be restored too). Without the flag, as before.
+
+Every 2-rank run of the file shares one spawn (``two_rank_runs``); the 1-rank runs train in this process."""
 import functools
 import math
 
@@ -13,9 +15,11 @@ from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.precision import TrainingDivergedError
 from shardtrain.trainer.spike import SpikeRule
 from st_testutils import make_space_data_bin, tiny_model_flags
+from one_spawn import call_each
 import spike_mains  # noqa: E402 - beside this file
 
 POISON = 10  # the poisoned update; snapshots every 4 updates: the run rolls back to update 8
+WINDOW = [(1, POISON - 1, POISON)]  # the batches of updates 9 and 10 (one batch each)
 FLAGS = ["--max-update", "16", "--lr", "0.01", "--lr-scheduler", "fixed", "--dropout", "0.1", "--no-save",
          "--disable-validation", "--log-format", "none"]
 SPIKE = ["--spike-rollback", "--spike-window", "4", "--spike-snapshot-interval", "4", "--spike-factor", "1.5"]
@@ -23,31 +27,64 @@ BACKENDS = {"one_process": [], "pytorch_ddp": ["--distributed-world-size", "2"],
             "fully_sharded": ["--distributed-world-size", "2", "--ddp-backend", "fully_sharded"],
             "legacy_ddp": ["--distributed-world-size", "2", "--ddp-backend", "legacy_ddp"],
             "zero_os_fp16": ["--distributed-world-size", "2", "--zero-sharding", "os", "--fp16"]}
+TWO = ["--distributed-world-size", "2", "--ddp-backend", "fully_sharded"]  # the sharded resume's runs
+SAVING = [f for f in FLAGS if f != "--no-save"] + ["--no-epoch-checkpoints"]
 
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):
-    return make_space_data_bin(str(tmp_path_factory.mktemp("spike")), n_words=8, train_tokens=20000)
+    # 10k tokens: 41 batches of 8 x 32 tokens, so epoch 1 holds all 16 updates on 2 ranks (20) as on 1 (41)
+    return make_space_data_bin(str(tmp_path_factory.mktemp("spike")), n_words=8, train_tokens=10000)
 
 
 def cfg(data_bin, tmp_path, *extra):
     return parse_train_args([data_bin, *tiny_model_flags(), *FLAGS, "--save-dir", str(tmp_path / "ck"), *extra])
 
 
+def resume_cfg(data_bin, save_dir, max_update):
+    return parse_train_args([data_bin, *tiny_model_flags(), *SAVING, *SPIKE, *TWO, "--save-dir", str(save_dir),
+                             "--max-update", str(max_update), "--spike-lr-scale", "0.5"])
+
+
+def poisoned(at):
+    return functools.partial(spike_mains.poisoned, poison_call=at)
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(data_bin, tmp_path_factory):
+    """Every 2-rank run of this file, in one spawn: {backend: (spiked, reference)} for each 2-rank backend,
+    and "resume": (whole, stopped at 12, resumed to 16) of the sharded resume test."""
+    root = tmp_path_factory.mktemp("two_ranks")
+    two_rank = [b for b in BACKENDS if BACKENDS[b]]
+    jobs = []
+    for backend in two_rank:
+        jobs += [(poisoned(POISON), cfg(data_bin, root / backend, *SPIKE, *BACKENDS[backend])),
+                 (functools.partial(spike_mains.skipping, skip_calls=set()),
+                  cfg(data_bin, root / backend, *BACKENDS[backend], "--skip-batches", format_windows(WINDOW)))]
+    jobs += [(poisoned(POISON), resume_cfg(data_bin, root / "whole", 16)),
+             (poisoned(POISON), resume_cfg(data_bin, root / "stopped", 12)),
+             (poisoned(0), resume_cfg(data_bin, root / "stopped", 16))]  # poisons nothing after the resume
+    results = call_each(jobs)
+    runs = {backend: tuple(results[2 * i:2 * i + 2]) for i, backend in enumerate(two_rank)}
+    runs["resume"] = (results[-3], results[-2], results[-1])
+    return runs
+
+
 @pytest.mark.slow
 @pytest.mark.flag_effect("--spike-rollback", "--spike-snapshot-interval", "--spike-factor", "--skip-batches")
 @pytest.mark.parametrize("backend", list(BACKENDS))
-def test_a_rolled_back_spike_ends_as_if_its_batches_were_never_there(data_bin, tmp_path, backend):
-    """The reference skips the windows the rollback recorded, through --skip-batches."""
-    got = call_main(cfg(data_bin, tmp_path, *SPIKE, *BACKENDS[backend]),
-                    functools.partial(spike_mains.poisoned, poison_call=POISON))
+def test_a_rolled_back_spike_ends_as_if_its_batches_were_never_there(data_bin, tmp_path, backend, request):
+    """The reference skips the window the rollback recorded (asserted first), through --skip-batches."""
+    if BACKENDS[backend]:
+        got, (reference, ref_updates) = request.getfixturevalue("two_rank_runs")[backend]
+    else:
+        got = call_main(cfg(data_bin, tmp_path, *SPIKE), poisoned(POISON))
+        reference, ref_updates = call_main(cfg(data_bin, tmp_path, "--skip-batches", format_windows(WINDOW)),
+                                           functools.partial(spike_mains.skipping, skip_calls=set()))
     assert got["rollbacks"] == [POISON] and got["updates"] == 16
     losses = got["losses"]
     assert losses[POISON - 1] > 1.5 * max(losses[POISON - 3:POISON - 1])  # it did spike
-    assert got["skipped"] == [(1, POISON - 1, POISON)]  # the batches of updates 9 and 10 (one batch each)
-    reference, ref_updates = call_main(
-        cfg(data_bin, tmp_path, *BACKENDS[backend], "--skip-batches", format_windows(got["skipped"])),
-        functools.partial(spike_mains.skipping, skip_calls=set()))
+    assert got["skipped"] == WINDOW
     assert ref_updates == 16 and reference.keys() == got["weights"].keys()
     for name, tensor in reference.items():
         assert torch.equal(got["weights"][name], tensor), name  # bit for bit: the skip is exact
@@ -117,24 +154,14 @@ def test_too_many_rollbacks_stop_the_run(data_bin, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_sharded_checkpoint_after_a_rollback_resumes_exactly(data_bin, tmp_path):
+def test_a_sharded_checkpoint_after_a_rollback_resumes_exactly(two_rank_runs):
     """2 fully_sharded ranks: stopped at update 12 (after the rollback at 10) and resumed to 16 from the
     sharded checkpoint_last, the weights are the uninterrupted run's (the skip, the guard's history and
     the data position all saved)."""
-    two = ["--distributed-world-size", "2", "--ddp-backend", "fully_sharded"]
-    saving = [f for f in FLAGS if f != "--no-save"] + ["--no-epoch-checkpoints"]
-
-    def run(save_dir, max_update, poison_call):
-        args = [data_bin, *tiny_model_flags(), *saving, *SPIKE, *two, "--save-dir", str(save_dir),
-                "--max-update", str(max_update), "--spike-lr-scale", "0.5"]
-        return call_main(parse_train_args(args), functools.partial(spike_mains.poisoned, poison_call=poison_call))
-
-    whole = run(tmp_path / "whole", 16, POISON)
+    whole, _, resumed = two_rank_runs["resume"]
     assert whole["rollbacks"] == [POISON] and whole["lr"] == 0.005
-    run(tmp_path / "stopped", 12, POISON)
-    resumed = run(tmp_path / "stopped", 16, 0)  # poisons nothing after the resume
     # the guard's record and the lr scale came back with the checkpoint
     assert resumed["updates"] == 16 and resumed["rollbacks"] == [POISON] and resumed["lr"] == 0.005
-    assert resumed["skipped"] == whole["skipped"] == [(1, POISON - 1, POISON)]
+    assert resumed["skipped"] == whole["skipped"] == WINDOW
     for name, tensor in whole["weights"].items():
         assert torch.equal(resumed["weights"][name], tensor), name
