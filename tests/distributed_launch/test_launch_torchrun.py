@@ -30,14 +30,21 @@ def threads_seen(tmp_path):
     return [json.loads((tmp_path / f"rank{rank}.json").read_text())["threads"] for rank in (0, 1)]
 
 
-def test_torchrun_ranks_join_one_group_of_two(tmp_path):
-    torchrun_two_ranks(tmp_path)
+@pytest.fixture(scope="module")
+def default_launch(tmp_path_factory):
+    """One torchrun launch without flags, for both tests: (its directory, its output)."""
+    directory = tmp_path_factory.mktemp("torchrun") / "default"
+    return directory, torchrun_two_ranks(directory)
+
+
+def test_torchrun_ranks_join_one_group_of_two(default_launch):
+    directory, _ = default_launch
 
     pids = set()
     for rank in (0, 1):
-        with open(tmp_path / f"rank{rank}.json") as f:
+        with open(directory / f"rank{rank}.json") as f:
             seen = json.load(f)
-        with open(tmp_path / f"after{rank}.json") as f:
+        with open(directory / f"after{rank}.json") as f:
             after = json.load(f)
         assert (seen["rank"], seen["local_rank"], seen["world_size"]) == (rank, rank, 2)
         assert (seen["dist_rank"], seen["dist_world_size"], seen["dist_backend"]) == (rank, 2, "gloo")
@@ -49,14 +56,14 @@ def test_torchrun_ranks_join_one_group_of_two(tmp_path):
 
 
 @pytest.mark.flag_effect("--threads")
-def test_torchrun_ranks_share_the_cores_unless_threads_is_given(tmp_path):
+def test_torchrun_ranks_share_the_cores_unless_threads_is_given(default_launch, tmp_path):
     # torchrun sets OMP_NUM_THREADS=1 for 2 local ranks (its warning is in the output); each
     # rank must still get its share of the cores: the --cpu-offload optimizer runs on them.
     cores = len(os.sched_getaffinity(0))
-    output = torchrun_two_ranks(tmp_path / "policy")
+    directory, output = default_launch
     assert "Setting OMP_NUM_THREADS environment variable" in output
     share = max(1, cores // 2)
-    assert threads_seen(tmp_path / "policy") == [share, share]
+    assert threads_seen(directory) == [share, share]
     assert (f"rank 0: {share} thread{'s' if share > 1 else ''} ({cores} usable cores / 2 local ranks; "
             "torchrun's default OMP_NUM_THREADS=1 ignored; --threads to override)") in output
 

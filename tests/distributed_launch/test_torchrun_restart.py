@@ -1,8 +1,14 @@
 """torchrun --max-restarts: a rank killed mid-run makes torchrun restart the group, which resumes from
 checkpoint_last on its own; the final weights equal an uninterrupted run's. Also with the save-dir lock's
 holder (rank 0) killed while an --async-save of fully_sharded is still in flight, and with torchrun
-itself preempted (SIGTERM): the ranks save and stop, and the relaunched job finishes the same."""
+itself preempted (SIGTERM): the ranks save and stop, and the relaunched job finishes the same.
+
+The pytorch_ddp kill and the preemption are one job's story (one torchrun launch fewer): preempted, then
+relaunched, where rank 1 is killed after the interval save of update 8 and torchrun restarts the group. The
+uninterrupted references are 2-rank runs this process spawns (the same ranks, seeds and thread counts as
+torchrun's): torchrun is the subject of the interrupted runs only."""
 import os
+import re
 import subprocess
 import sys
 
@@ -44,7 +50,7 @@ def final_weights(save_dir):
     return state.get("model", state)
 
 
-def assert_same_end(tmp_path, reference_dir, healed_dir):
+def assert_same_end(reference_dir, healed_dir):
     assert last_checkpoint_state(healed_dir)["train_state"]["num_updates"] == 12
     expected, got = final_weights(str(reference_dir)), final_weights(str(healed_dir))
     assert expected.keys() == got.keys()
@@ -52,49 +58,74 @@ def assert_same_end(tmp_path, reference_dir, healed_dir):
         assert torch.equal(got[name], tensor), name
 
 
+def resumed_from(output: str) -> list:
+    """The updates each attempt's rank 0 loaded checkpoint_last at, in order."""
+    return [int(n) for n in re.findall(r"loaded checkpoint \S+ \(epoch 1 @ (\d+) updates", output)]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(data, tmp_path_factory):
-    """The reference runs, never killed, by backend (pytorch_ddp is shared by two tests)."""
+    """The reference runs, never killed, by backend: 2 ranks spawned by shard-train's main in this process."""
+    from shardtrain.cli import train
+
     made = {}
 
     def run(backend):
         if backend not in made:
-            work = tmp_path_factory.mktemp(f"whole-{backend}")
+            save = tmp_path_factory.mktemp(f"whole-{backend}") / "whole"
             extra = SHARDED if backend == "fully_sharded_async" else []
-            whole = torchrun(work, data, *tiny_model_flags(), *FLAGS, *extra, "--save-dir", str(work / "whole"))
-            assert whole.returncode == 0, whole.stderr[-3000:]
-            made[backend] = work / "whole"
+            train.main([data, *tiny_model_flags(), *FLAGS, *extra, "--save-dir", str(save),
+                        "--distributed-world-size", "2"])
+            made[backend] = save
         return made[backend]
     return run
 
 
+@pytest.fixture(scope="module")
+def preempted_then_killed(data, tmp_path_factory):
+    """SIGTERM to torchrun (a scheduler's preemption) at batch 6; the relaunch (as a requeue does) has rank 1
+    SIGKILLed collating update 10's batch, after the interval save of update 8 (or of the preemption, if later)."""
+    work = tmp_path_factory.mktemp("preempted")
+    args = [data, *tiny_model_flags(), *FLAGS, "--save-dir", str(work / "ck")]
+    preempted = torchrun(work, *args, "--preempt-at-batch", "6", restarts=3)
+    saved = last_checkpoint_state(work / "ck")["train_state"]["num_updates"]
+    # the plugin counts the batches this process collated: the relaunch's first is update saved + 1's
+    relaunched = torchrun(work, *args, "--kill-at-batch", str(max(1, 10 - saved)), restarts=1)
+    return {"preempted": preempted.stdout + preempted.stderr, "saved": saved, "relaunched": relaunched,
+            "save_dir": work / "ck"}
+
+
 @pytest.mark.parametrize("backend", ["pytorch_ddp", "fully_sharded_async"])
-def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_exactly(data, tmp_path, backend, uninterrupted):
-    """pytorch_ddp: rank 1 dies. fully_sharded --async-save: rank 0 (the save-dir lock's holder and the
-    rank that finalizes checkpoints) dies while checkpoint 8 is still being written in the background: the
-    restarted group takes the lock, clears the dead save's partial directory and resumes from update 4."""
-    extra = SHARDED if backend == "fully_sharded_async" else []
-    kill = ["--kill-at-batch", "10"] + (["--kill-rank", "0", "--slow-finalize-s", "3"] if extra else [])
-    killed = torchrun(tmp_path, data, *tiny_model_flags(), *FLAGS, *extra, *kill,
-                      "--save-dir", str(tmp_path / "killed"), restarts=1)
+def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_exactly(data, tmp_path, backend, uninterrupted,
+                                                                    preempted_then_killed):
+    """pytorch_ddp: rank 1 dies (in the relaunch of a preempted job). fully_sharded --async-save: rank 0 (the
+    save-dir lock's holder and the rank that finalizes checkpoints) dies while checkpoint 8 is still being
+    written in the background: the restarted group takes the lock, clears the dead save's partial directory
+    and resumes from update 4."""
+    if backend == "pytorch_ddp":
+        killed, save_dir = preempted_then_killed["relaunched"], preempted_then_killed["save_dir"]
+        # first from the preemption's save, then (restarted by torchrun) from update 8's
+        expected = [preempted_then_killed["saved"], max(8, preempted_then_killed["saved"])]
+    else:
+        save_dir = tmp_path / "killed"
+        killed = torchrun(tmp_path, data, *tiny_model_flags(), *FLAGS, *SHARDED, "--kill-at-batch", "10",
+                          "--kill-rank", "0", "--slow-finalize-s", "3", "--save-dir", str(save_dir), restarts=1)
+        expected = [4]  # the async save of update 8 was cut short
     output = killed.stdout + killed.stderr
     assert killed.returncode == 0, output[-3000:]
     assert "Signals.SIGKILL" in output or "exitcode: -9" in output, output[-3000:]
-    resumed_from = 4 if extra else 8  # the async save of update 8 was cut short
-    assert f"(epoch 1 @ {resumed_from} updates" in output, output[-3000:]  # resumed by itself
-    assert_same_end(tmp_path, uninterrupted(backend), tmp_path / "killed")
+    assert resumed_from(output) == expected, output[-3000:]  # resumed by itself
+    assert_same_end(uninterrupted(backend), save_dir)
 
 
-def test_a_preempted_torchrun_job_saves_and_the_relaunch_finishes_exactly(data, tmp_path, uninterrupted):
-    """SIGTERM to torchrun (a scheduler's preemption): torchrun passes it to the ranks, which finish their
-    update, save checkpoint_last and exit; relaunching the same command (as a requeue does) finishes the run
-    with the uninterrupted run's weights."""
-    args = [data, *tiny_model_flags(), *FLAGS, "--save-dir", str(tmp_path / "preempted")]
-    preempted = torchrun(tmp_path, *args, "--preempt-at-batch", "6", restarts=3)
-    output = preempted.stdout + preempted.stderr
-    saved = last_checkpoint_state(tmp_path / "preempted")["train_state"]["num_updates"]
+def test_a_preempted_torchrun_job_saves_and_the_relaunch_finishes_exactly(uninterrupted, preempted_then_killed):
+    """SIGTERM to torchrun: torchrun passes it to the ranks, which finish their update, save checkpoint_last and
+    exit; relaunching the same command finishes the run with the uninterrupted run's weights (a kill and
+    torchrun's restart on the way, test_a_killed_rank_...[pytorch_ddp]'s)."""
+    output, saved = preempted_then_killed["preempted"], preempted_then_killed["saved"]
     assert 5 <= saved < 12, output[-3000:]  # saved at the preemption, not at an interval (4, 8)
     assert saved not in (4, 8), output[-3000:]
-    relaunched = torchrun(tmp_path, *args)
+    relaunched = preempted_then_killed["relaunched"]
     assert relaunched.returncode == 0, relaunched.stderr[-3000:]
-    assert_same_end(tmp_path, uninterrupted("pytorch_ddp"), tmp_path / "preempted")
+    assert resumed_from(relaunched.stdout + relaunched.stderr)[:1] == [saved]
+    assert_same_end(uninterrupted("pytorch_ddp"), preempted_then_killed["save_dir"])
