@@ -5,6 +5,7 @@ import torch
 
 from shardtrain.cli import plan as plan_cli
 from shardtrain.plan import estimate as est_mod
+from shardtrain.plan import options, planner
 from shardtrain.plan.estimate import Machine, estimate
 from shardtrain.plan.options import alternatives, flags_to_add
 from shardtrain.plan.planner import plan
@@ -92,21 +93,35 @@ def test_bytes_communicated_per_update(data):
 
 
 def test_the_trace_shards_checkpoints_and_extrapolates(data):
-    cfg = cfg_of(data)
+    # Sharding and checkpointing on 2 layers (each traced whole, once); the extrapolation on 3 (traced with one
+    # and two layers, and whole): 7 traces.
+    cfg = cfg_of(data, "--decoder-layers", "2")
     task = build_task(cfg, Components.of(cfg))
-    one = traced_peak(cfg_of(data, "--ddp-backend", "fully_sharded"), task, 1)
-    two = traced_peak(cfg_of(data, "--ddp-backend", "fully_sharded"), task, 2)
+    one = traced_peak(cfg_of(data, "--decoder-layers", "2", "--ddp-backend", "fully_sharded"), task, 1)
+    two = traced_peak(cfg_of(data, "--decoder-layers", "2", "--ddp-backend", "fully_sharded"), task, 2)
     assert two["params"] == pytest.approx(one["params"] / 2, rel=0.02)  # halves, up to uneven rows
     assert two["optimizer"] == pytest.approx(one["optimizer"] / 2, rel=0.02)
-    plain, checkpointed = traced_peak(cfg, task, 1), traced_peak(cfg_of(data, "--checkpoint-activations"), task, 1)
+    plain = traced_peak(cfg, task, 1)
+    checkpointed = traced_peak(cfg_of(data, "--decoder-layers", "2", "--checkpoint-activations"), task, 1)
     assert checkpointed["activations"] < 0.6 * plain["activations"]
-    assert traced_peak(cfg, task, 1) == _traced(cfg, task, 1)  # 4 layers: one and two, extrapolated, are exact
+    deep = cfg_of(data, "--decoder-layers", "3")
+    assert traced_peak(deep, task, 1) == _traced(deep, task, 1)  # 3 layers: one and two, extrapolated, are exact
 
 
-def test_the_recommendation_is_the_fastest_that_fits(data):
-    cfg = cfg_of(data, "--distributed-world-size", "2", "--cpu", "--decoder-layers", "2")  # 2: traced whole, once
+# Each precision, activation checkpointing and --fp16-adam-stats on each kind of trace (whole on one rank: DDP and
+# ZeRO; sharded: fully_sharded), and every backend: 6 traces with the given run's, where the whole product of
+# alternatives takes 24 (test_alternatives_cover_backends_offload_checkpointing_and_precision checks that list).
+WEIGHED = ("pytorch_ddp, fp32", "pytorch_ddp, fp16, fp16 stats", "pytorch_ddp + zero os, bf16, checkpointed",
+           "fully_sharded, fp16", "fully_sharded, fp32, checkpointed", "fully_sharded, bf16, checkpointed, fp16 stats")
+
+
+def test_the_recommendation_is_the_fastest_that_fits(data, monkeypatch):
+    monkeypatch.setattr(planner, "alternatives", lambda *args: [
+        o for o in options.alternatives(*args) if o.label in WEIGHED])
+    cfg = cfg_of(data, "--distributed-world-size", "2", "--cpu", "--decoder-layers", "1")  # traced whole, once
     m, traces = machine(), {}
     result = plan(cfg, m, traces=traces)
+    assert sorted(p.option.label for p in result.options) == sorted(WEIGHED)  # none misspelt
     by_speed = sorted(result.options, key=lambda p: p.estimate.seconds)
     assert result.recommended() is by_speed[0]
     # Leave room for the smallest only: the recommendation is then that one, whatever its speed.
@@ -126,8 +141,12 @@ def test_alternatives_cover_backends_offload_checkpointing_and_precision(data):
     assert not any("offload" in o.label for o in alternatives(cfg_of(data), 2, 2, "cpu"))  # saves nothing there
 
 
-def test_shard_plan_prints_the_plan_and_a_recommendation(data, capsys):
-    plan_cli.main([data, "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "32",
+def test_shard_plan_prints_the_plan_and_a_recommendation(data, capsys, monkeypatch):
+    # One alternative, whose label holds both pieces the printout must show: 2 traces (the given run's, on one
+    # rank, and this one on 16 fake ranks in 2 nodes) where all 72 alternatives take 36.
+    monkeypatch.setattr(planner, "alternatives", lambda *args: [
+        o for o in options.alternatives(*args) if o.label == "fully_sharded hybrid + offload, bf16, checkpointed"])
+    plan_cli.main([data, "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "32",
                    "--decoder-attention-heads", "2", "--decoder-ffn-embed-dim", "64", "--tokens-per-sample", "32",
                    "--distributed-world-size", "16", "--gpus-per-node", "8", "--gpu-memory", "80",
                    "--peak-tflops", "989", "--host-memory", "1000"])
