@@ -4,6 +4,7 @@ the exact-resume check on the CPU. Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
 R = "tests/cli/test_gpu_acceptance_runner.py::"
+F = "tests/cli/test_gpu_runner_faults.py::"
 P = "tests/cli/test_gpu_scenarios_plumbing.py::"
 PEAKS = "tests/trainer/test_gpu_peak_table.py"
 RUNNER, RUN_ALL, CASES = "benchmarks/gpu/runner.py", "benchmarks/gpu/run_all.py", "benchmarks/gpu/cases.py"
@@ -11,8 +12,8 @@ SCENARIOS, FLOPS = "benchmarks/gpu/scenarios.py", "shardtrain/trainer/metrics/fl
 FITS = R + "test_a_case_that_does_not_fit_in_the_budget_left_is_not_started"
 RESUME = R + "test_a_tier_resumes_where_the_last_stopped"
 REAL = R + "test_the_real_runner_reads_pytest_and_kills_a_hanging_case_with_its_children"
-SIGNAL = R + "test_a_signal_during_a_case_records_it_as_interrupted_and_writes_the_results"
-STAMP = R + "test_the_commit_is_stamped_before_the_tree_leaves_git"
+SIGNAL = F + "test_a_signal_during_a_case_records_it_as_interrupted_and_writes_the_results"
+STAMP = F + "test_the_commit_is_stamped_before_the_tree_leaves_git"
 
 MUTANTS = [
     Mutant("gpu_budget_ignored", "a case whose estimate does not fit in the budget left is not started",
@@ -85,21 +86,21 @@ MUTANTS = [
     # issue 37: run_all.py's faults
     Mutant("gpu_resume_cases_unchecked", "--resume refuses a results.json whose cases are not named records",
            RUN_ALL, "        problem = _malformed(cases)", '        problem = ""',
-           (R + "test_a_resume_file_that_is_not_a_results_json_is_refused_in_one_paragraph",)),
+           (F + "test_a_resume_file_that_is_not_a_results_json_is_refused_in_one_paragraph",)),
     Mutant("gpu_out_unwritable_crashes", "an --out that cannot be written is one paragraph and exit 2",
            RUN_ALL, "    except OSError as e:\n        raise UsageError(f\"--out", "    except ValueError as e:\n"
            "        raise UsageError(f\"--out",
-           (R + "test_an_out_directory_that_cannot_be_written_is_refused_before_the_probe",)),
+           (F + "test_an_out_directory_that_cannot_be_written_is_refused_before_the_probe",)),
     Mutant("gpu_probe_timeout_crashes", "a probe timeout is recorded and the results are written",
            RUN_ALL, "    except subprocess.TimeoutExpired:\n        info = {", "    except ZeroDivisionError:\n"
-           "        info = {", (R + "test_a_probe_that_hangs_is_recorded_and_the_results_are_written",)),
+           "        info = {", (F + "test_a_probe_that_hangs_is_recorded_and_the_results_are_written",)),
     Mutant("gpu_budget_nan_accepted", "--budget must be finite and positive",
            RUN_ALL, "if not (math.isfinite(args.budget) and args.budget > 0):", "if args.budget <= 0:",
-           (R + "test_a_budget_that_is_not_a_finite_positive_number_is_refused",)),
+           (F + "test_a_budget_that_is_not_a_finite_positive_number_is_refused",)),
     Mutant("gpu_results_json_nan", "results.json is strict JSON (no NaN)",
            "benchmarks/gpu/report.py", "json.dumps(finite(plain), indent=1, default=str, allow_nan=False)",
            "json.dumps(plain, indent=1, default=str)",
-           (R + "test_results_json_is_strict_json_when_a_figure_is_not_finite",)),
+           (F + "test_results_json_is_strict_json_when_a_figure_is_not_finite",)),
     Mutant("gpu_signals_not_handled", "SIGTERM/SIGINT/SIGHUP end the run with its results written",
            RUN_ALL, "    handlers = {s: signal.signal(s, _interrupt) for s in SIGNALS}", "    handlers = {}",
            (SIGNAL,)),
@@ -107,7 +108,7 @@ MUTANTS = [
            RUN_ALL, 'for r in (r for r in state["cases"] if r["status"] == "running"):', "for r in ():", (SIGNAL,)),
     Mutant("gpu_interrupt_leaves_the_group", "a signal kills the running case's process group",
            RUNNER, "    finally:\n        _end_group(proc.pid)", "    finally:\n        pass",
-           (R + "test_sigterm_kills_the_running_cases_process_group_and_writes_the_results",)),
+           (F + "test_sigterm_kills_the_running_cases_process_group_and_writes_the_results",)),
     Mutant("gpu_interrupted_not_retried", "--resume runs an interrupted case again",
            RUNNER, 'VERDICTS = ("passed", "failed", "timeout", "skipped")',
            'VERDICTS = ("passed", "failed", "timeout", "skipped", "interrupted")',
@@ -119,7 +120,7 @@ MUTANTS = [
            "benchmarks/gpu/stamp_commit.py", 'return head + ("+dirty" if changed else "")', "return head", (STAMP,)),
     Mutant("gpu_budget_clock_not_main", "the budget counts from main() on the clock main() is given",
            RUN_ALL, "    start = clock() if start is None else start", "    start = time.monotonic() if start is None "
-           "else start", (R + "test_the_budget_counts_from_main_not_from_the_import",)),
+           "else start", (F + "test_the_budget_counts_from_main_not_from_the_import",)),
     # the exact-resume check itself (tests/gpu/exact_resume.py, shared with the GPU test): compared with a
     # tolerance, as rounded losses were, it passes a checkpoint of the wrong update
     Mutant("gpu_exact_resume_tolerant", "a resumed run ends with the straight run's state bit for bit",
