@@ -166,18 +166,44 @@ def record_losses(trainer) -> list:
     return losses
 
 
+def _rank_with_stack_dumps(rank, fn, stacks_dir, *args):
+    """``fn(rank, *args)`` in a spawned rank that writes every thread's Python stack to
+    ``stacks_dir/rank<N>.txt`` when sent SIGUSR1: what a hung rank was doing, read by ``spawn_ranks``."""
+    import faulthandler
+    import signal
+    with open(os.path.join(stacks_dir, f"rank{rank}.txt"), "w") as stacks:
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+        fn(rank, *args)
+
+
 def spawn_ranks(fn, args: tuple, nprocs: int = 2, timeout: float = 120.0) -> None:
     """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes; fail the test (and end them) when they
-    outlast ``timeout`` seconds, stretched by the machine's load (``scaled``)."""
+    outlast ``timeout`` seconds, stretched by the machine's load (``scaled``). The failure shows where
+    each rank still running was stuck (its Python stacks), so a hang seen once can be found."""
+    import signal
+    import tempfile
+
     import pytest
     import torch.multiprocessing as mp
-    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
-    deadline = time.monotonic() + scaled(timeout)
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.terminate()
-            pytest.fail(f"{nprocs} spawned ranks timed out after {scaled(timeout):.0f} s")
+    with tempfile.TemporaryDirectory(prefix="rank-stacks-") as stacks_dir:
+        context = mp.start_processes(_rank_with_stack_dumps, args=(fn, stacks_dir, *args), nprocs=nprocs,
+                                     join=False, start_method="spawn")
+        budget = scaled(timeout)
+        deadline = time.monotonic() + budget
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                stuck = [rank for rank, process in enumerate(context.processes) if process.is_alive()]
+                for rank in stuck:
+                    os.kill(context.processes[rank].pid, signal.SIGUSR1)
+                time.sleep(2)
+                for process in context.processes:
+                    process.terminate()
+                dumps = []
+                for rank in stuck:
+                    with open(os.path.join(stacks_dir, f"rank{rank}.txt")) as stacks:
+                        dumps.append(f"--- rank {rank} ---\n{stacks.read() or '(no stack written)'}")
+                pytest.fail(f"{nprocs} spawned ranks timed out after {budget:.0f} s; ranks still running: "
+                            f"{stuck}; their stacks:\n" + "\n".join(dumps))
 
 
 class TwoBlocks(torch.nn.Module):
