@@ -141,7 +141,8 @@ def _strings(tree: ast.AST) -> List[str]:
 
 def _imported_helpers(tree: ast.Module, path: str, tests_dir: str) -> List[str]:
     """The tests/ modules this module imports (``from st_testutils import``, ``from .fakes import``,
-    ``import tests.x``): pytest's rootdir mode finds them in the test's folder or in tests/."""
+    ``import tests.x``): pytest's rootdir mode finds them in the test's folder or in tests/, and tests/conftest.py
+    puts tests/helpers on sys.path."""
     names = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -153,7 +154,7 @@ def _imported_helpers(tree: ast.Module, path: str, tests_dir: str) -> List[str]:
         parts = name.split(".")
         if parts[0] == "tests":
             parts = parts[1:]
-        for base in (os.path.dirname(path), tests_dir):
+        for base in (os.path.dirname(path), tests_dir, os.path.join(tests_dir, "helpers")):
             candidate = os.path.join(base, *parts)
             for file in (candidate + ".py", os.path.join(candidate, "__init__.py")):
                 if parts and os.path.isfile(file) and file != path and file not in out:

@@ -4,7 +4,7 @@ never reaches the training build. Each mutant was seen to fail its tests."""
 from mutant_spec import T, Mutant
 
 ARCH = "tests/architecture/test_import_directions.py::"
-GROUP = "tests/trainer/test_one_rank_group.py::"
+GROUP = "tests/trainer/launch/test_one_rank_group.py::"
 
 MUTANTS = [
     Mutant("parallel_imports_the_build", "a room imports only rooms below it (no import loop in trainer/)",
@@ -51,4 +51,15 @@ MUTANTS = [
     Mutant("tier_guard_swallowed_passes", "a test that swallowed the guard's failure still fails",
            "tests/conftest.py", "    if caught:", "    if False:",
            ("tests/architecture/test_tier_guard.py::test_conftest_fails_what_the_guard_refused_even_when_it_was_swallowed",)),
+    # tests/ mirrors the rooms (tests/architecture/test_test_layout.py)
+    Mutant("layout_accepts_a_stray_test", "a test file sits in the folder of the room it tests",
+           "tests/architecture/test_test_layout.py", "            if not own:\n", "            if False:\n",
+           ("tests/architecture/test_test_layout.py::test_a_test_file_filed_in_another_room_is_found",)),
+    Mutant("layout_ignores_declared_rooms", "a command-driven test says which room it tests",
+           "tests/architecture/test_test_layout.py", "            modules.add(node.value.value)\n", "            pass\n",
+           ("tests/architecture/test_test_layout.py::test_every_test_file_sits_in_the_room_it_tests",)),
+    Mutant("layout_accepts_any_folder", "a folder that is no room holds no tests",
+           "tests/architecture/test_test_layout.py", "                problems.append(f\"{shown}: tests/{rel}/ is no room",
+           "                0 and problems.append(f\"{shown}: tests/{rel}/ is no room",
+           ("tests/architecture/test_test_layout.py::test_a_test_file_filed_in_another_room_is_found",)),
 ]

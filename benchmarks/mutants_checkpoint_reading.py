@@ -4,15 +4,15 @@ Each mutant was seen to fail its tests."""
 from mutant_spec import T, Mutant
 
 C = "shardtrain/trainer/checkpoint/"
-NEWER = "tests/trainer/test_resume_newer_form.py::"
-PINNED = "tests/trainer/test_checkpoint_pinned.py::"
+NEWER = "tests/trainer/checkpoint/test_resume_newer_form.py::"
+PINNED = "tests/trainer/checkpoint/test_checkpoint_pinned.py::"
 VERIFY = "tests/cli/test_verify_exit_codes.py::"
-PATHS = "tests/trainer/test_checkpoint_paths.py::"
+PATHS = "tests/trainer/checkpoint/test_checkpoint_paths.py::"
 REFUSED = PATHS + "test_a_checkpoint_that_refers_outside_itself_is_refused"
-PAYLOADS = "tests/trainer/test_refused_payloads.py::"
-CAUSES = "tests/trainer/test_save_failure_causes.py::"
+PAYLOADS = "tests/trainer/checkpoint/test_refused_payloads.py::"
+CAUSES = "tests/trainer/checkpoint/test_save_failure_causes.py::"
 ADVICE = CAUSES + "test_each_cause_gets_its_own_advice"
-E2E_RESUME = "tests/cli/test_cli_end_to_end.py::test_resume_mid_epoch_is_exact"
+E2E_RESUME = "tests/e2e/test_cli_end_to_end.py::test_resume_mid_epoch_is_exact"
 
 MUTANTS = [
     Mutant("restore_takes_the_file_form", "checkpoint_last in both forms: the one with more updates resumes",
@@ -89,57 +89,57 @@ MUTANTS = [
            C + "sharded.py", "None if optimizer_part is None else optimizer_part.optimizer, shown=path)",
            'None if optimizer_part is None or marker(self.pinned(path)).get("world_size") != ranks.world_size() '
            "else optimizer_part.optimizer, shown=path)",
-           ("tests/distributed/test_sharded_checkpoints.py::test_resume_on_any_number_of_ranks_continues_exactly",)),
+           ("tests/trainer/checkpoint/test_sharded_checkpoints.py::test_resume_on_any_number_of_ranks_continues_exactly",)),
     Mutant("dangling_last_link_starts_fresh", "a dangling checkpoint_last is refused, never a fresh start",
            C + "manager.py", "            if os.path.islink(link) and not os.path.exists(link):  # never a silent",
            "            if False:  # never a silent",
            ("tests/cli/test_fail_early.py::test_dangling_checkpoint_last_is_not_a_fresh_start",)),
     Mutant("missing_manifest_taken_for_old", "a missing CHECKSUMS is damage when the marker says it was written",
            C + "sharded.py", '            if marker(where).get("checksums"):\n', "            if False:\n",
-           ("tests/distributed/test_checkpoint_checksums.py::"
+           ("tests/trainer/checkpoint/test_checkpoint_checksums.py::"
             "test_a_missing_manifest_is_damage_when_the_marker_says_it_was_written",)),
     Mutant("save_failure_cause_unnamed", "a failed save names its cause (a file-size limit is a full disk)",
            C + "dcp_errors.py", "_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)", "_FULL = (errno.ENOSPC, errno.EDQUOT)",
-           ("tests/cli/test_full_disk.py::test_failed_async_save_on_two_ranks_is_as_clean_as_a_synchronous_one",)),
+           ("tests/trainer/checkpoint/test_full_disk.py::test_failed_async_save_on_two_ranks_is_as_clean_as_a_synchronous_one",)),
     Mutant("extra_error_echoes_torch", "a damaged extra.pt never echoes torch's advice to load unsafely",
            C + "sharded.py", "{os.path.join(shown, EXTRA)}{torch_reason(e)}. The checkpoint is",
            "{os.path.join(shown, EXTRA)}: {e}. The checkpoint is",
-           ("tests/distributed/test_checkpoint_checksums.py::test_a_damaged_old_checkpoint_never_echoes_torch_advice",)),
+           ("tests/trainer/checkpoint/test_checkpoint_checksums.py::test_a_damaged_old_checkpoint_never_echoes_torch_advice",)),
     Mutant("data_position_not_restored", "a restart continues exactly (data-iterator position)",
            T + "checkpoint/contents.py", "        self.epoch_itr.load_state_dict(state)\n", "        pass\n",
            (E2E_RESUME,)),
     Mutant("lost_peer_called_damage", "a rank lost while loading is not reported as a damaged checkpoint",
            "shardtrain/trainer/checkpoint/dcp_errors.py",
            "if _LOST_PEER.search(first) or isinstance(cause, dist.DistNetworkError):", "if False:",
-           ("tests/distributed/test_checkpoint_checksums.py::test_a_peer_lost_while_loading_is_not_called_damage",)),
+           ("tests/trainer/checkpoint/test_checkpoint_checksums.py::test_a_peer_lost_while_loading_is_not_called_damage",)),
     Mutant("directory_read_as_file", "either form loads: a single file, or a sharded directory",
            T + "checkpoint/formats.py", "return ShardedDirectory() if os.path.isdir(path) else SingleFile()",
            "return SingleFile()",
-           ("tests/distributed/test_consolidate.py",)),
+           ("tests/trainer/checkpoint/test_consolidate.py",)),
     Mutant("no_optimizer_state_resume_fails", "resuming without saved optimizer state starts a fresh optimizer",
            "shardtrain/trainer/checkpoint/resume.py", '        parts = without(parts, ["optimizer"])\n', "",
-           ("tests/checkpoint_flags/test_no_save_optimizer_state.py",)),
+           ("tests/trainer/checkpoint/test_no_save_optimizer_state.py",)),
     Mutant("weights_only_off", "checkpoints load with torch.load(weights_only=True)",
            T + "checkpoint/safe_loading.py", 'torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)',
            'torch.load(source, map_location="cpu", weights_only=False, mmap=mmap)',
-           ("tests/trainer/test_safe_loading.py",)),
+           ("tests/trainer/checkpoint/test_safe_loading.py",)),
     Mutant("metadata_allowlist_bypassed", "a directory's .metadata is read by an allow-listed unpickler",
            T + "checkpoint/safe_loading.py", '        raise UnsafeGlobal(f"{module}.{name}")\n',
            "        return super().find_class(module, name)\n",
-           ("tests/trainer/test_safe_loading.py",)),
+           ("tests/trainer/checkpoint/test_safe_loading.py",)),
     Mutant("incomplete_checkpoint_accepted", "naming an incomplete checkpoint directory is an error",
            T + "checkpoint/sharded.py", "    if not os.path.isfile(os.path.join(path, COMPLETE)):\n",
            "    if False:\n",
-           ("tests/distributed/test_checkpoint_atomicity.py::test_a_directory_without_complete_is_refused",)),
+           ("tests/trainer/checkpoint/test_checkpoint_atomicity.py::test_a_directory_without_complete_is_refused",)),
     # -- issue 37: the name the user passes, and shard-consolidate --model-only from either form -----------
     Mutant("explicit_restore_file_loses_to_its_directory", "--restore-file X.pt loads X.pt, whatever X/ beside it",
            C + "manager.py", "        if len(found) == 2 and name != DEFAULT_RESTORE:",
            "        if len(found) == 2 and False:",
-           ("tests/trainer/test_restore_file_named.py::"
+           ("tests/trainer/checkpoint/test_restore_file_named.py::"
             "test_an_explicit_name_loads_that_file_whatever_its_sibling_directory",)),
     Mutant("both_forms_advice_loops", "the both-forms warning names a --restore-file that loads the other form",
            C + "newer.py", "--restore-file {os.path.abspath(other)}", "--restore-file {os.path.basename(other)}",
-           ("tests/trainer/test_restore_file_named.py::"
+           ("tests/trainer/checkpoint/test_restore_file_named.py::"
             "test_the_default_name_takes_the_newer_form_and_its_advice_does_not_loop",)),
     Mutant("model_only_refused_for_a_file", "shard-consolidate --model-only takes a single file too",
            "shardtrain/cli/consolidate.py", "    if not single_file or args.model_only:", "    if not single_file:",

@@ -4,11 +4,11 @@ says every tensor is on a GPU). Each mutant was seen to fail its tests."""
 from mutant_spec import T, Mutant
 
 STAGING = T + "checkpoint/async_staging.py"
-ASYNC_CPU = "tests/distributed/test_async_save_cpu.py::test_async_save_writes_the_state_at_save"
-GPU_RANK = ("tests/trainer/test_checkpoint_cuda_free.py::"
+ASYNC_CPU = "tests/trainer/checkpoint/test_async_save_cpu.py::test_async_save_writes_the_state_at_save"
+GPU_RANK = ("tests/trainer/checkpoint/test_checkpoint_cuda_free.py::"
             "test_a_gpu_ranks_async_save_waits_for_its_own_device_once_and_its_writer_touches_none")
 
-KEYS = "tests/trainer/test_run_stager_keys.py::"
+KEYS = "tests/trainer/checkpoint/test_run_stager_keys.py::"
 VIEWS = "test_views_of_one_storage_with_other_shapes_or_strides_are_staged_apart_and_restaged"
 
 MUTANTS = [

@@ -6,12 +6,12 @@ from mutant_spec import T, Mutant
 
 CK = "shardtrain/trainer/checkpoint/"
 STAGING = CK + "async_staging.py"
-CUDA_FREE = "tests/trainer/test_checkpoint_cuda_free.py::"
+CUDA_FREE = "tests/trainer/checkpoint/test_checkpoint_cuda_free.py::"
 HOST_SAVE = CUDA_FREE + "test_a_save_of_host_state_makes_no_cuda_call"
 GPU_RANK = CUDA_FREE + "test_a_gpu_ranks_async_save_waits_for_its_own_device_once_and_its_writer_touches_none"
-STAGER = "tests/trainer/test_run_stager.py::"
+STAGER = "tests/trainer/checkpoint/test_run_stager.py::"
 REUSE = STAGER + "test_consecutive_stages_refill_the_same_buffers_with_the_values_at_stage"
-ASYNC_CPU = "tests/distributed/test_async_save_cpu.py::test_async_save_writes_the_state_at_save"
+ASYNC_CPU = "tests/trainer/checkpoint/test_async_save_cpu.py::test_async_save_writes_the_state_at_save"
 
 MUTANTS = [
     Mutant("writer_copies_ahead_host_state", "a --cpu run's sharded saves open no CUDA context",
@@ -37,28 +37,28 @@ MUTANTS = [
            STAGING, "if source not in copies:", "if True:", (REUSE,)),
     Mutant("rollback_races_async_write", "a rollback waits for the async write of live tensors",
            "shardtrain/trainer/spike.py", "if wait_for_live_writes():", "if False:",
-           ("tests/distributed/test_async_save_rollback.py::"
+           ("tests/trainer/checkpoint/test_async_save_rollback.py::"
             "test_a_rollback_during_an_async_write_leaves_the_checkpoint_whole",)),
     Mutant("gate_forgets_its_write", "wait_for_live_writes sees every write still running",
            STAGING, "        _HELD.add(self)\n", "",
-           ("tests/distributed/test_async_save_rollback.py::"
+           ("tests/trainer/checkpoint/test_async_save_rollback.py::"
             "test_a_rollback_during_an_async_write_leaves_the_checkpoint_whole",)),
     Mutant("async_save_gate_missing", "--async-save: the next optimizer step waits until the write has landed",
            T + "checkpoint/async_staging.py", "        self.waited += 1\n        self._released.wait()\n",
            "        self.waited += 1\n",
-           ("tests/distributed/test_async_save_cpu.py",)),
+           ("tests/trainer/checkpoint/test_async_save_cpu.py",)),
     Mutant("consolidate_drops_optimizer", "shard-consolidate without --model-only keeps the full training state",
            T + "checkpoint/consolidate.py", 'keys = {"model"} if model_only else {"model", "optimizer"}',
            'keys = {"model"}',
-           ("tests/distributed/test_consolidate.py",)),
+           ("tests/trainer/checkpoint/test_consolidate.py",)),
     Mutant("consolidate_overwrites", "an existing output is never replaced unless you pass --overwrite",
            T + "checkpoint/consolidate.py", "    if not overwrite:\n        raise CheckpointError(f\"The output {path} exists;",
            "    if False:\n        raise CheckpointError(f\"The output {path} exists;",
-           ("tests/distributed/test_consolidate.py::test_existing_outputs_are_refused_in_every_direction_unless_overwrite",)),
+           ("tests/trainer/checkpoint/test_consolidate.py::test_existing_outputs_are_refused_in_every_direction_unless_overwrite",)),
     Mutant("no_save_optimizer_state_saves_it", "--no-save-optimizer-state: the checkpoint holds no optimizer state",
            "shardtrain/trainer/checkpoint/manager.py", 'NO_OPTIMIZER_STATE: True}, without(parts, ["optimizer"])',
            "NO_OPTIMIZER_STATE: True}, parts",
-           ("tests/checkpoint_flags/test_no_save_optimizer_state.py",)),
+           ("tests/trainer/checkpoint/test_no_save_optimizer_state.py",)),
     Mutant("sharded_rename_before_complete", "a directory appears under its name only when COMPLETE is written",
            T + "checkpoint/sharded.py",
            "    atomic_write_bytes(os.path.join(partial, COMPLETE), complete)\n"
@@ -66,9 +66,9 @@ MUTANTS = [
            "    replace_dir(partial, final)\n"
            "    atomic_write_bytes(os.path.join(final, COMPLETE), complete)\n"
            "    fsync_dir(final)\n",
-           ("tests/distributed/test_save_crash_phases.py",)),
+           ("tests/trainer/checkpoint/test_save_crash_phases.py",)),
     Mutant("single_file_save_not_atomic", "checkpoints are written atomically (temporary file, fsync, rename)",
            T + "checkpoint/single_file.py", "    with atomic_open(path) as f:\n        writer = _WriteErrors(f)\n",
            '    with open(path, "wb") as f:\n        writer = _WriteErrors(f)\n',
-           ("tests/cli/test_full_disk.py", "tests/distributed/test_save_crash_phases.py")),
+           ("tests/trainer/checkpoint/test_full_disk.py", "tests/trainer/checkpoint/test_save_crash_phases.py")),
 ]

@@ -5,8 +5,8 @@ from mutant_spec import Mutant
 
 GEN = "shardtrain/cli/generate.py"
 GEN_TESTS = "tests/cli/test_generate_fairseq_lines.py"
-DEMO = "tests/cli/test_demo.py::"
-E2E = "tests/cli/test_cli_end_to_end.py::"
+DEMO = "tests/e2e/test_demo.py::"
+E2E = "tests/e2e/test_cli_end_to_end.py::"
 EARLY = "tests/cli/test_fail_early.py::test_refused_before_any_rank_starts_in_each_front_ends_words"
 
 MUTANTS = [

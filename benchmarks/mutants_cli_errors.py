@@ -3,7 +3,7 @@ ranks, a requeue that fails, shard-plot's all-nan panels). Each mutant was seen 
 from mutant_spec import Mutant
 
 RES = "tests/cli/test_bad_input_resources.py::"
-PRE = "tests/cli/test_preemption.py::"
+PRE = "tests/trainer/launch/test_preemption.py::"
 WORLD = "tests/plan/test_plan_world_size.py::"
 NAN = "tests/plot/test_plot_nonfinite.py::"
 
@@ -27,7 +27,7 @@ MUTANTS = [
     Mutant("peer_lost_traceback", "a rank whose peer died says so in one paragraph and exits non-zero",
            "shardtrain/trainer/launch/peer_lost.py", "        if isinstance(error, RuntimeError) and _PEER_GONE",
            "        if False and _PEER_GONE",
-           ("tests/distributed_launch/test_peer_lost.py::"
+           ("tests/trainer/launch/test_peer_lost.py::"
             "test_the_surviving_rank_says_its_peer_stopped_and_exits_non_zero",)),
     Mutant("plan_traces_every_rank", "shard-plan's cost does not grow with the world size",
            "shardtrain/plan/many_ranks.py", "    if world_size <= TRACE_RANKS:", "    if True:",

@@ -3,7 +3,7 @@ issue 37 (the help cache).
 Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
-SW = "tests/config/test_hydra_switch.py::"
+SW = "tests/cli/test_hydra_switch.py::"
 UF = "tests/cli/test_unknown_flag_and_cpu_precision.py::"
 ST = "tests/cli/test_start_messages.py::"
 FT = "tests/config/test_fairseq_flag_table.py::"

@@ -1,11 +1,11 @@
 """Mutants of shardtrain/config/fairseq_flags.py and fairseq_compat.py (the table of fairseq 0.12.2 flags, their
-notices and refusals), the generators under tests/fairseq_flags/ and the default-schedule notice. Each mutant
+notices and refusals), the generators under tests/config/ and the default-schedule notice. Each mutant
 was seen to fail its tests."""
 from mutant_spec import Mutant
 
 FT = "tests/config/test_fairseq_flag_table.py::"
-MD = "tests/config/test_fairseq_flags_readme.py::"
-GEN = "tests/fairseq_flags/generate_flag_list.py"
+MD = "tests/docs/test_fairseq_flags_readme.py::"
+GEN = "tests/config/generate_flag_list.py"
 TABLE = "shardtrain/config/fairseq_flags.py"
 COMPAT = "shardtrain/config/fairseq_compat.py"
 
@@ -27,7 +27,7 @@ MUTANTS = [
            (FT + "test_notices_print_once_on_rank_0_before_the_run",)),
     Mutant("fairseq_notice_on_every_torchrun_rank", "notices are said once per run under torchrun",
            COMPAT, '    if environ.get("RANK", environ.get("SLURM_PROCID", "0")) != "0":\n', '    if False:\n',
-           ("tests/distributed_launch/test_fairseq_flags_torchrun.py",)),
+           ("tests/trainer/launch/test_fairseq_flags_torchrun.py",)),
     Mutant("unselected_component_not_named", "a flag of an unselected component names the component owning it",
            COMPAT, "        components = flag_owners(name)\n", "        components = []\n",
            (FT + "test_a_flag_of_a_component_not_selected_names_that_component",)),
@@ -45,12 +45,12 @@ MUTANTS = [
            (FT + "test_every_table_entry_is_a_fairseq_flag_with_fairseqs_arity",)),
     Mutant("readme_fairseq_column_flag_fails", "every flag README's fairseq column names is taken by shard-train",
            TABLE, '    accept("--use-sharded-state", "checkpoints of fully_sharded runs are always sharded directories", FLAG),\n',
-           "", ("tests/cli/test_readme_fairseq_column.py",)),
+           "", ("tests/docs/test_readme_fairseq_column.py",)),
     Mutant("default_schedule_notice_on_explicit_scheduler", "the notice is only for commands that rely on the default",
            "shardtrain/optim/fairseq_defaults.py", '    if _given(argv, "--lr-scheduler"):\n        return None\n', "",
            ("tests/optim/test_optim_fairseq_defaults.py",)),
     Mutant("readme_table_misses_works", "README's table shows every flag's state",
-           "tests/fairseq_flags/flag_table_markdown.py", '    return names | {"data"}  # the positional data '
+           "tests/config/flag_table_markdown.py", '    return names | {"data"}  # the positional data '
            'directory\n', '    return {"data"}\n',
            (MD + "test_the_markdown_gives_every_flag_a_state",)),
     Mutant("fairseq_alias_not_generated", "the flag list names fairseq's aliases (--max-sentences, --local_rank)",

@@ -1,7 +1,7 @@
 """Mutants of shardtrain/core/: the file lock, the registry, step timing, the private torch APIs. Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
-DEMO = "tests/cli/test_demo.py::"
+DEMO = "tests/e2e/test_demo.py::"
 LOCK = "shardtrain/core/file_lock.py"
 LINKS = "tests/core/test_file_lock_links.py::"
 OWNER = LINKS + "test_the_owner_line_replaces_a_longer_stale_one_whole_and_names_the_holder"
@@ -9,7 +9,7 @@ OWNER = LINKS + "test_the_owner_line_replaces_a_longer_stale_one_whole_and_names
 MUTANTS = [
     Mutant("save_dir_lock_not_taken", "one run per save dir: a second is refused",
            "shardtrain/core/file_lock.py", "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass",
-           ("tests/cli/test_save_dir_lock.py",)),
+           ("tests/trainer/checkpoint/test_save_dir_lock.py",)),
     Mutant("lock_follows_a_symlink", "a lock never writes through a link at its name (issue 37)",
            LOCK, "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK", "os.O_RDWR | os.O_CREAT | os.O_NONBLOCK",
            (LINKS + "test_a_symlink_is_never_followed",)),

@@ -2,7 +2,7 @@
 (full disk, one run at a time, replacing a data-bin said by name). Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
-SMALL = "tests/data_format/test_fmt_manifest_small_files.py::"
+SMALL = "tests/data/test_fmt_manifest_small_files.py::"
 DEST = "tests/cli/test_preprocess_destination.py::"
 MANIFEST = "shardtrain/data/manifest.py"
 PREPROCESS = "shardtrain/data/preprocess.py"

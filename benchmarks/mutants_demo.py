@@ -3,8 +3,8 @@ validation, and the phase shares that say where the time went. Each mutant was s
 from mutant_spec import Mutant
 
 FILE = "shardtrain/cli/demo.py"
-DEMO = "tests/cli/test_demo.py::"
-CURVES = "tests/cli/test_demo_curves.py::test_the_demos_curves_name_the_run_and_mark_the_stop_and_resume"
+DEMO = "tests/e2e/test_demo.py::"
+CURVES = "tests/e2e/test_demo_curves.py::test_the_demos_curves_name_the_run_and_mark_the_stop_and_resume"
 
 MUTANTS = [
     Mutant("demo_default_500_updates", "shard-demo fits 3 minutes on 2 idle cores (240 updates)",

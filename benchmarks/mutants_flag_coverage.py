@@ -8,8 +8,8 @@ CHECKER = COVERAGE + "test_a_marker_whose_flag_the_module_never_passes_is_report
 TABLE = "tests/config/test_fairseq_flag_table.py::"
 BATCHING = "tests/trainer/test_batching_flag_effects.py::"
 COMMON = "tests/trainer/test_common_flag_effects.py::"
-DIST = "tests/trainer/test_distributed_flag_effects.py::"
-CHOICE = "tests/optim/test_component_choice_effects.py::"
+DIST = "tests/trainer/parallel/test_distributed_flag_effects.py::"
+CHOICE = "tests/trainer/test_component_choice_effects.py::"
 LOOP = "shardtrain/trainer/loop.py"
 VALIDATION = "shardtrain/trainer/validation.py"
 

@@ -3,11 +3,11 @@ tested at a non-default value whose effect is asserted. Each mutant makes one fl
 wrong thing) and was seen to fail its tests."""
 from mutant_spec import Mutant
 
-LR = "tests/optim/test_lr_scheduler_flags.py::"
-OPT = "tests/optim/test_optimizer_flags.py::"
+LR = "tests/trainer/test_lr_scheduler_flags.py::"
+OPT = "tests/trainer/test_optimizer_flags.py::"
 CRIT = "tests/tasks/test_criterion_flags.py::"
-MODEL = "tests/models/test_model_flags.py::"
-TASK = "tests/tasks/test_task_flags.py::"
+MODEL = "tests/trainer/test_model_flags.py::"
+TASK = "tests/trainer/test_task_flags.py::"
 RUN = "tests/trainer/test_run_control_flags.py::"
 SCHED = "shardtrain/optim/lr_scheduler/"
 OPTIMIZERS = "shardtrain/optim/optimizers.py"

@@ -3,10 +3,10 @@ issue 37: run_all.py's faults (bad --resume and --out, probe timeout, NaN, signa
 the exact-resume check on the CPU. Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
-R = "tests/cli/test_gpu_acceptance_runner.py::"
-F = "tests/cli/test_gpu_runner_faults.py::"
-P = "tests/cli/test_gpu_scenarios_plumbing.py::"
-PEAKS = "tests/trainer/test_gpu_peak_table.py"
+R = "tests/benchmark_scripts/test_gpu_acceptance_runner.py::"
+F = "tests/benchmark_scripts/test_gpu_runner_faults.py::"
+P = "tests/benchmark_scripts/test_gpu_scenarios_plumbing.py::"
+PEAKS = "tests/trainer/metrics/test_gpu_peak_table.py"
 RUNNER, RUN_ALL, CASES = "benchmarks/gpu/runner.py", "benchmarks/gpu/run_all.py", "benchmarks/gpu/cases.py"
 SCENARIOS, FLOPS = "benchmarks/gpu/scenarios.py", "shardtrain/trainer/metrics/flops.py"
 FITS = R + "test_a_case_that_does_not_fit_in_the_budget_left_is_not_started"
@@ -126,5 +126,5 @@ MUTANTS = [
     Mutant("gpu_exact_resume_tolerant", "a resumed run ends with the straight run's state bit for bit",
            "tests/gpu/exact_resume.py", "                and torch.equal(x, y)",
            "                and torch.allclose(x, y, rtol=1e-3, atol=1e-3)",
-           ("tests/distributed/test_async_save_resume_cpu.py",)),
+           ("tests/trainer/checkpoint/test_async_save_resume_cpu.py",)),
 ]

@@ -3,8 +3,8 @@
 checkpoint formats. Each mutant was seen to fail its tests (in a copy of the tree)."""
 from mutant_spec import T, Mutant
 
-KEEP = "tests/checkpoint_flags/test_keep_policy_flags.py::"
-SCHEDULE = "tests/checkpoint_flags/test_validation_schedule_flags.py::"
+KEEP = "tests/trainer/checkpoint/test_keep_policy_flags.py::"
+SCHEDULE = "tests/trainer/checkpoint/test_validation_schedule_flags.py::"
 KEEP_BOTH = KEEP + "test_keep_last_epochs_and_interval_updates"
 NO_LAST = KEEP + "test_no_epoch_and_no_last_checkpoints_keep_the_interval_ones"
 BEST = KEEP + "test_keep_best_leaves_nothing_the_policies_drop"
@@ -91,12 +91,12 @@ MUTANTS = [
     Mutant("keep_interval_prunes_newest", "fairseq's keep-policies (--keep-interval-updates)",
            T + "checkpoint/formats.py", "return [p for _, p in sorted(found, reverse=True)]",
            "return [p for _, p in sorted(found)]",
-           ("tests/cli/test_cli_end_to_end.py::test_checkpoint_names_keep_policy_and_validate_generate",)),
+           ("tests/e2e/test_cli_end_to_end.py::test_checkpoint_names_keep_policy_and_validate_generate",)),
     Mutant("keep_best_never_pruned", "--keep-best-checkpoints N keeps only the N best",
            "shardtrain/trainer/checkpoint/keep_best.py", "        os.remove(path)", "        pass",
-           ("tests/checkpoint_flags/test_keep_best_checkpoints.py",)),
+           ("tests/trainer/checkpoint/test_keep_best_checkpoints.py",)),
     Mutant("keep_best_keeps_the_worst", "--keep-best-checkpoints keeps the best, not the worst",
            "shardtrain/trainer/checkpoint/keep_best.py", "    if not checkpoint.maximize_best_checkpoint_metric:\n",
            "    if checkpoint.maximize_best_checkpoint_metric:\n",
-           ("tests/checkpoint_flags/test_keep_best_checkpoints.py",)),
+           ("tests/trainer/checkpoint/test_keep_best_checkpoints.py",)),
 ]

@@ -1,31 +1,31 @@
 """Mutants of shardtrain/trainer/launch/: rendezvous, preemption, threads. Each mutant was seen to fail its tests."""
 from mutant_spec import T, Mutant
 
-SIGNALS = "tests/distributed_launch/test_launch_signals.py::"
-DECISIONS = "tests/distributed_launch/test_launch_decisions.py::"
+SIGNALS = "tests/trainer/launch/test_launch_signals.py::"
+DECISIONS = "tests/trainer/launch/test_launch_decisions.py::"
 VALID_STOP = "tests/trainer/test_validation_interrupt.py::"
 
 MUTANTS = [
     Mutant("preemption_not_agreed", "every rank stops at the same update on SIGTERM/SIGUSR1",
            T + "launch/preemption.py", "        if backend.world_size > 1:\n",
            "        if False:\n",
-           ("tests/cli/test_preemption.py::test_a_stop_on_one_rank_is_agreed_by_every_rank",
-            "tests/cli/test_preemption.py::test_signal_saves_and_exits_zero_then_resumes")),
+           ("tests/trainer/launch/test_preemption.py::test_a_stop_on_one_rank_is_agreed_by_every_rank",
+            "tests/trainer/launch/test_preemption.py::test_signal_saves_and_exits_zero_then_resumes")),
     Mutant("process_group_backend_unchanged", "on CUDA the group maps cuda:nccl,cpu:gloo",
            T + "launch/rendezvous.py",
            '    return ",".join(f"{device}:{backend}" for device in devices) + ",cpu:gloo"\n',
            "    return backend\n",
-           ("tests/distributed/test_accelerator_only_backend.py",)),
+           ("tests/trainer/parallel/test_accelerator_only_backend.py",)),
     Mutant("rendezvous_start_up_errors_raw", "bad input (ranks that cannot meet) gets one paragraph, no traceback",
            T + "launch/rendezvous.py", '    if "EADDRINUSE" in str(error):\n', "    if False:\n",
-           ("tests/distributed_launch/test_launch_rendezvous.py::test_a_port_in_use_ends_with_the_paragraph_not_a_traceback",)),
+           ("tests/trainer/launch/test_launch_rendezvous.py::test_a_port_in_use_ends_with_the_paragraph_not_a_traceback",)),
     Mutant("restart_keys_shared", "a torchrun restart's group keeps its store keys apart from the dead attempt's",
            "shardtrain/trainer/launch/rendezvous.py", 'return dist.PrefixStore(f"shardtrain/attempt{attempt}", store)',
-           "return store", ("tests/distributed_launch/test_torchrun_restart.py::"
+           "return store", ("tests/trainer/launch/test_torchrun_restart.py::"
                             "test_a_killed_rank_is_restarted_by_torchrun_and_resumes_exactly",)),
     Mutant("threads_ignore_local_ranks", "each rank uses usable cores / ranks on this node",
            T + "launch/threads.py", "return ThreadPlan(max(1, cores // local),", "return ThreadPlan(max(1, cores),",
-           ("tests/distributed_launch/test_thread_policy.py",)),
+           ("tests/trainer/launch/test_thread_policy.py",)),
     # issue 37: signals while the ranks start, CPU ranks beyond the cores, a lost peer's blame, the 1-rank
     # group's directory, a validation a first Ctrl-C stops
     Mutant("ctrl_c_while_starting_forwarded", "Ctrl-C before the ranks have joined exits 130 with one line",
@@ -53,7 +53,7 @@ MUTANTS = [
     Mutant("one_rank_group_dir_left", "a one-process fully_sharded run leaves no temporary directory",
            T + "launch/one_rank_group.py", "        self._remove_dir()  # the store removes its file",
            "        pass  #",
-           ("tests/distributed_launch/test_one_rank_group_tmpdir.py",)),
+           ("tests/trainer/launch/test_one_rank_group_tmpdir.py",)),
     Mutant("validation_ignores_the_first_ctrl_c", "a first Ctrl-C stops a validation at its next batch",
            T + "validation.py", "            if run.preemption.agreed(run.backend):", "            if False:",
            (VALID_STOP + "test_a_first_ctrl_c_during_validation_stops_it_at_the_next_batch_and_saves",

@@ -2,11 +2,11 @@
 seen to fail its tests."""
 from mutant_spec import Mutant
 
-E2E = "tests/cli/test_cli_end_to_end.py::"
-MFU = "tests/trainer/test_mfu.py::"
+E2E = "tests/e2e/test_cli_end_to_end.py::"
+MFU = "tests/trainer/metrics/test_mfu.py::"
 AMP = "tests/trainer/test_amp_flag.py::"
-BUSY = "tests/trainer/test_mfu_busy_machine.py::"
-AXES = "tests/trainer/test_gpu_peak_axes.py::"
+BUSY = "tests/trainer/metrics/test_mfu_busy_machine.py::"
+AXES = "tests/trainer/metrics/test_gpu_peak_axes.py::"
 
 MUTANTS = [
     Mutant("mfu_speed_not_per_device", "tokens/s per device divide the ranks' sum by the world size",
@@ -22,7 +22,7 @@ MUTANTS = [
     Mutant("log_record_over_bar", "log records never land on a progress bar's line",
            "shardtrain/trainer/metrics/logging_setup.py", "tqdm.write(self.format(record), file=self.stream)",
            "self.stream.write(self.format(record) + self.terminator)",
-           ("tests/logging/test_log_lines_and_bars.py",)),
+           ("tests/trainer/metrics/test_log_lines_and_bars.py",)),
     Mutant("bsz_counts_tokens", "bsz is sentences per batch",
            "shardtrain/trainer/metrics/run_metrics.py", 'm.log_scalar("bsz", nsentences, round=1)',
            'm.log_scalar("bsz", ntokens, round=1)', (E2E + "test_checkpoint_names_keep_policy_and_validate_generate",)),

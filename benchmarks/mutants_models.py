@@ -6,11 +6,11 @@ M = "shardtrain/models/"
 ADAPTIVE = "tests/models/test_adaptive_softmax.py"
 SUMS_TO_ONE = ADAPTIVE + "::test_log_probs_sum_to_one_and_loss_is_their_cross_entropy"
 LAYERDROP = "tests/models/test_layerdrop.py"
-RANKS = "tests/distributed/test_adaptive_layerdrop_ranks.py"
+RANKS = "tests/trainer/parallel/test_adaptive_layerdrop_ranks.py"
 SAMPLING = "shardtrain/models/sampling.py"
 GEN_TESTS = "tests/cli/test_generate_fairseq_lines.py"
 SAMPLE_LINES = "tests/models/test_lm_sampling.py::test_sample_lines_sees_the_lines_before_it_within_the_models_positions"
-MFU = "tests/trainer/test_mfu.py::"
+MFU = "tests/trainer/metrics/test_mfu.py::"
 
 MUTANTS = [
     Mutant("adaptive_tail_without_cluster_prior", "adaptive softmax log-probabilities sum to 1 over the vocabulary",

@@ -7,14 +7,14 @@ NAG = "tests/optim/test_optim_nag.py"
 PLATEAU = "tests/optim/test_optim_plateau.py"
 LISTS = "tests/optim/test_optim_epoch_lists.py"
 ADAM_FLAGS = "tests/optim/test_optim_adam_fairseq_flags.py"
-ME_BF16 = "tests/trainer/test_memory_efficient_adam.py::test_memory_efficient_bf16_stores_bf16_and_steps_fp32"
-PLATEAU_RESUME = "tests/trainer/test_plateau_resume.py::test_plateau_steps_on_validation_and_resumes_exactly"
+ME_BF16 = "tests/optim/test_memory_efficient_adam.py::test_memory_efficient_bf16_stores_bf16_and_steps_fp32"
+PLATEAU_RESUME = "tests/optim/test_plateau_resume.py::test_plateau_steps_on_validation_and_resumes_exactly"
 SPIKE = "tests/trainer/test_spike_rollback.py::"
 
 MUTANTS = [
     Mutant("adafactor_column_stats_not_summed", "adafactor on fully_sharded sums its column statistics",
            "shardtrain/optim/adafactor.py", "        dist.all_reduce(on_mesh, group=self.group)\n", "",
-           ("tests/distributed/test_optimizers_sharded.py",)),
+           ("tests/trainer/parallel/test_optimizers_sharded.py",)),
     Mutant("cpu_adam_step_not_advanced", "cpu_adam equals torch's Adam/AdamW (bias correction)",
            "shardtrain/optim/cpu_adam.py", '[s["step"] for s in states], grad_scale)',
            '[s["step"].clone() for s in states], grad_scale)',
@@ -32,10 +32,10 @@ MUTANTS = [
            (ADAM + "::test_grad_multiplier_equals_multiplied_gradients",)),
     Mutant("memory_efficient_adam_keeps_torch_adam", "--optimizer adam --memory-efficient-fp16 trains, with fp32 moments",
            "shardtrain/optim/cpu_adam.py", "    if spec.cls not in (torch.optim.Adam, torch.optim.AdamW):\n",
-           "    if True:\n", ("tests/trainer/test_memory_efficient_adam.py::test_adam_trains_with_memory_efficient_fp16",)),
+           "    if True:\n", ("tests/optim/test_memory_efficient_adam.py::test_adam_trains_with_memory_efficient_fp16",)),
     Mutant("memory_efficient_adam_drops_decay_mode", "--no-adamw-mode is kept when adam steps fp16 parameters",
            "shardtrain/optim/cpu_adam.py", "adamw_mode=spec.cls is torch.optim.AdamW", "adamw_mode=True",
-           ("tests/trainer/test_memory_efficient_adam.py::test_adam_spec_becomes_fp32_state_adam_for_fp16_parameters",)),
+           ("tests/optim/test_memory_efficient_adam.py::test_adam_spec_becomes_fp32_state_adam_for_fp16_parameters",)),
     Mutant("lr_scheduler_state_not_saved", "checkpoints hold the lr scheduler",
            "shardtrain/optim/lr_scheduler/base.py",
            '        state = {name: getattr(self, name) for name in self.state_attrs}\n',

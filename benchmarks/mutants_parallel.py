@@ -2,18 +2,18 @@
 activation checkpointing, --compile. Each mutant was seen to fail its tests."""
 from mutant_spec import T, Mutant
 
-COUNTS = "tests/distributed/test_collective_counts.py"
-EQUIVALENCE = "tests/distributed/test_backend_equivalence.py::test_two_ranks_equal_one_process"
-COMPILE = "tests/trainer/test_compile.py::"
+COUNTS = "tests/trainer/parallel/test_collective_counts.py"
+EQUIVALENCE = "tests/trainer/parallel/test_backend_equivalence.py::test_two_ranks_equal_one_process"
+COMPILE = "tests/trainer/parallel/test_compile.py::"
 
 MUTANTS = [
     Mutant("activation_checkpointing_off", "--checkpoint-activations recomputes each block in backward",
            T + "parallel/activation_checkpointing.py", "    if not torch.is_grad_enabled():\n", "    if True:\n",
-           ("tests/trainer/test_activation_checkpointing.py",)),
+           ("tests/trainer/parallel/test_activation_checkpointing.py",)),
     Mutant("one_rank_never_shards", "fully_sharded on one rank shards (the same code path as N ranks)",
            T + "parallel/choose.py", "if ctx.world_size == 1 and not cls.wraps_a_single_rank:",
            "if ctx.world_size == 1:",
-           ("tests/trainer/test_backend_capabilities.py",)),
+           ("tests/trainer/parallel/test_backend_capabilities.py",)),
     Mutant("compile_own_dropout_rng", "a compiled run draws eager's dropout masks",
            "shardtrain/trainer/parallel/compile.py", "torch._inductor.config.fallback_random = True",
            "torch._inductor.config.fallback_random = False", (COMPILE + "test_compiled_training_equals_eager",)),
@@ -36,7 +36,7 @@ MUTANTS = [
            "        norm = super().grad_norm(params)\n        return norm.full_tensor() if isinstance(norm, DTensor) else norm\n",
            "        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]\n"
            "        return torch.nn.utils.get_total_norm(local, foreach=True)\n",
-           ("tests/distributed/test_fp16_loss_scaling.py::test_both_ranks_skip_in_lockstep",)),
+           ("tests/trainer/test_fp16_loss_scaling.py::test_both_ranks_skip_in_lockstep",)),
     Mutant("fsdp_unsharded_accumulation_syncs", "--fsdp-unsharded-accumulation reduces once per update",
            T + "parallel/fully_sharded.py", "return _switched_off(module.set_requires_gradient_sync)",
            "return contextlib.nullcontext()",
@@ -56,12 +56,12 @@ MUTANTS = [
     Mutant("init_before_materialise", "fully_sharded starts from the weights one process gets from the seed",
            T + "parallel/prepare.py", "        with backend.materialise(model):\n            init_weights(model, seed)\n",
            "        init_weights(model, seed)\n        with backend.materialise(model):\n            pass\n",
-           ("tests/trainer/test_prepare_model.py",)),
+           ("tests/trainer/parallel/test_prepare_model.py",)),
     Mutant("compile_not_applied", "--compile compiles the blocks",
            "shardtrain/trainer/parallel/prepare.py", "    if compile_blocks:\n        apply_compile(model)",
            "    if False:\n        apply_compile(model)", (COMPILE + "test_compiled_training_equals_eager",)),
     Mutant("zero_checkpoint_holds_own_shard", "--zero-sharding os: checkpoints hold the full state keyed by name",
            T + "parallel/zero.py", 'merged.update(own["state"] if rank == self.rank else shard[0])',
            'merged.update(own["state"] if rank == self.rank else {})',
-           ("tests/distributed/test_zero_sharding.py::test_checkpoints_hold_the_whole_name_keyed_state",)),
+           ("tests/trainer/parallel/test_zero_sharding.py::test_checkpoints_hold_the_whole_name_keyed_state",)),
 ]

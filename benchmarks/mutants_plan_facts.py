@@ -3,7 +3,7 @@ optimizer spec and the precision's dtypes, never from a table of names, so a plu
 planned with no other edit. Each mutant puts a name table back and was seen to fail its tests."""
 from mutant_spec import Mutant
 
-PLUGIN = ("tests/plugins/test_plugin_backend_optimizer.py::"
+PLUGIN = ("tests/core/test_plugin_backend_optimizer.py::"
           "test_a_plugin_backend_and_optimizer_train_and_are_planned_from_their_own_facts")
 LEGACY = "tests/plan/test_plan_decisions.py::test_legacy_ddp_flat_buffer_counts_when_it_is_the_peak"
 EST = "shardtrain/plan/estimate.py"

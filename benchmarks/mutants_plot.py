@@ -24,8 +24,8 @@ MUTANTS = [
     Mutant("plot_mark_from_zero", "a mark is drawn at its update on the panel's x axis",
            "shardtrain/plot/svg.py", "        x = frame.px(update)\n",
            "        x = frame.left + frame.w * update / frame.x_span[1]\n",
-           ("tests/cli/test_demo_curves.py::test_the_demos_curves_name_the_run_and_mark_the_stop_and_resume",)),
+           ("tests/e2e/test_demo_curves.py::test_the_demos_curves_name_the_run_and_mark_the_stop_and_resume",)),
     Mutant("plot_mark_outside_drawn", "a mark outside a panel's updates is not drawn",
            "shardtrain/plot/svg.py", "        if not frame.x_span[0] <= update <= frame.x_span[1]:", "        if False:",
-           ("tests/cli/test_demo_curves.py::test_a_mark_outside_the_updates_is_not_drawn_and_a_bad_one_is_refused",)),
+           ("tests/e2e/test_demo_curves.py::test_a_mark_outside_the_updates_is_not_drawn_and_a_bad_one_is_refused",)),
 ]

@@ -3,12 +3,12 @@ names it (core/user_dir.py), and a model's optional capabilities with their defa
 (models/capabilities.py). Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
-E2E = "tests/plugins/test_plugin_inference.py"
-CAPS = "tests/plugins/test_capabilities.py"
+E2E = "tests/core/test_plugin_inference.py"
+CAPS = "tests/models/test_capabilities.py"
 DEFAULTS = CAPS + "::test_a_bare_model_gets_the_documented_defaults"
 GENERATION = CAPS + "::test_generation_without_max_positions_padding_idx_or_cache"
 PROBES = CAPS + "::test_every_capability_is_documented_and_probed_only_in_capabilities"
-TRUST = "tests/plugins/test_plugin_trust.py"
+TRUST = "tests/core/test_plugin_trust.py"
 CHOICE = TRUST + "::test_the_plugin_folder_a_checkpoint_is_loaded_with"
 UNASKED = TRUST + "::test_a_recorded_plugin_is_imported_only_when_user_dir_names_it"
 RELATIVE = TRUST + "::test_an_older_checkpoints_relative_plugin_is_never_looked_up_in_the_working_directory"
@@ -82,5 +82,5 @@ MUTANTS = [
            '    if backend.init_on_meta and not hasattr(model, "init_weights"):', (PROBES,)),
     Mutant("plugin_hash_crashes_on_a_dangling_link", "a plugin folder holding a dangling .py link still saves",
            "shardtrain/core/user_dir.py", "        except OSError:  # a dangling link", "        except KeyError:  # a dangling link",
-           ("tests/plugins/test_plugin_trust.py::test_a_dangling_py_link_in_the_plugin_folder_is_hashed_not_a_crash",)),
+           ("tests/core/test_plugin_trust.py::test_a_dangling_py_link_in_the_plugin_folder_is_hashed_not_a_crash",)),
 ]

@@ -5,7 +5,7 @@ from mutant_spec import T, Mutant
 STEP = "tests/trainer/test_trainer_step.py"
 SCALER = "tests/trainer/test_loss_scaler.py"
 AMP = "tests/trainer/test_amp_flag.py"
-ME_BF16 = "tests/trainer/test_memory_efficient_adam.py::test_memory_efficient_bf16_stores_bf16_and_steps_fp32"
+ME_BF16 = "tests/optim/test_memory_efficient_adam.py::test_memory_efficient_bf16_stores_bf16_and_steps_fp32"
 
 MUTANTS = [
     Mutant("loss_scale_not_halved", "an overflow halves the scale",

@@ -2,9 +2,9 @@
 Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
-REC = "tests/trainer/test_resume_records.py::"
-PROG = "tests/logging/test_log_progress.py::"
-CTRL_C = "tests/distributed/test_ctrl_c.py::"
+REC = "tests/trainer/checkpoint/test_resume_records.py::"
+PROG = "tests/trainer/metrics/test_log_progress.py::"
+CTRL_C = "tests/trainer/launch/test_ctrl_c.py::"
 
 MUTANTS = [
     Mutant("epoch_record_holds_the_previous_epoch", "an epoch's train record covers that epoch only after a resume",

@@ -61,7 +61,7 @@ MUTANTS = [
     Mutant("spike_restore_races_async_save", "a rollback waits for an --async-save's write of the live tensors",
            GUARD, "if wait_for_live_writes():", "if False:",
            (RULE + "test_a_rollback_restores_only_after_a_background_write_of_the_live_tensors_landed",
-            "tests/distributed/test_async_save_rollback.py::"
+            "tests/trainer/checkpoint/test_async_save_rollback.py::"
             "test_a_rollback_during_an_async_write_leaves_the_checkpoint_whole")),
     Mutant("spike_guard_not_saved", "a checkpoint keeps the guard's history and rollbacks",
            "shardtrain/trainer/checkpoint/contents.py",

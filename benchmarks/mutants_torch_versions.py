@@ -7,7 +7,7 @@ PRIVATE = "shardtrain/core/torch_private.py"
 SHIM = "tests/core/test_torch_private.py::"
 BUFFERS = SHIM + "test_ddp_broadcasts_buffers_when_built_and_never_in_forward"
 BRANCHES = SHIM + "test_ddp_shim_takes_the_branch_the_signature_allows"
-AC = "tests/trainer/test_activation_checkpointing.py::"
+AC = "tests/trainer/parallel/test_activation_checkpointing.py::"
 
 MUTANTS = [
     Mutant("ddp_forward_sync_left_on", "pytorch_ddp broadcasts buffers when it wraps, never before a forward (2.13+)",

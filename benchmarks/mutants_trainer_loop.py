@@ -2,16 +2,16 @@
 stopping, per-rank RNG. Each mutant was seen to fail its tests."""
 from mutant_spec import T, Mutant
 
-E2E_RESUME = "tests/cli/test_cli_end_to_end.py::test_resume_mid_epoch_is_exact"
-EQUIVALENCE = "tests/distributed/test_backend_equivalence.py::test_two_ranks_equal_one_process"
+E2E_RESUME = "tests/e2e/test_cli_end_to_end.py::test_resume_mid_epoch_is_exact"
+EQUIVALENCE = "tests/trainer/parallel/test_backend_equivalence.py::test_two_ranks_equal_one_process"
 LISTS = "tests/optim/test_optim_epoch_lists.py"
-PLATEAU_RESUME = "tests/trainer/test_plateau_resume.py::test_plateau_steps_on_validation_and_resumes_exactly"
+PLATEAU_RESUME = "tests/optim/test_plateau_resume.py::test_plateau_steps_on_validation_and_resumes_exactly"
 _STEP = ("    if end_of_epoch:  # before the save, so a resumed run continues from the stepped schedule\n"
          "        run.trainer.lr_step(epoch, valid_loss)\n")
 _SAVE_START = "    if do_save and not ck.no_save:\n        save(run, epoch_itr, end_of_epoch, is_best, valid_loss)\n"
 _STEP_AFTER = "valid_loss)\n    if end_of_epoch:\n        run.trainer.lr_step(epoch, valid_loss)\n"
-DEMO = "tests/cli/test_demo.py::"
-E2E = "tests/cli/test_cli_end_to_end.py::"
+DEMO = "tests/e2e/test_demo.py::"
+E2E = "tests/e2e/test_cli_end_to_end.py::"
 EARLY = "tests/cli/test_fail_early.py::test_refused_before_any_rank_starts_in_each_front_ends_words"
 
 MUTANTS = [
@@ -33,15 +33,15 @@ MUTANTS = [
     Mutant("activation_checkpointing_not_wired", "--checkpoint-activations is applied by the training run",
            T + "loop.py", "checkpointing = d.checkpoint_activations or d.offload_activations",
            "checkpointing = d.offload_activations",
-           ("tests/trainer/test_activation_checkpointing.py::test_training_run_and_checkpoint_are_identical",)),
+           ("tests/trainer/parallel/test_activation_checkpointing.py::test_training_run_and_checkpoint_are_identical",)),
     Mutant("checkpoint_every_k_ignored", "--checkpoint-activations-every K: only every K-th block",
            T + "loop.py", "d.checkpoint_activations_every if checkpointing else None",
            "1 if checkpointing else None",
-           ("tests/trainer/test_activation_checkpointing.py::test_training_run_and_checkpoint_are_identical",)),
+           ("tests/trainer/parallel/test_activation_checkpointing.py::test_training_run_and_checkpoint_are_identical",)),
     Mutant("stop_time_not_agreed", "--stop-time-hours saves before stopping",
            T + "loop.py", "if run.preemption.agreed(run.backend, also=time_up):",
            "if run.preemption.agreed(run.backend):",
-           ("tests/cli/test_cli_end_to_end.py::test_patience_and_stop_time_end_training_early",)),
+           ("tests/e2e/test_cli_end_to_end.py::test_patience_and_stop_time_end_training_early",)),
     # fairseq's order: the end-of-epoch checkpoint holds the schedule before that epoch's step
     Mutant("plateau_stepped_after_the_save", "a resumed reduce_lr_on_plateau shrinks the lr when the uninterrupted run would",
            "shardtrain/trainer/loop.py", _STEP + _SAVE_START, _SAVE_START.replace("valid_loss)\n", _STEP_AFTER),
@@ -65,19 +65,19 @@ MUTANTS = [
            'logger.info("config:\\n" + OmegaConf.to_yaml(cfg))', (DEMO + "test_demo_runs_on_a_small_stdlib_corpus",)),
     Mutant("slurm_not_requeued", "SIGUSR1 under SLURM requeues the job once checkpoint_last is saved",
            "shardtrain/trainer/loop.py", "    if run.stopped_by_signal and ctx.is_master:", "    if False:",
-           ("tests/cli/test_preemption.py::test_signal_saves_and_exits_zero_then_resumes",)),
+           ("tests/trainer/launch/test_preemption.py::test_signal_saves_and_exits_zero_then_resumes",)),
     Mutant("splits_checked_in_ranks", "every split a run names is checked before any rank starts",
            "shardtrain/trainer/preflight.py", 'check_split = getattr(task, "check_split", None)', "check_split = None",
            (EARLY,)),
     Mutant("rng_rank0_everywhere", "rank r restores its own RNG entry r",
            T + "rng.py", "return saved[rank()] if len(saved) == world_size() else None",
            "return saved[0] if len(saved) == world_size() else None",
-           ("tests/trainer/test_rng_state.py", "tests/distributed/test_rng_per_rank_cpu.py")),
+           ("tests/trainer/test_rng_state.py", "tests/trainer/test_rng_per_rank_cpu.py")),
     Mutant("reseed_ignores_rank", "re-seeded from --seed, the update and its rank",
            T + "rng.py", 'digest = hashlib.sha256(f"{seed}/{num_updates}/{for_rank}".encode()).digest()',
            'digest = hashlib.sha256(f"{seed}/{num_updates}".encode()).digest()',
            ("tests/trainer/test_rng_state.py",)),
     Mutant("training_time_not_restored", "--stop-time-hours counts the time of the runs a checkpoint resumes",
            T + "train_state.py", "        self.previous = seconds\n", "        pass\n",
-           ("tests/cli/test_resume_contents.py",)),
+           ("tests/trainer/checkpoint/test_resume_contents.py",)),
 ]

@@ -3,7 +3,7 @@ was seen to fail its tests."""
 from mutant_spec import T, Mutant
 
 STEP = "tests/trainer/test_trainer_step.py"
-EQUIVALENCE = "tests/distributed/test_backend_equivalence.py::test_two_ranks_equal_one_process"
+EQUIVALENCE = "tests/trainer/parallel/test_backend_equivalence.py::test_two_ranks_equal_one_process"
 # The summed-loss backward of Trainer.train_step through _update's multiplier: one contiguous snippet,
 # so that "divide the loss first" can be one replacement.
 _BACKWARD_TO_MULTIPLIER = """\
@@ -46,7 +46,7 @@ MUTANTS = [
            (EQUIVALENCE,)),
     Mutant("validation_in_train_mode", "validation runs the model in eval mode (no dropout)",
            T + "trainer.py", "        self.model.eval()\n", "        self.model.train()\n",
-           ("tests/cli/test_cli_end_to_end.py::test_checkpoint_names_keep_policy_and_validate_generate",)),
+           ("tests/e2e/test_cli_end_to_end.py::test_checkpoint_names_keep_policy_and_validate_generate",)),
     Mutant("fp16_loss_divided_first", "fp16: backward on the summed loss, 1/sample size applied afterwards",
            T + "trainer.py", _BACKWARD_TO_MULTIPLIER,
            _BACKWARD_TO_MULTIPLIER

@@ -3,11 +3,16 @@ process groups are restored so no test leaks state into the next."""
 import logging
 import os
 import random
+import sys
 
 import pytest
 import torch
 
-import tier_guard
+# tests/helpers holds the modules tests in several rooms share (the rank mains, the small trainer): importable by
+# name from any test folder, and from the ranks a test spawns (spawn passes sys.path on).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
+
+import tier_guard  # noqa: E402
 
 pytest_plugins = ["pytester"]  # tests/architecture/test_tier_guard.py runs the hooks in a session of their own
 

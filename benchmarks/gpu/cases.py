@@ -2,7 +2,7 @@
 
 Tier 1 is ordered by how likely each check is to catch a first-run failure on a new node; later tiers
 hold the rest. Each tier is sized to fit ``--budget 480`` on one H100 by the estimates below; tiers 5
-and 6 need 2 GPUs (on one GPU they are listed as not run). tests/cli/test_gpu_acceptance_runner.py
+and 6 need 2 GPUs (on one GPU they are listed as not run). tests/benchmark_scripts/test_gpu_acceptance_runner.py
 fails when a test of tests/gpu belongs to no case, or a tier's estimates exceed the budget.
 
 Estimates (seconds): tiers 1 and 2's first cases were measured on an H100 on 2026-11-26 (BENCHMARKS.md's

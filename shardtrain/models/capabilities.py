@@ -3,7 +3,7 @@ does not say: the one place the trainer, the planner and the inference commands 
 
 Every model (registered with ``register_model``) must have ``build_model(cls, cfg, task)`` and
 ``forward(src_tokens)`` returning logits ``[batch, time, vocab]``. Everything below is optional;
-docs/plugins.md describes each, and tests/plugins/test_capabilities.py holds the table to it.
+docs/plugins.md describes each, and tests/models/test_capabilities.py holds the table to it.
 """
 from typing import Optional
 

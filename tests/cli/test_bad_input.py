@@ -2,10 +2,10 @@
 problem and the fix, no traceback, and no files left in the save dir.
 
 Covered elsewhere, not repeated here: a sharded checkpoint with a missing
-shard (tests/distributed/test_sharded_checkpoints.py::
+shard (tests/trainer/checkpoint/test_sharded_checkpoints.py::
 test_missing_shard_is_a_clear_error), the Hydra override table
 (tests/cli/test_hydra_train.py::BAD), and a full disk while saving
-(tests/cli/test_full_disk.py)."""
+(tests/trainer/checkpoint/test_full_disk.py)."""
 import os
 import shutil
 import struct
@@ -37,7 +37,7 @@ def copy_bin(good_bin, tmp_path, mutate=None):
     shutil.copytree(good_bin, dest)
     if mutate:
         # These cases test the readers' own checks, which guard data-bins without a manifest (fairseq's,
-        # older shard-preprocess'); with one, its sizes catch most first (tests/data_format/test_fmt_manifest.py).
+        # older shard-preprocess'); with one, its sizes catch most first (tests/data/test_fmt_manifest.py).
         os.remove(os.path.join(dest, MANIFEST))
         os.remove(os.path.join(dest, "preprocess.json"))  # it records a manifest; without it: fairseq's layout
         mutate(dest)

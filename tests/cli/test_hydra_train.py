@@ -16,7 +16,7 @@ from shardtrain.core.errors import ConfigError
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
 EXAMPLES = hydra_store.RECIPES_DIR  # the example configs, shipped in the package
-TOY_PLUGIN = os.path.join(os.path.dirname(__file__), "..", "plugins", "toy_plugin")
+TOY_PLUGIN = os.path.join(os.path.dirname(__file__), "..", "core", "toy_plugin")
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| INFO \| \S+ \| ")  # shardtrain's format
 
 

@@ -1,8 +1,8 @@
 """Interrupted commands (issue 16, red-team item 9), with real processes and real signals: Ctrl-C and
 SIGTERM are answered with one line and exit 130 / 143, no traceback and no temporary file left, also
 while the console script is still importing; what a SIGKILL leaves is removed by the next run, and
-a live writer's temporary file is not. (shard-preprocess: tests/data_format/test_fmt_preprocess_signals.py
-and test_fmt_manifest.py; shard-train's preemption: tests/cli/test_preemption.py.)"""
+a live writer's temporary file is not. (shard-preprocess: tests/data/test_fmt_preprocess_signals.py
+and test_fmt_manifest.py; shard-train's preemption: tests/trainer/launch/test_preemption.py.)"""
 import os
 import signal
 import socket

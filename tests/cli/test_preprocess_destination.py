@@ -17,7 +17,7 @@ from shardtrain.data.manifest import check_at_start, verify_data_bin
 from st_testutils import cli_refusal
 
 # shard-preprocess under a file-size limit: the error a full disk gives a writer (EFBIG instead of ENOSPC;
-# SIGXFSZ ignored so that the write returns the error), as tests/cli/test_full_disk.py does for training.
+# SIGXFSZ ignored so that the write returns the error), as tests/trainer/checkpoint/test_full_disk.py does for training.
 LIMITED = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -8,6 +8,8 @@ import torch
 
 from st_testutils import shard_verify_output
 
+TESTS_ROOM = "shardtrain.cli"  # it drives the commands: its imports cannot say which room it tests
+
 
 @pytest.fixture
 def save(tmp_path):

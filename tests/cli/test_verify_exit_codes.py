@@ -12,6 +12,8 @@ import torch
 
 from st_testutils import shard_verify_output, small_data_bin, train_both_forms
 
+TESTS_ROOM = "shardtrain.cli"  # it drives the commands: its imports cannot say which room it tests
+
 pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 

@@ -3,7 +3,7 @@
 WORKS: our parser defines it, with fairseq's default (or an intentional difference listed below);
 ACCEPTED: in shardtrain/config/fairseq_flags.py's table, parsed with fairseq's arity, one notice;
 REFUSED: in the table, exit 2 with its paragraph. fairseq's flags come from
-tests/fairseq_flags/fairseq_0_12_2_flags.json, generated from fairseq's source (regenerated below).
+tests/config/fairseq_0_12_2_flags.json, generated from fairseq's source (regenerated below).
 """
 import ast
 import importlib.util
@@ -21,7 +21,7 @@ from shardtrain.models import ARCH_REGISTRY
 from test_flag_coverage import ACCEPT_ONLY, REFUSED, table_entry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FLAGS_DIR = os.path.join(os.path.dirname(HERE), "fairseq_flags")
+FLAGS_DIR = HERE
 JSON_PATH = os.path.join(FLAGS_DIR, "fairseq_0_12_2_flags.json")
 with open(JSON_PATH) as _f:
     FAIRSEQ = json.load(_f)
@@ -226,7 +226,7 @@ def test_the_checked_in_flag_list_is_what_fairseqs_source_gives():
     if not os.path.isdir(mirror):
         pytest.skip(f"fairseq's git mirror is not at {mirror} (set FAIRSEQ_MIRROR)")
     assert generator.dump(generator.generate(mirror)) == open(JSON_PATH).read(), (
-        "regenerate: python tests/fairseq_flags/generate_flag_list.py")
+        "regenerate: python tests/config/generate_flag_list.py")
     counts = {group: len(data["flags"]) for group, data in GROUPS.items()}
     assert counts["common"] == 37 and counts["distributed_training"] == 36 and counts["checkpoint"] == 26
     assert counts["model:transformer_lm"] == 46 and "transformer_lm_gbw" in GROUPS["model:transformer_lm"][

@@ -31,7 +31,7 @@ APPENDED = {
 # Commands README shows that this test does not run, and why.
 NOT_RUN = {
     "pip install torch==2.13.0 && pip install -e . && shard-demo":
-        "installs packages; shard-demo itself is run by tests/cli/test_demo.py and timed by benchmarks/demo_time.py",
+        "installs packages; shard-demo itself is run by tests/e2e/test_demo.py and timed by benchmarks/demo_time.py",
     'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q tests':
         "installs packages and runs the whole suite: it is .ci/run's main run",
 }

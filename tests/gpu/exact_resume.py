@@ -2,7 +2,7 @@
 and the update count of the final checkpoints (torch.equal), at a learning rate that moves every
 weight on every update. Losses rounded to 3 decimals at the default schedule (lr <= 7.5e-7 in the
 first 6 updates) pass a resume from the wrong update's state; these checks do not
-(tests/distributed/test_async_save_resume_cpu.py shows it on the CPU)."""
+(tests/trainer/checkpoint/test_async_save_resume_cpu.py shows it on the CPU)."""
 import os
 from typing import Callable, Dict, List
 

@@ -9,7 +9,7 @@ from st_testutils import last_checkpoint_state
 from shardtrain.trainer.checkpoint.consolidate import read_sharded
 from shardtrain.trainer.metrics.flops import gpu_peak_tflops
 
-# SGD: see tests/trainer/test_compile.py (Adam turns rounding noise in zero gradients into steps).
+# SGD: see tests/trainer/parallel/test_compile.py (Adam turns rounding noise in zero gradients into steps).
 FLAGS = ["--max-update", "10", "--optimizer", "sgd", "--lr", "0.1", "--lr-scheduler", "fixed", "--dropout", "0.1",
          "--disable-validation", "--no-epoch-checkpoints"]
 

@@ -4,7 +4,7 @@ pinned whenever a GPU was visible) and its sharded checkpoints, written in the
 foreground or in the background (DCP's writer once asked for the current CUDA stream
 whenever CUDA was available). And on 2 GPUs, no rank opens a context on another
 rank's device (an --async-save's writer thread once synchronized device 0 from every
-rank). tests/trainer/test_fsdp_offload_device.py and test_checkpoint_cuda_free.py
+rank). tests/trainer/parallel/test_fsdp_offload_device.py and test_checkpoint_cuda_free.py
 test the same on a CPU machine."""
 import json
 import os

@@ -4,8 +4,6 @@ bitwise the weights the CPU init gives (fully_sharded materialises shards on the
 
 One GPU with --update-freq 2 sees the batches 2 GPUs see with --update-freq 1 (and 4
 GPUs with hybrid_shard: one GPU at --update-freq 4)."""
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,6 @@ from conftest import gpu_count, needs_gpus
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed"))
 from equivalence_mains import initial_weights, train_and_record  # noqa: E402
 from st_testutils import make_space_data_bin  # noqa: E402
 

@@ -14,7 +14,7 @@ from conftest import needs_gpus
 from exact_resume import differences, flat
 from shardtrain.trainer.checkpoint.consolidate import read_sharded
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed_launch"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "trainer", "checkpoint"))
 from test_faults import stop_rank_1  # noqa: E402
 
 HEARTBEAT_TIMEOUT_S = 30

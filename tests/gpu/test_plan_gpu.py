@@ -1,5 +1,5 @@
 """shard-plan on a GPU: each configuration's planned GPU peak against torch.cuda.max_memory_allocated
-of 4 real updates (the CPU suite checks resident memory: tests/plan/test_plan_accuracy.py), and the
+of 4 real updates (the CPU suite checks resident memory: tests/benchmark_scripts/test_plan_accuracy.py), and the
 speeds the planner measures on this GPU against what such hardware can do.
 
 Ranges, from data sheets: a device-to-device copy (read + write) reaches 60-95% of the memory's

@@ -1,18 +1,14 @@
-"""The precision matrix of tests/distributed/precision_mains.py on CUDA: every graph-changing
+"""The precision matrix of tests/helpers/precision_mains.py on CUDA: every graph-changing
 model option x fp32/bf16/fp16 (and --memory-efficient-fp16 where allowed) trains 2 updates with a
 finite loss and its activations in the compute dtype. On CUDA autocast keeps LayerNorm in fp32,
 which the rule allows; flash/efficient attention kernels run instead of the CPU's math kernel.
 """
-import os
-import sys
 
 import pytest
 
 from conftest import needs_gpus
 
-# The matrix lives beside the CPU test, in tests/distributed/, which pytest puts on sys.path only
-# when it collects a test there: reuse it rather than keep a second copy in step.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "distributed"))
+# The runs live in tests/helpers/ (on sys.path via tests/conftest.py), shared with the CPU test: one copy.
 from precision_mains import assert_all_trained, make_data_bin, run_matrix  # noqa: E402
 
 

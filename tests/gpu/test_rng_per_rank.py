@@ -1,22 +1,18 @@
 """Per-rank RNG on GPUs: each rank saves and restores its own device's generator only.
 
-The runs of tests/distributed/test_rng_per_rank_cpu.py on CUDA/NCCL. A GPU dropout call
+The runs of tests/trainer/test_rng_per_rank_cpu.py on CUDA/NCCL. A GPU dropout call
 advances the generator by the same step whatever the batch's shape, so the ranks'
 GPU streams part ways through rng_mains' per-rank draws on the device; a resume that
 restored rank 0's GPU state (or every visible GPU's) on every rank changes rank 1's
 dropout masks and fails the bit-identity check.
 """
-import os
-import sys
 
 import pytest
 import torch
 
 from conftest import needs_gpus
 
-# The runs live beside the CPU test, in tests/distributed/, which pytest puts on sys.path only
-# when it collects a test there: reuse them rather than keep a second copy in step.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "distributed"))
+# The runs live in tests/helpers/ (on sys.path via tests/conftest.py), shared with the CPU test: one copy.
 from rng_mains import assert_resumed_bit_identically, make_data_bin, straight_and_resumed  # noqa: E402
 from shardtrain.trainer.rng import rng_state, set_rng_state  # noqa: E402
 from st_testutils import last_checkpoint_state  # noqa: E402

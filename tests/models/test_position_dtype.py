@@ -2,7 +2,7 @@
 
 FSDP2's mixed precision casts a model's parameters, not its buffers: the sinusoidal table stays
 fp32 while the embeddings come out bf16. Mimicked here without processes by casting the
-parameters alone (the full backends x precisions matrix: tests/distributed/precision_mains.py).
+parameters alone (the full backends x precisions matrix: tests/helpers/precision_mains.py).
 """
 import pytest
 import torch

@@ -10,6 +10,8 @@ from shardtrain.trainer.metrics.logging_setup import setup_logging, teardown_log
 from shardtrain.trainer.metrics.progress import build_progress_bar
 from svg_panels import read_panels
 
+TESTS_ROOM = "shardtrain.plot"  # it drives the commands: its imports cannot say which room it tests
+
 
 def write_records(path, train, valid=(), log_format="simple"):
     """Interval records and validation summaries through the real progress bar into a --log-file."""

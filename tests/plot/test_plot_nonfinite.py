@@ -9,6 +9,8 @@ from shardtrain.cli import plot
 from shardtrain.trainer.metrics.logging_setup import setup_logging, teardown_logging
 from shardtrain.trainer.metrics.progress import build_progress_bar
 
+TESTS_ROOM = "shardtrain.plot"  # it drives the commands: its imports cannot say which room it tests
+
 
 def write_log(path, losses):
     """Interval records through the real json progress bar: lr finite, loss as given."""

@@ -11,7 +11,7 @@ from shardtrain.trainer import loop
 from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.precision import build_scaler
 from st_testutils import json_records, tiny_model_flags
-from test_trainer_step import blocks, data_bin, make_trainer, params  # noqa: F401 (data_bin is a fixture)
+from small_trainer import blocks, data_bin, make_trainer, params  # noqa: F401 (data_bin is a fixture)
 
 
 @pytest.mark.slow

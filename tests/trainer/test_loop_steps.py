@@ -1,7 +1,7 @@
 """The loop's steps after an update, without processes: which updates validate and save (validation.due,
 fairseq_cli/train.py's validate_and_save decision), and which checkpoint a divergence may call intact
 (the checkpoint manager keeps it; the loop hands it to the error). The runs that show the same
-schedules end to end are in tests/checkpoint_flags/."""
+schedules end to end are in tests/trainer/checkpoint/."""
 import errno
 import types
 

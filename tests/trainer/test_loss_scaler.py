@@ -7,7 +7,7 @@ import torch
 from shardtrain.data.collate import collate
 from shardtrain.trainer.loss_scaler import DynamicLossScaler, MinimumLossScaleError
 from shardtrain.trainer.precision import Precision, TrainingDivergedError, build_scaler
-from test_trainer_step import blocks, data_bin, make_trainer, params  # noqa: F401 (data_bin is a fixture)
+from small_trainer import blocks, data_bin, make_trainer, params  # noqa: F401 (data_bin is a fixture)
 
 
 def test_scale_grows_after_a_window_of_clean_updates():

@@ -1,4 +1,4 @@
-"""The per-rank RNG decisions, without processes (the 2-rank behaviour: tests/distributed/test_rng_per_rank_cpu.py)."""
+"""The per-rank RNG decisions, without processes (the 2-rank behaviour: tests/trainer/test_rng_per_rank_cpu.py)."""
 import logging
 import random
 

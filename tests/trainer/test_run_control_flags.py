@@ -11,6 +11,8 @@ import torch
 from shardtrain.cli import train
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 
+TESTS_ROOM = "shardtrain.trainer.loop"  # it drives the commands: its imports cannot say which room it tests
+
 pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 

@@ -7,6 +7,8 @@ import pytest
 from shardtrain.cli import train
 from st_testutils import cli_refusal, json_records, make_space_data_bin, tiny_model_flags
 
+TESTS_ROOM = "shardtrain.trainer.validation"  # it drives the commands: its imports cannot say which room it tests
+
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):

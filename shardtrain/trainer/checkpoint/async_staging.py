@@ -86,7 +86,7 @@ def _rebuild(value, path: str, tensor_fn: Callable[[str, torch.Tensor], torch.Te
 
 class HostMemory:
     """The device side of staging, in one place: which device a tensor is on, a host buffer for
-    it, the copy and the wait for it (tests/trainer/cuda_stand_in.py stands in for a GPU here)."""
+    it, the copy and the wait for it (tests/trainer/checkpoint/cuda_stand_in.py stands in for a GPU here)."""
 
     def device_of(self, tensor: torch.Tensor) -> torch.device:
         return tensor.device

@@ -3,7 +3,7 @@
 torch computes them and its reader never checks them. verify_zip reads every entry as Python's zipfile does,
 which checks each CRC and that each local header names its entry; the bytes neither zipfile nor torch looks at
 (timestamps, version fields, the padding of local extra fields) cannot change what is loaded.
-tests/trainer/test_checksum_flips.py flips random bits and asserts exactly that.
+tests/trainer/checkpoint/test_checksum_flips.py flips random bits and asserts exactly that.
 """
 import os
 import struct
