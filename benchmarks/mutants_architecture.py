@@ -62,4 +62,7 @@ MUTANTS = [
            "tests/architecture/test_test_layout.py", "                problems.append(f\"{shown}: tests/{rel}/ is no room",
            "                0 and problems.append(f\"{shown}: tests/{rel}/ is no room",
            ("tests/architecture/test_test_layout.py::test_a_test_file_filed_in_another_room_is_found",)),
+    Mutant("suite_keeps_sigint_ignored", "the suite tests Ctrl-C also when started as a background job",
+           "tests/conftest.py", "        signal.signal(signal.SIGINT, signal.default_int_handler)\n", "        pass\n",
+           ("tests/architecture/test_suite_in_background.py::test_a_suite_started_with_sigint_ignored_still_delivers_ctrl_c",)),
 ]

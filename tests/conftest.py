@@ -3,6 +3,7 @@ process groups are restored so no test leaks state into the next."""
 import logging
 import os
 import random
+import signal
 import sys
 
 import pytest
@@ -25,6 +26,11 @@ def pytest_configure(config):
         "markers", "slow: the test starts a process, a process group of more than one rank or a training run; "
         "the fast tier (-m 'not slow') leaves it out, and tier_guard.py fails an unmarked test that does")
     tier_guard.install()
+    # A shell starts a background job (`.ci/run &`, nohup) with SIGINT ignored, and an ignored signal stays
+    # ignored across exec: the commands the Ctrl-C tests interrupt would never see it. A handler set here is
+    # reset to the default by exec, so every process the tests start takes Ctrl-C as it does from a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
