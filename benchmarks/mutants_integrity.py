@@ -108,7 +108,7 @@ MUTANTS = [
            T + "checkpoint/save_dir_lock.py",
            "        if self._fd is not None and self._made and _holds_only_the_lock(self.save_dir):",
            "        if False:",
-           ("tests/trainer/checkpoint/test_save_dir_lock.py::test_a_run_that_fails_to_start_leaves_no_save_dir",)),
+           ("tests/trainer/checkpoint/test_save_dir_lock.py::test_a_run_that_fails_after_taking_the_lock_leaves_no_save_dir",)),
     # -- issue 16, red-team item 6: every choice checked, whichever front end set it ------------------
     Mutant("choices_unchecked_outside_flags", "Hydra and YAML values get the choice checks flags get",
            "shardtrain/config/checks.py", "            if value not in choices:", "            if False:",

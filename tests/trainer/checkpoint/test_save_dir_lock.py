@@ -95,3 +95,23 @@ def test_a_run_that_fails_to_start_leaves_no_save_dir(data_bin, tmp_path, capsys
     assert info.value.code == 2, capsys.readouterr().err
     assert "nosuch" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+def test_a_run_that_fails_after_taking_the_lock_leaves_no_save_dir(data_bin, tmp_path, capsys, monkeypatch):
+    """The failure above is found before launch, before any lock; this one comes while the model is built, with
+    the lock held (the save dir made for it): closing removes the lock and the dirs it made."""
+    from shardtrain.core.errors import ConfigError
+    from shardtrain.trainer import loop
+    made = []
+
+    def failing_build(run, *args):
+        made.append(sorted(os.listdir(save)))
+        raise ConfigError("the model cannot be built (a stand-in for any failure while the run starts)")
+
+    monkeypatch.setattr(loop.Run, "_build", failing_build)
+    save = tmp_path / "a" / "b"
+    with pytest.raises(SystemExit) as info:
+        train.main([data_bin, *tiny_model_flags(), "--cpu", "--save-dir", str(save)])
+    assert info.value.code == 2 and "cannot be built" in capsys.readouterr().err
+    assert made == [[LOCK_NAME]]  # the lock was held when it failed
+    assert os.listdir(tmp_path) == []
