@@ -220,6 +220,7 @@ def _generator():
     return module
 
 
+@pytest.mark.slow  # runs git on fairseq's mirror where there is one
 def test_the_checked_in_flag_list_is_what_fairseqs_source_gives():
     generator = _generator()
     mirror = os.environ.get("FAIRSEQ_MIRROR", generator.DEFAULT_MIRROR)
