@@ -49,6 +49,7 @@ import mutants_resume_records
 import mutants_run_devices
 import mutants_skip_batches
 import mutants_spike
+import mutants_step_in_backward
 import mutants_torch_versions
 import mutants_trainer_loop
 import mutants_trainer_step
@@ -60,6 +61,7 @@ AREAS = (
     # shardtrain/trainer/: the step, precision, backends, the loop, launching, metrics, self-healing
     mutants_trainer_step, mutants_precision, mutants_parallel, mutants_trainer_loop, mutants_loop_steps,
     mutants_skip_batches, mutants_launch, mutants_metrics, mutants_spike, mutants_run_devices, mutants_resume_records,
+    mutants_step_in_backward,
     # shardtrain/trainer/checkpoint/ and the integrity of checkpoints and data-bins
     mutants_checkpoint_writing, mutants_checkpoint_staging, mutants_checkpoint_reading, mutants_keep_policy,
     mutants_integrity,

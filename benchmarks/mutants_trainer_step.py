@@ -4,19 +4,25 @@ from mutant_spec import T, Mutant
 
 STEP = "tests/trainer/test_trainer_step.py"
 EQUIVALENCE = "tests/trainer/parallel/test_backend_equivalence.py::test_two_ranks_equal_one_process"
-# The summed-loss backward of Trainer.train_step through _update's multiplier: one contiguous snippet,
+# The summed-loss backward of Trainer.train_step through _multiplier(): one contiguous snippet,
 # so that "divide the loss first" can be one replacement.
 _BACKWARD_TO_MULTIPLIER = """\
-                self.precision.backward(loss if sample else loss * 0.0)
-            logs.append(log if sample else {k: 0 * v for k, v in log.items()})
-        self.backend.reduce_grads(self.params)
+                    self.precision.backward(loss if sample else loss * 0.0)
+                logs.append(log if sample else {k: 0 * v for k, v in log.items()})
+            self.backend.reduce_grads(self.params)
+        except BaseException:
+            if overlap is not None:
+                overlap.abandon()  # an error in forward/backward: the worker ends, its steps undone where kept
+            raise
+        if overlap is not None:
+            overlap.finish()  # every shard stepped with _multiplier(), the gradients untouched
         return self._update(logs, sample_size)
 
-    def _update(self, logs: List[Dict], sample_size: float) -> Dict:
-        # The gradients are loss_scale x the summed loss's gradient (averaged over ranks by
-        # DDP/FSDP): one multiply makes them the gradient of the update's mean loss, clipped.
+    def _multiplier(self, sample_size: float) -> float:
+        \"\"\"The gradients are loss_scale x the summed loss's gradient (averaged over ranks by DDP/FSDP):
+        this makes them the gradient of the update's mean loss (clipping aside). Known before backward.\"\"\"
         ranks = self.backend.world_size if self.backend.grads_are_averaged else 1.0
-        multiplier = self.precision.unscale_factor() * ranks / max(sample_size, 1.0)
+        return self.precision.unscale_factor() * ranks / max(sample_size, 1.0)
 """
 
 MUTANTS = [

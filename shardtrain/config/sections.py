@@ -213,6 +213,9 @@ class DistributedConfig:
                                            "backward (more memory, less communication; ZeRO-2 like)")
     cpu_offload: bool = field(False, help="fully_sharded: keep parameter shards, gradients and optimizer state in "
                               "CPU memory")
+    cpu_step_after_backward: bool = field(False, help="fully_sharded with --optimizer cpu_adam: step the optimizer "
+                                          "after backward; by default each shard steps during backward, as soon as "
+                                          "its gradient is on the host (same result, bit for bit)")
     fsdp_unsharded_accumulation: bool = field(False, help="fully_sharded with --update-freq > 1: keep unsharded "
                                               "gradients until the last micro-batch and reduce once (less "
                                               "communication, but every rank holds the whole model's fp32 "

@@ -74,6 +74,7 @@ class CPUAdam(torch.optim.Optimizer):
     """
 
     kernel = "fused CPU Adam"  # what the optimizer log line names (torch optimizers: their fused/foreach flag)
+    steps_on_host = True  # trainer/parallel/step_in_backward.py may step it shard by shard during backward
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, adamw_mode: bool = True, fp16_adam_stats: bool = False,
@@ -150,14 +151,63 @@ class CPUAdam(torch.optim.Optimizer):
                 pipe.finish()
         return loss
 
-    def _step_fused(self, group, params: List[torch.Tensor], multiplier: float) -> None:
+    # -- one parameter at a time, for stepping during backward (trainer/parallel/step_in_backward.py) ----------
+    def steps_fused(self, p: torch.Tensor) -> bool:
+        """Whether :meth:`step` would step ``p`` through the fused kernel (fp32 on the CPU, fp32 state, no
+        master copy): the only path whose result does not depend on which parameters share a call."""
+        group = self._group_of(p)
+        return (not group["fp16_adam_stats"] and not self._uses_master_copy(p)
+                and _local(p).dtype == torch.float32 and _local(p).is_contiguous())
+
+    @torch.no_grad()
+    def step_one(self, p: torch.Tensor, multiplier: float, keep: bool):
+        """Step ``p`` alone with ``multiplier``, as :meth:`step` would step it with that multiplier (the
+        fused kernel works tensor by tensor: grouping changes no bit). The gradient is left as it was: the
+        kernel writes the multiplied gradient back into what it reads, so it reads a copy. ``keep``: return
+        what :meth:`restore` needs to undo the step exactly (the parameter, moments and step, copied)."""
+        group = self._group_of(p)
+        fresh = not self.state.get(p)  # a first step creates the state: undoing it removes it again
+        state = self._fill_state(p, group)
+        kept = None
+        if keep:
+            kept = (fresh, _local(p).clone()) + (() if fresh else tuple(
+                t.clone() for t in (_local(state["exp_avg"]), _local(state["exp_avg_sq"]), state["step"])))
+        self._step_fused(group, [p], multiplier, grads=[_local(p.grad).clone()])
+        return kept
+
+    def _group_of(self, p: torch.Tensor) -> Dict:
+        """``p``'s param group. Looked up in a map, rebuilt whenever its group is no longer one of
+        ``param_groups`` (load_state_dict replaces the group dicts: a stale one would step with a stale lr)."""
+        group = getattr(self, "_groups_by_param", {}).get(id(p))
+        if group is None or not any(group is g for g in self.param_groups):
+            self._groups_by_param = {id(q): g for g in self.param_groups for q in g["params"]}
+            group = self._groups_by_param[id(p)]
+        return group
+
+    @torch.no_grad()
+    def restore(self, p: torch.Tensor, kept) -> None:
+        """Undo :meth:`step_one` on ``p`` from what it kept: bit for bit."""
+        fresh, param, *moments = kept
+        _local(p).copy_(param)
+        if fresh:
+            del self.state[p]
+            return
+        state = self.state[p]
+        for target, value in zip((_local(state["exp_avg"]), _local(state["exp_avg_sq"]), state["step"]), moments):
+            target.copy_(value)
+
+    def _step_fused(self, group, params: List[torch.Tensor], multiplier: float,
+                    grads: Optional[List[torch.Tensor]] = None) -> None:
+        """``grads``: what the kernel reads as the gradients (default: each ``.grad``, which it overwrites
+        with the multiplied gradient)."""
         if not params:
             return
         states = [self.state[p] for p in params]
         # The kernel divides each gradient by grad_scale as it reads it: the multiplier costs
         # no pass of its own over the gradients (benchmarks/offload_step.py).
         grad_scale = None if multiplier == 1.0 else torch.tensor(1.0 / multiplier)
-        _adam(group, [_local(p) for p in params], [_local(p.grad) for p in params],
+        grads = [_local(p.grad) for p in params] if grads is None else grads
+        _adam(group, [_local(p) for p in params], grads,
               [_local(s["exp_avg"]) for s in states], [_local(s["exp_avg_sq"]) for s in states],
               [s["step"] for s in states], grad_scale)
 

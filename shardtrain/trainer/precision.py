@@ -75,6 +75,10 @@ class Precision:
         self.autocast_dtype, self.device_type, self.param_dtype = autocast_dtype, device_type, param_dtype
         self.skip_nan, self.nan_in_a_row = skip_nan, 0
 
+    def may_skip(self) -> bool:
+        """Whether :meth:`accept` may answer False (skip an update) rather than accept or raise."""
+        return self.skip_nan > 0
+
     def autocast(self):
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
@@ -136,6 +140,9 @@ class LossScaledPrecision(Precision):
 
     def unscale_factor(self):
         return 1.0 / self.scaler.loss_scale
+
+    def may_skip(self):
+        return True  # an overflow skips the update
 
     def accept(self, grad_norm, update):
         # grad_norm is a global norm (a collective under every backend), so an

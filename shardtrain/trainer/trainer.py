@@ -12,6 +12,7 @@ import torch
 from shardtrain.trainer import build
 from shardtrain.trainer.checkpoint.contents import load_parts, state_of, trainer_parts
 from shardtrain.trainer.parallel.choose import Backend
+from shardtrain.trainer.parallel.step_in_backward import build_step_in_backward
 from shardtrain.trainer.precision import Precision, TrainingDivergedError  # noqa: F401 (re-exported)
 from shardtrain.trainer.resolved import Components
 from shardtrain.trainer.train_state import TrainState
@@ -33,6 +34,8 @@ class Trainer:
         self.dummy_batch = None  # stands in for an empty filler batch (see set_dummy_batch)
         self.lr_scheduler = build.build_lr_scheduler(cfg, components, self.optimizer)
         self.state = TrainState()
+        # None, or the optimizer stepping each shard during the last backward (offload: see its module)
+        self.step_in_backward = build_step_in_backward(cfg, backend, self.optimizer, self.params, precision)
 
     @property
     def num_updates(self) -> int:
@@ -55,34 +58,59 @@ class Trainer:
         sizes = torch.tensor([float(self.criterion_sample_size(s)) for s in samples if s] or [0.0]).sum()
         sample_size = float(self.backend.all_reduce_sum(sizes.to(self.device)))
         logs = []
-        for i, sample in enumerate(samples):
-            last = i == len(samples) - 1
-            with contextlib.nullcontext() if last else self.backend.no_sync(self.model):
-                with self.precision.autocast():
-                    loss, _, log = self.criterion(self.model, sample or self.dummy_batch)
-                # Backward of the *summed* loss, as fairseq: dividing by the sample size first
-                # would push fp16 gradients below fp16's range (a 50k vocabulary's logit
-                # gradients flush to zero); _update divides once the gradients are fp32 or reduced.
-                self.precision.backward(loss if sample else loss * 0.0)
-            logs.append(log if sample else {k: 0 * v for k, v in log.items()})
-        self.backend.reduce_grads(self.params)
+        overlap = self.step_in_backward
+        try:
+            for i, sample in enumerate(samples):
+                last = i == len(samples) - 1
+                if last and overlap is not None:
+                    overlap.arm(self._multiplier(sample_size))
+                with contextlib.nullcontext() if last else self.backend.no_sync(self.model):
+                    with self.precision.autocast():
+                        loss, _, log = self.criterion(self.model, sample or self.dummy_batch)
+                    # Backward of the *summed* loss, as fairseq: dividing by the sample size first
+                    # would push fp16 gradients below fp16's range (a 50k vocabulary's logit
+                    # gradients flush to zero); _update divides once the gradients are fp32 or reduced.
+                    self.precision.backward(loss if sample else loss * 0.0)
+                logs.append(log if sample else {k: 0 * v for k, v in log.items()})
+            self.backend.reduce_grads(self.params)
+        except BaseException:
+            if overlap is not None:
+                overlap.abandon()  # an error in forward/backward: the worker ends, its steps undone where kept
+            raise
+        if overlap is not None:
+            overlap.finish()  # every shard stepped with _multiplier(), the gradients untouched
         return self._update(logs, sample_size)
 
-    def _update(self, logs: List[Dict], sample_size: float) -> Dict:
-        # The gradients are loss_scale x the summed loss's gradient (averaged over ranks by
-        # DDP/FSDP): one multiply makes them the gradient of the update's mean loss, clipped.
+    def _multiplier(self, sample_size: float) -> float:
+        """The gradients are loss_scale x the summed loss's gradient (averaged over ranks by DDP/FSDP):
+        this makes them the gradient of the update's mean loss (clipping aside). Known before backward."""
         ranks = self.backend.world_size if self.backend.grads_are_averaged else 1.0
-        multiplier = self.precision.unscale_factor() * ranks / max(sample_size, 1.0)
+        return self.precision.unscale_factor() * ranks / max(sample_size, 1.0)
+
+    def _update(self, logs: List[Dict], sample_size: float) -> Dict:
+        multiplier = self._multiplier(sample_size)
         gnorm = self.backend.grad_norm(self.params) * multiplier
         clip = self.cfg.optimization.clip_norm
         clipped = False
-        stepped = self.precision.accept(gnorm, self.num_updates + 1)  # False: skipped (fp16 overflow, NaN)
+        try:
+            stepped = self.precision.accept(gnorm, self.num_updates + 1)  # False: skipped (fp16 overflow, NaN)
+        except BaseException:  # the run stops (NaN/inf): leave the weights as they were where that is possible
+            if self.step_in_backward is not None and self.step_in_backward.keep:
+                self.step_in_backward.undo()
+            raise
         if stepped:
             clipped = clip > 0 and float(gnorm) > clip
             if clipped:  # torch's and fairseq's clip coefficient
                 multiplier *= clip / (float(gnorm) + 1e-6)
-            self.precision.step(self.optimizer, self.backend, self.params, multiplier)
+            if self.step_in_backward is not None and not clipped:
+                self.step_in_backward.commit(multiplier)  # stepped during backward with this multiplier
+            else:
+                if self.step_in_backward is not None:
+                    self.step_in_backward.undo()  # speculated unclipped: step again, clipped
+                self.precision.step(self.optimizer, self.backend, self.params, multiplier)
             self.state.num_updates += 1
+        elif self.step_in_backward is not None:
+            self.step_in_backward.undo()  # a skipped update leaves no trace
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.lr_scheduler.step_update(self.num_updates)
         return {"logs": self._reduce_logs(logs), "sample_size": sample_size, "gnorm": float(gnorm),

@@ -1,0 +1,163 @@
+"""The CPU optimizer steps each parameter shard during backward, as soon as its gradient is on the host.
+
+Under ``--ddp-backend fully_sharded --cpu-offload --optimizer cpu_adam`` the shards, their gradients and Adam's
+state live in host memory. Stepped after backward, the CPU step (about 36 bytes of memory traffic per parameter)
+leaves the accelerator idle; stepped here, a worker thread steps block N's shards while the accelerator runs
+block N-1's backward, and only the last block's (FSDP's root group: embeddings, the output projection) steps
+after backward.
+
+When: FSDP2 calls a sharded parameter's post-accumulate-grad hooks itself, right after it has put the reduced
+gradient on the host (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, ``foreach_reduce``), once per
+parameter and only on the update's last micro-batch (``arm``). On an accelerator the hook records an event on
+the current stream, which the worker waits for: torch 2.13 copies such a gradient synchronously, torch 2.11
+may still be copying it (non_blocking into pinned memory) when the hook runs.
+
+Exactness: the update is multiplied by unscale x ranks / sample size (known before backward) and, where
+``--clip-norm`` fires, by clip / norm, which needs every gradient. The worker steps with the first
+(speculates that clipping will not fire) and keeps a copy of each shard's parameter and moments (``keep``);
+after backward the trainer takes the norm as always, then commits, or restores every shard bit for bit and
+steps synchronously (clipped), or restores and skips (an fp16 overflow, ``--skip-nan-updates``). The fused
+kernel steps tensor by tensor, so stepping one shard at a time gives the bits of one call over all of them.
+Where no outcome but "commit" is possible (no clipping, a precision that never skips: a non-finite norm ends
+the run), nothing is kept: no host memory beyond a gradient copy per shard in flight.
+"""
+import logging
+import queue
+import threading
+from typing import Dict, List, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def build_step_in_backward(cfg, backend, optimizer, params, precision) -> Optional["StepInBackward"]:
+    """The run's :class:`StepInBackward`, or None where the optimizer steps after backward (and why, said
+    once where the user may have expected otherwise)."""
+    if not backend.shards_parameters or not getattr(optimizer, "steps_on_host", False):
+        return None
+    if cfg.distributed.cpu_step_after_backward:
+        logger.info("--cpu-step-after-backward: the optimizer steps after backward")
+        return None
+    why = StepInBackward.unsupported(optimizer, params)
+    if why is not None:
+        logger.info(f"the optimizer steps after backward, not during it: {why}")
+        return None
+    keep = cfg.optimization.clip_norm > 0 or precision.may_skip()
+    logger.info("the optimizer steps each shard during backward, as its gradient reaches the host"
+                + (" (keeping a copy of each shard's state until the update is decided: --clip-norm, fp16 or "
+                   "--skip-nan-updates may undo it)" if keep else ""))
+    return StepInBackward(optimizer, params, keep, backend.device)
+
+
+class StepInBackward:
+    """Steps ``optimizer`` (a :class:`~shardtrain.optim.cpu_adam.CPUAdam`) shard by shard during backward.
+
+    Per update: :meth:`arm` before the last micro-batch's backward, :meth:`finish` after it (joins the worker),
+    then :meth:`commit` (the step stands; the shards no hook reached step now) or :meth:`undo`."""
+
+    def __init__(self, optimizer, params: List[torch.nn.Parameter], keep: bool, device: torch.device):
+        """``device``: the run's; where it is an accelerator, a gradient's copy to the host is waited for."""
+        self.optimizer = optimizer
+        self._event_type = None if device.type == "cpu" else device.type
+        self.params = params
+        self.keep = keep
+        self._multiplier: Optional[float] = None
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._worker: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._kept: Dict[torch.nn.Parameter, tuple] = {}
+        self._stepped: List[torch.nn.Parameter] = []
+        self._handles = [p.register_post_accumulate_grad_hook(self._arrived) for p in params]
+
+    @staticmethod
+    def unsupported(optimizer, params) -> Optional[str]:
+        """Why the shards cannot be stepped during backward (None: they can)."""
+        if not hasattr(optimizer, "step_one"):
+            return f"{type(optimizer).__name__} steps all parameters at once"
+        if not all(optimizer.steps_fused(p) for p in params):
+            return "some parameters step chunk by chunk (--fp16-adam-stats, or not fp32 on the CPU)"
+        return None
+
+    def arm(self, multiplier: float) -> None:
+        """The next backward is the update's last: step each shard as its gradient lands, with ``multiplier``."""
+        self._multiplier = multiplier
+        self._worker = threading.Thread(target=self._work, name="step-in-backward", daemon=True)
+        self._worker.start()
+
+    def _arrived(self, p: torch.nn.Parameter) -> None:
+        if self._multiplier is None:  # an earlier micro-batch: its gradient is not the update's yet
+            return
+        event = None
+        if self._event_type is not None:
+            event = torch.Event(self._event_type)  # records on the current stream: after the copy to the host
+            event.record()
+        self._queue.put((p, event))
+
+    def _work(self) -> None:
+        try:
+            with torch.no_grad():  # grad mode is per thread
+                while True:
+                    item = self._queue.get()
+                    if item is None:
+                        return
+                    p, event = item
+                    if event is not None:
+                        event.synchronize()
+                    kept = self.optimizer.step_one(p, self._multiplier, self.keep)
+                    self._stepped.append(p)
+                    if self.keep:
+                        self._kept[p] = kept
+        except BaseException as e:  # re-raised by finish(), on the training thread
+            self._error = e
+            while self._queue.get() is not None:
+                pass
+
+    def finish(self) -> None:
+        """Wait until every shard the hooks handed over is stepped."""
+        if self._worker is None:
+            return
+        self._queue.put(None)
+        self._worker.join()
+        self._worker, self._multiplier = None, None
+        if self._error is not None:
+            error, self._error = self._error, None
+            if self.keep:
+                self.undo()
+            else:  # nothing to restore from: the run stops with the worker's error, not undo()'s refusal
+                self._stepped, self._kept = [], {}
+            raise error
+
+    def abandon(self) -> None:
+        """The update failed before it was decided: end the worker, and undo its steps where copies were kept."""
+        try:
+            self.finish()
+        finally:
+            if self.keep:
+                self.undo()
+            self._stepped, self._kept = [], {}
+
+    def commit(self, multiplier: float) -> None:
+        """The update stands with ``multiplier`` (the one armed with): step the shards with a gradient that no
+        hook handed over (none under FSDP2; kept for safety, stepped exactly as the worker would)."""
+        stepped = {id(p) for p in self._stepped}
+        with torch.no_grad():
+            for p in self.params:
+                if p.grad is not None and id(p) not in stepped:
+                    self.optimizer.step_one(p, multiplier, False)
+        self._stepped, self._kept = [], {}
+
+    def undo(self) -> None:
+        """Put every stepped shard back as it was before the update, bit for bit."""
+        if self._stepped and not self.keep:
+            raise RuntimeError("StepInBackward was built without copies (keep=False): an update it stepped "
+                               "cannot be undone")
+        with torch.no_grad():
+            for p in reversed(self._stepped):
+                self.optimizer.restore(p, self._kept[p])
+        self._stepped, self._kept = [], {}
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []

@@ -1,0 +1,493 @@
+"""--ddp-backend fully_sharded --optimizer cpu_adam: each parameter shard steps during backward, as soon as its
+gradient is reduced onto the host (trainer/parallel/step_in_backward.py), with the bits of the synchronous step
+that --cpu-step-after-backward keeps.
+
+- Two real gloo ranks, one spawn: six cases trained 20 calls of train_step both ways from the same seed, every
+  rank's shards, exp_avg, exp_avg_sq and step compared with torch.equal and every call's record exactly. Chosen
+  calls scale the loss (x100: clipping fires there and nowhere else; x inf: an fp16 overflow; x NaN: a
+  --skip-nan-updates skip), so each outcome (commit, undo and step clipped, undo and skip) is taken.
+- Ordering, from recorded events: shards step while earlier blocks are still in backward; with the flag, after.
+- Decisions and the undo machinery without processes (plain tensors, a 1-rank group).
+"""
+import copy
+import functools
+import logging
+import threading
+import time
+
+import pytest
+import torch
+
+from one_spawn import call_each
+from shardtrain.config.run_config import parse_train_args
+from shardtrain.data.collate import collate
+from shardtrain.optim.cpu_adam import CPUAdam
+from shardtrain.trainer.parallel.base import unwrap
+from shardtrain.trainer.parallel.step_in_backward import StepInBackward
+from small_trainer import blocks, make_trainer
+from st_testutils import make_space_data_bin
+from step_in_backward_mains import compare_case, counting_step_one, local_state
+
+CALLS = 20
+CLIP = 10.0  # the unscaled runs' gradient norms are 0.4..1.8; x100 they are 40..180
+AFTER = "--cpu-step-after-backward"
+# name -> (flags, {call of train_step (0-based): loss multiplier}, resumed after this many calls or None)
+# (fp16 overflows on the first call, as fp16 runs do while the scale settles: undoing a first step removes the
+# state it created.)
+CASES = {
+    "fp32_clipped": (["--clip-norm", str(CLIP)], {3: 100.0, 7: 100.0, 15: 100.0}, None),
+    "fp16_overflow": (["--fp16", "--clip-norm", "0"], {0: float("inf"), 11: float("inf")}, None),
+    "update_freq_2": (["--update-freq", "2", "--clip-norm", "0"], {}, None),
+    "checkpoint_activations": (["--checkpoint-activations", "--clip-norm", str(CLIP)], {5: 100.0}, None),
+    "resumed_after_10": (["--clip-norm", str(CLIP)], {2: 100.0, 13: 100.0}, 10),
+    "skip_nan_updates_2": (["--skip-nan-updates", "2", "--clip-norm", "0"], {6: float("nan")}, None),
+}
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    return make_space_data_bin(str(tmp_path_factory.mktemp("sib")))
+
+
+def config(data_bin, save_dir, *flags):
+    return parse_train_args([
+        data_bin, "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "16",
+        "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
+        "--batch-size", "2", "--dropout", "0", "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam",
+        "--lr", "0.01", "--lr-scheduler", "fixed", "--no-save", "--disable-validation", "--cpu", "--threads", "1",
+        "--log-format", "none", "--save-dir", str(save_dir), "--distributed-world-size", "2",
+        "--heartbeat-timeout", "60", *flags])
+
+
+@pytest.fixture(scope="module")
+def two_ranks(data_bin, tmp_path_factory):
+    """{case: each rank's comparison (step_in_backward_mains.compare_case)}, all from one spawn."""
+    jobs = []
+    for name, (flags, scales, resume_at) in CASES.items():
+        save_dir = tmp_path_factory.mktemp("save")
+        main = functools.partial(compare_case, cfg_after=config(data_bin, save_dir, AFTER, *flags), calls=CALLS,
+                                 scales=scales, resume_at=resume_at)
+        jobs.append((main, config(data_bin, save_dir, *flags)))
+    return dict(zip(CASES, call_each(jobs)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_stepping_during_backward_equals_stepping_after_it_bit_for_bit(two_ranks, name):
+    ranks = two_ranks[name]
+    assert len(ranks) == 2
+    for rank, got in enumerate(ranks):
+        during, after = got["records"]
+        assert len(during) == CALLS
+        # Every record exactly: loss, gradient norm, clip, stepped, loss scale, update count, lr.
+        assert repr(during) == repr(after), rank
+        assert got["differences"] == [], rank  # shards, exp_avg, exp_avg_sq and step, torch.equal
+        assert got["moved"] == got["n_params"] == 26 and got["numel"] == 2480, rank
+        # The feature ran: built on every (re)built run, and the worker thread stepped every shard of every
+        # call (a skipped or clipped call's included: undone after), none on the training thread.
+        built, built_after = got["built"]
+        assert all(built) and len(built) == (2 if CASES[name][2] else 1) and built_after == [False], rank
+        counts, counts_after = got["counts"]
+        assert counts == {"worker": CALLS * got["n_params"], "training": 0}, rank
+        assert counts_after == {"worker": 0, "training": 0}, rank
+
+
+def _column(records, key):
+    return [r[key] for r in records]
+
+
+@pytest.mark.slow
+def test_the_chosen_calls_took_the_undo_paths(two_ranks):
+    """Each case's outcomes are the ones written down: the equality above means something for each path."""
+    never = [0.0] * CALLS
+    clipped = two_ranks["fp32_clipped"][0]["records"][0]
+    assert _column(clipped, "clip") == [1.0 if c in (3, 7, 15) else 0.0 for c in range(CALLS)]
+    assert all(_column(clipped, "stepped"))
+    assert _column(two_ranks["checkpoint_activations"][0]["records"][0], "clip") == [
+        1.0 if c == 5 else 0.0 for c in range(CALLS)]
+    assert _column(two_ranks["resumed_after_10"][0]["records"][0], "clip") == [
+        1.0 if c in (2, 13) else 0.0 for c in range(CALLS)]
+
+    fp16 = two_ranks["fp16_overflow"][0]["records"][0]
+    assert _column(fp16, "stepped") == [c not in (0, 11) for c in range(CALLS)]
+    assert _column(fp16, "clip") == never
+    assert _column(fp16, "loss_scale") == [64.0] * 11 + [32.0] * 9  # --fp16-init-scale 128, halved twice
+    assert fp16[-1]["num_updates"] == CALLS - 2
+
+    nan = two_ranks["skip_nan_updates_2"][0]["records"][0]
+    assert _column(nan, "stepped") == [c != 6 for c in range(CALLS)]
+    assert nan[-1]["num_updates"] == CALLS - 1
+    assert _column(two_ranks["update_freq_2"][0]["records"][0], "clip") == never
+
+
+# -- ordering, from recorded events (one rank, in process) -----------------------------------------------------
+BLOCKS = 4
+SLEEP = 0.1  # each block's backward sleeps this long, releasing the CPU as an accelerator's kernels would
+
+
+class _BackwardEnd(torch.autograd.Function):
+    """Identity on a block's input: its backward runs once the block's backward is done, before FSDP reduces
+    the block's gradients. It sleeps, then records ("bwd_end", block)."""
+
+    @staticmethod
+    def forward(ctx, x, block, events):
+        ctx.block, ctx.events = block, events
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(SLEEP)
+        ctx.events.append(("bwd_end", ctx.block))
+        return grad, None, None
+
+
+class _Events(list):
+    lock = threading.Lock()
+
+    def append(self, item):
+        with self.lock:
+            super().append(item)
+
+
+def _record_events(trainer, monkeypatch) -> _Events:
+    """("bwd_end", block) from each block's backward, ("step", parameter name) from every shard stepped, by
+    step_one (the worker) or step (after backward)."""
+    events = _Events()
+    for i, block in enumerate(unwrap(trainer.model).blocks):
+        forward = block.forward
+
+        def marked(x, *args, _forward=forward, _i=i, **kwargs):
+            return _forward(_BackwardEnd.apply(x, _i, events), *args, **kwargs)
+
+        block.forward = marked
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    step_one, step = CPUAdam.step_one, CPUAdam.step
+
+    def recorded_step_one(self, p, multiplier, keep):
+        events.append(("step", names[id(p)]))
+        return step_one(self, p, multiplier, keep)
+
+    def recorded_step(self, closure=None):
+        for p in (p for g in self.param_groups for p in g["params"] if p.grad is not None):
+            events.append(("step", names[id(p)]))
+        return step(self, closure)
+
+    monkeypatch.setattr(CPUAdam, "step_one", recorded_step_one)
+    monkeypatch.setattr(CPUAdam, "step", recorded_step)
+    return events
+
+
+def _ordering(data_bin, monkeypatch, *flags):
+    trainer, task = make_trainer(data_bin, "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam",
+                                 "--decoder-layers", str(BLOCKS), "--clip-norm", "0", *flags)
+    events = _record_events(trainer, monkeypatch)
+    trainer.train_step([collate(blocks(task, range(4)), task.dictionary.pad())])
+    return trainer, events
+
+
+def _block_of(event):
+    return int(event[1].split("blocks.")[1].split(".")[0]) if "blocks." in event[1] else None
+
+
+def test_shards_step_while_earlier_blocks_are_still_in_backward(one_rank_group, data_bin, monkeypatch):
+    trainer, events = _ordering(data_bin, monkeypatch)
+    assert trainer.step_in_backward is not None
+    ends = {e[1]: i for i, e in enumerate(events) if e[0] == "bwd_end"}
+    assert sorted(ends) == list(range(BLOCKS)) and ends[BLOCKS - 1] < ends[0]
+    steps = [(i, _block_of(e)) for i, e in enumerate(events) if e[0] == "step"]
+    assert len(steps) == len(trainer.params)
+    last = [i for i, b in steps if b == BLOCKS - 1]
+    assert last and max(last) < ends[0]  # the last block stepped before block 0's backward ended
+    for i, b in steps:  # and no block before its own backward ended (its gradient was final)
+        if b is not None:
+            assert i > ends[b], (events[i], events)
+
+
+@pytest.mark.flag_effect("--cpu-step-after-backward")
+def test_cpu_step_after_backward_steps_after_the_last_backward(one_rank_group, data_bin, monkeypatch):
+    trainer, events = _ordering(data_bin, monkeypatch, AFTER)
+    assert trainer.step_in_backward is None
+    last_end = max(i for i, e in enumerate(events) if e[0] == "bwd_end")
+    steps = [i for i, e in enumerate(events) if e[0] == "step"]
+    assert len(steps) == len(trainer.params) and min(steps) > last_end
+
+
+def test_an_error_in_backward_undoes_the_shards_already_stepped(one_rank_group, data_bin, monkeypatch):
+    """The last block's shards step while block 0 is still in backward; block 0's backward then fails: the
+    update is abandoned and every shard and its Adam state are as before it (keep: --clip-norm > 0)."""
+    trainer, task = make_trainer(data_bin, "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam",
+                                 "--decoder-layers", str(BLOCKS), "--clip-norm", str(CLIP))
+    batch = [collate(blocks(task, range(4)), task.dictionary.pad())]
+    trainer.train_step(batch)  # Adam's state exists: undo restores it rather than removing it
+    before = local_state(trainer)
+    events = _record_events(trainer, monkeypatch)
+
+    def failing(x, *args, _forward=unwrap(trainer.model).blocks[0].forward, **kwargs):
+        return _forward(_Failing.apply(x), *args, **kwargs)
+
+    unwrap(trainer.model).blocks[0].forward = failing
+    with counting_step_one() as counts, pytest.raises(RuntimeError, match="block 0's backward failed"):
+        trainer.train_step(batch)
+    assert counts["worker"] > 0 and any(e[0] == "step" for e in events)
+    after = list(local_state(trainer).values())  # in trainer.params' order
+    for (name, tensors), restored in zip(before.items(), after):
+        assert all(torch.equal(x, y) for x, y in zip(tensors, restored)), name
+
+
+class _Failing(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(SLEEP)  # the worker has the last blocks' shards by now
+        raise RuntimeError("block 0's backward failed")
+
+
+# -- decisions (a 1-rank group, no processes) ------------------------------------------------------------------
+# flags -> (built, keep), written down
+DECISIONS = {
+    "fp32, --clip-norm 0": (["--clip-norm", "0"], (True, False)),
+    "bf16, --clip-norm 0": (["--bf16", "--clip-norm", "0"], (True, False)),
+    "fp32, --clip-norm 1": (["--clip-norm", "1"], (True, True)),
+    "fp16, --clip-norm 0": (["--fp16", "--clip-norm", "0"], (True, True)),
+    "fp32, --skip-nan-updates 1": (["--skip-nan-updates", "1", "--clip-norm", "0"], (True, True)),
+    "--cpu-step-after-backward": ([AFTER, "--clip-norm", "1"], (False, None)),
+    "--fp16-adam-stats": (["--fp16-adam-stats", "--clip-norm", "0"], (False, None)),
+}
+
+
+@pytest.mark.parametrize("name", list(DECISIONS))
+def test_when_shards_step_during_backward_and_whether_copies_are_kept(one_rank_group, data_bin, name, caplog):
+    flags, (built, keep) = DECISIONS[name]
+    with caplog.at_level(logging.INFO, logger="shardtrain.trainer.parallel.step_in_backward"):
+        trainer, _ = make_trainer(data_bin, "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam", *flags)
+    sib = trainer.step_in_backward
+    assert (sib is not None) == built
+    if built:
+        assert sib.keep is keep
+    if name == "--fp16-adam-stats":
+        assert "steps after backward, not during it: some parameters step chunk by chunk" in caplog.text
+
+
+@pytest.mark.parametrize("flags", [["--ddp-backend", "fully_sharded", "--optimizer", "adam"],
+                                   ["--ddp-backend", "pytorch_ddp", "--optimizer", "cpu_adam"],
+                                   ["--ddp-backend", "no_c10d", "--optimizer", "cpu_adam"]])
+def test_other_backends_and_optimizers_step_after_backward(one_rank_group, data_bin, flags):
+    trainer, _ = make_trainer(data_bin, *flags, "--clip-norm", "0")
+    assert trainer.step_in_backward is None
+
+
+# -- CPUAdam one parameter at a time (plain tensors) -----------------------------------------------------------
+SHAPES = [(7, 5), (13,), (3, 4, 2), (1,)]
+
+
+def _params(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=g)) for s in SHAPES]
+
+
+def _grads(params, seed):
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g) * 0.1
+
+
+def _adam(params, adamw_mode):
+    return CPUAdam(params, lr=0.01, weight_decay=0.1, adamw_mode=adamw_mode, betas=(0.8, 0.95), eps=1e-6)
+
+
+def _state(optimizer, params):
+    return [(p.detach().clone(),) + tuple(optimizer.state[p][k].clone() for k in ("exp_avg", "exp_avg_sq", "step"))
+            if p in optimizer.state else (p.detach().clone(),) for p in params]
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(len(x) == len(y) and all(torch.equal(s, t) for s, t in zip(x, y))
+                                    for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("adamw_mode", [True, False])
+def test_step_one_equals_step_bit_for_bit(adamw_mode):
+    ours, theirs = _params(0), _params(0)
+    one, whole = _adam(ours, adamw_mode), _adam(theirs, adamw_mode)
+    for step, multiplier in enumerate([1.0, 0.37, 3.0, 1.0, 1e-3]):  # the first step creates the state
+        _grads(ours, step)
+        _grads(theirs, step)
+        for p in ours:
+            kept = one.step_one(p, multiplier, keep=step % 2 == 0)
+            assert (kept is None) == (step % 2 == 1)
+        whole.grad_multiplier = multiplier
+        whole.step()
+        assert _same(_state(one, ours), _state(whole, theirs)), (step, multiplier)
+    assert not _same(_state(whole, theirs), [(p.detach(),) for p in _params(0)])  # they moved
+
+
+def test_step_one_leaves_the_gradient_as_it_was():
+    params = _params(1)
+    optimizer = _adam(params, True)
+    _grads(params, 5)
+    grads = [p.grad.clone() for p in params]
+    for multiplier in (0.5, 1.0):
+        for p in params:
+            optimizer.step_one(p, multiplier, keep=False)
+        assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
+
+
+def test_restore_undoes_step_one_exactly_and_a_first_step_leaves_no_state():
+    params = _params(2)
+    optimizer = _adam(params, True)
+    start = _state(optimizer, params)
+    _grads(params, 0)
+    kept = [optimizer.step_one(p, 0.5, keep=True) for p in params]
+    assert not _same(_state(optimizer, params), start)
+    for p, k in zip(reversed(params), reversed(kept)):
+        optimizer.restore(p, k)
+    assert _same(_state(optimizer, params), start)
+    assert all(p not in optimizer.state for p in params)  # a first step undone leaves no state
+    optimizer.step()  # two real steps, then one to undo
+    _grads(params, 1)
+    optimizer.step()
+    before = _state(optimizer, params)
+    _grads(params, 2)
+    kept = [optimizer.step_one(p, 2.0, keep=True) for p in params]
+    after = _state(optimizer, params)
+    assert all(not torch.equal(x, y) for b, a in zip(before, after) for x, y in zip(b, a))  # every part moved
+    for p, k in zip(params, kept):
+        optimizer.restore(p, k)
+    assert _same(_state(optimizer, params), before)
+
+
+# -- StepInBackward on plain tensors: hooks fire as each gradient is accumulated ---------------------------
+def _backward(params, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    sum((p * torch.randn(p.shape, generator=g)).sum() for p in params).backward()
+
+
+def _stepped_once(seed=3):
+    params = _params(seed)
+    optimizer = _adam(params, True)
+    _backward(params, 9)
+    optimizer.step()  # the state exists
+    optimizer.zero_grad(set_to_none=True)
+    return params, optimizer
+
+
+def test_undo_without_copies_refuses():
+    params, optimizer = _stepped_once()
+    sib = StepInBackward(optimizer, params, keep=False, device=torch.device("cpu"))
+    sib.arm(0.5)
+    _backward(params)
+    sib.finish()
+    with pytest.raises(RuntimeError, match="keep=False"):
+        sib.undo()
+
+
+def test_undo_restores_every_shard_stepped_during_backward():
+    params, optimizer = _stepped_once()
+    before = _state(optimizer, params)
+    sib = StepInBackward(optimizer, params, keep=True, device=torch.device("cpu"))
+    with counting_step_one() as counts:
+        sib.arm(0.5)
+        _backward(params)
+        sib.finish()
+    assert counts == {"worker": len(params), "training": 0}
+    assert not _same(_state(optimizer, params), before)
+    sib.undo()
+    assert _same(_state(optimizer, params), before)
+
+
+def test_commit_steps_the_shards_no_hook_handed_over():
+    params, optimizer = _stepped_once()
+    twins, reference = _stepped_once()
+    sib = StepInBackward(optimizer, params, keep=True, device=torch.device("cpu"))
+    sib.arm(0.5)
+    _backward(params[:2])
+    sib.finish()
+    for p, twin in zip(params[2:], twins[2:]):
+        p.grad = torch.full_like(p, 0.25)  # set outside autograd: no hook fires
+    _backward(twins[:2])
+    for twin in twins[2:]:
+        twin.grad = torch.full_like(twin, 0.25)
+    sib.commit(0.5)
+    reference.grad_multiplier = 0.5
+    reference.step()
+    assert _same(_state(optimizer, params), _state(reference, twins))
+
+
+def test_only_the_last_micro_batch_steps():
+    """Only the armed (last) backward's gradients are stepped: hooks of an earlier micro-batch are ignored,
+    also after an update (finish disarms)."""
+    params, optimizer = _stepped_once()
+    twins, reference = _stepped_once()
+    sib = StepInBackward(optimizer, params, keep=False, device=torch.device("cpu"))
+    for update in range(2):
+        _backward(params, 10 * update + 1)  # an earlier micro-batch: not armed
+        sib.arm(0.5)
+        _backward(params, 10 * update + 2)
+        sib.finish()
+        sib.commit(0.5)
+        optimizer.zero_grad(set_to_none=True)
+        _backward(twins, 10 * update + 1)
+        _backward(twins, 10 * update + 2)
+        reference.grad_multiplier = 0.5
+        reference.step()
+        reference.zero_grad(set_to_none=True)
+        assert _same(_state(optimizer, params), _state(reference, twins)), update
+
+
+class _Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_an_error_in_the_worker_is_raised_by_finish_on_the_training_thread(keep):
+    params, optimizer = _stepped_once()
+    before = _state(optimizer, params)
+    calls, step_one = [], optimizer.step_one
+
+    def failing(p, multiplier, keep_):
+        calls.append(threading.current_thread())
+        if len(calls) == 3:
+            raise _Boom("the third shard failed")
+        return step_one(p, multiplier, keep_)
+
+    optimizer.step_one = failing
+    sib = StepInBackward(optimizer, params, keep=keep, device=torch.device("cpu"))
+    sib.arm(0.5)
+    _backward(params)
+    with pytest.raises(_Boom):  # the worker's own error, whether or not copies were kept
+        sib.finish()
+    assert threading.current_thread() not in calls  # it was raised here, not where it happened
+    if keep:  # the two shards stepped before it are put back
+        assert _same(_state(optimizer, params), before)
+    sib.arm(0.5)  # and the next update steps normally
+    optimizer.zero_grad(set_to_none=True)
+    optimizer.step_one = step_one
+    _backward(params)
+    sib.finish()
+    sib.commit(0.5)
+
+
+def test_step_one_follows_the_groups_a_loaded_state_brings():
+    """load_state_dict replaces the param group dicts; a step after it reads the new group's lr, as step() does."""
+    from shardtrain.optim.cpu_adam import CPUAdam
+    torch.manual_seed(0)
+    ps, qs = [torch.nn.Parameter(torch.randn(5)) for _ in range(2)], None
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    one, whole = CPUAdam(ps, lr=0.1), CPUAdam(qs, lr=0.1)
+    for p, q in zip(ps, qs):
+        p.grad, q.grad = torch.ones(5), torch.ones(5)
+    for p in ps:
+        one.step_one(p, 1.0, keep=False)  # the lookup is built here, with the first group dict
+    whole.step()
+    saved = whole.state_dict()
+    saved["param_groups"][0]["lr"] = 0.5
+    one.load_state_dict(copy.deepcopy(saved))  # copies: loading keeps the given tensors, which both would share
+    whole.load_state_dict(copy.deepcopy(saved))
+    for p in ps:
+        one.step_one(p, 1.0, keep=False)
+    whole.step()
+    assert one.param_groups[0]["lr"] == 0.5
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
