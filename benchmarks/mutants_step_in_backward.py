@@ -19,7 +19,7 @@ MUTANTS = [
            (F + "test_restore_undoes_step_one_exactly_and_a_first_step_leaves_no_state",
             F + "test_undo_restores_every_shard_stepped_during_backward", SAME + "[fp32_clipped]")),
     Mutant("sib_step_one_multiplies_the_gradient", "stepping during backward leaves the gradients for the norm",
-           ADAM, "grads=[_local(p.grad).clone()]", "grads=[_local(p.grad)]",
+           ADAM, "            grad = self._grad_copy(grad)\n", "            pass\n",
            (F + "test_step_one_leaves_the_gradient_as_it_was", SAME + "[fp32_clipped]")),
     Mutant("sib_keep_never", "clipping, fp16 or --skip-nan-updates keep copies to undo from",
            SIB, "    keep = cfg.optimization.clip_norm > 0 or precision.may_skip()",
@@ -65,4 +65,7 @@ MUTANTS = [
            "shardtrain/optim/cpu_adam.py", "        if group is None or not any(group is g for g in self.param_groups):",
            "        if group is None:",
            ("tests/trainer/parallel/test_step_in_backward.py::test_step_one_follows_the_groups_a_loaded_state_brings",)),
+    Mutant("sib_grad_copy_shares_a_stale_size", "each shard's gradient copy is its own, whatever the sizes before",
+           ADAM, "        if buffer is None or buffer.numel() < grad.numel():", "        if buffer is None:",
+           (F + "test_step_one_steps_a_larger_gradient_after_a_smaller_one_as_step_does",)),
 ]

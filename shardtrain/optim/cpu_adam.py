@@ -172,8 +172,19 @@ class CPUAdam(torch.optim.Optimizer):
         if keep:
             kept = (fresh, _local(p).clone()) + (() if fresh else tuple(
                 t.clone() for t in (_local(state["exp_avg"]), _local(state["exp_avg_sq"]), state["step"])))
-        self._step_fused(group, [p], multiplier, grads=[_local(p.grad).clone()])
+        grad = _local(p.grad)
+        if multiplier != 1.0:  # the kernel would leave grad/scale in the gradient: it reads a copy instead
+            grad = self._grad_copy(grad)
+        self._step_fused(group, [p], multiplier, grads=[grad])
         return kept
+
+    def _grad_copy(self, grad: torch.Tensor) -> torch.Tensor:
+        """``grad`` copied into one buffer kept for this (the largest gradient stepped so far): a fresh tensor per
+        parameter costs its page faults too, 2-3x the copy itself."""
+        buffer = getattr(self, "_grad_buffer", None)
+        if buffer is None or buffer.numel() < grad.numel():
+            buffer = self._grad_buffer = torch.empty(grad.numel(), dtype=grad.dtype)
+        return buffer[:grad.numel()].view(grad.shape).copy_(grad)
 
     def _group_of(self, p: torch.Tensor) -> Dict:
         """``p``'s param group. Looked up in a map, rebuilt whenever its group is no longer one of

@@ -491,3 +491,22 @@ def test_step_one_follows_the_groups_a_loaded_state_brings():
     whole.step()
     assert one.param_groups[0]["lr"] == 0.5
     assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+
+
+def test_step_one_steps_a_larger_gradient_after_a_smaller_one_as_step_does():
+    """The gradient copy's buffer grows when a larger shard comes after a smaller one."""
+    from shardtrain.optim.cpu_adam import CPUAdam
+    torch.manual_seed(0)
+    shapes = [(3,), (4, 5), (2,)]
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    for p, q in zip(ps, qs):
+        p.grad = torch.randn(p.shape)
+        q.grad = p.grad.clone()
+    one, whole = CPUAdam(ps, lr=0.1), CPUAdam(qs, lr=0.1)
+    for p in ps:
+        one.step_one(p, 0.25, keep=False)
+    whole.grad_multiplier = 0.25
+    whole.step()
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs))
+    assert all(torch.equal(one.state[p]["exp_avg_sq"], whole.state[q]["exp_avg_sq"]) for p, q in zip(ps, qs))
