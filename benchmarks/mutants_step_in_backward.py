@@ -7,20 +7,21 @@ SIB = T + "parallel/step_in_backward.py"
 ADAM = "shardtrain/optim/cpu_adam.py"
 F = "tests/trainer/parallel/test_step_in_backward.py::"
 # The 2-rank spawn (every case runs in it, whichever case a node id names)
+U = "tests/trainer/parallel/test_step_in_backward_units.py::"
 SAME = F + "test_stepping_during_backward_equals_stepping_after_it_bit_for_bit"
 
 MUTANTS = [
     Mutant("sib_commit_skips_unhanded_shards", "a shard no hook handed over still steps when the update commits",
            SIB, "                    self.optimizer.step_one(p, multiplier, False)\n",
            "                    pass\n",
-           (F + "test_commit_steps_the_shards_no_hook_handed_over",)),
+           (U + "test_commit_steps_the_shards_no_hook_handed_over",)),
     Mutant("sib_restore_keeps_moments", "an undone update leaves Adam's moments as they were",
            ADAM, "            target.copy_(value)\n", "            pass\n",
-           (F + "test_restore_undoes_step_one_exactly_and_a_first_step_leaves_no_state",
-            F + "test_undo_restores_every_shard_stepped_during_backward", SAME + "[fp32_clipped]")),
+           (U + "test_restore_undoes_step_one_exactly_and_a_first_step_leaves_no_state",
+            U + "test_undo_restores_every_shard_stepped_during_backward", SAME + "[fp32_clipped]")),
     Mutant("sib_step_one_multiplies_the_gradient", "stepping during backward leaves the gradients for the norm",
            ADAM, "            grad = self._grad_copy(grad)\n", "            pass\n",
-           (F + "test_step_one_leaves_the_gradient_as_it_was", SAME + "[fp32_clipped]")),
+           (U + "test_step_one_leaves_the_gradient_as_it_was", SAME + "[fp32_clipped]")),
     Mutant("sib_keep_never", "clipping, fp16 or --skip-nan-updates keep copies to undo from",
            SIB, "    keep = cfg.optimization.clip_norm > 0 or precision.may_skip()",
            "    keep = False",
@@ -36,13 +37,13 @@ MUTANTS = [
            (SAME + "[update_freq_2]",)),
     Mutant("sib_hooks_stay_armed", "hooks of an earlier micro-batch are ignored, also after the first update",
            SIB, "        self._worker, self._multiplier = None, None\n", "        self._worker = None\n",
-           (F + "test_only_the_last_micro_batch_steps",)),
+           (U + "test_only_the_last_micro_batch_steps",)),
     Mutant("sib_finish_swallows_worker_error", "an error in the worker stops the update on the training thread",
            SIB, "            raise error\n", "            return\n",
-           (F + "test_an_error_in_the_worker_is_raised_by_finish_on_the_training_thread",)),
+           (U + "test_an_error_in_the_worker_is_raised_by_finish_on_the_training_thread",)),
     Mutant("sib_restore_keeps_fresh_state", "undoing a first step removes the state it created",
            ADAM, "            del self.state[p]\n            return\n", "            return\n",
-           (F + "test_restore_undoes_step_one_exactly_and_a_first_step_leaves_no_state",)),
+           (U + "test_restore_undoes_step_one_exactly_and_a_first_step_leaves_no_state",)),
     Mutant("sib_commits_when_clipped", "a clipped update steps with the clipped gradient",
            T + "trainer.py", "if self.step_in_backward is not None and not clipped:",
            "if self.step_in_backward is not None:",
@@ -64,8 +65,8 @@ MUTANTS = [
     Mutant("sib_stale_group_after_load", "a step during backward reads the lr of the groups a loaded state brings",
            "shardtrain/optim/cpu_adam.py", "        if group is None or not any(group is g for g in self.param_groups):",
            "        if group is None:",
-           ("tests/trainer/parallel/test_step_in_backward.py::test_step_one_follows_the_groups_a_loaded_state_brings",)),
+           (U + "test_step_one_follows_the_groups_a_loaded_state_brings",)),
     Mutant("sib_grad_copy_shares_a_stale_size", "each shard's gradient copy is its own, whatever the sizes before",
            ADAM, "        if buffer is None or buffer.numel() < grad.numel():", "        if buffer is None:",
-           (F + "test_step_one_steps_a_larger_gradient_after_a_smaller_one_as_step_does",)),
+           (U + "test_step_one_steps_a_larger_gradient_after_a_smaller_one_as_step_does",)),
 ]
