@@ -69,4 +69,30 @@ MUTANTS = [
     Mutant("sib_grad_copy_shares_a_stale_size", "each shard's gradient copy is its own, whatever the sizes before",
            ADAM, "        if buffer is None or buffer.numel() < grad.numel():", "        if buffer is None:",
            (U + "test_step_one_steps_a_larger_gradient_after_a_smaller_one_as_step_does",)),
+    Mutant("sib_norm_after_the_step", "each shard's norm is taken before the kernel writes its gradient back",
+           SIB, "                    self._norms[p] = _shard_norm(p)  # before the kernel writes the gradient back\n"
+           "                    kept = self.optimizer.step_one(p, self._multiplier, self.keep, leave_grad=self.keep)\n",
+           "                    kept = self.optimizer.step_one(p, self._multiplier, self.keep, leave_grad=self.keep)\n"
+           "                    self._norms[p] = _shard_norm(p)\n",
+           (U + "test_the_norm_is_taken_before_stepping_and_only_what_may_be_undone_copies_the_gradient",
+            SAME + "[update_freq_2]")),
+    Mutant("sib_norm_of_written_back_gradients", "the trainer takes the norm the worker took, not the backend's",
+           T + "trainer.py",
+           "(overlap.grad_norm() if overlap is not None else self.backend.grad_norm(self.params))",
+           "self.backend.grad_norm(self.params)",
+           (SAME + "[update_freq_2]",)),
+    Mutant("sib_norm_reduced_once_after_stacking", "the per-shard norms reduce as get_total_norm over DTensors does",
+           "shardtrain/core/torch_private.py",
+           "    partials = [dtensor_where_it_is(n, like.device_mesh, placements, n.shape) for n in local_norms]\n"
+           "    total = torch.linalg.vector_norm(torch.stack(partials), 2.0)\n",
+           "    local = torch.linalg.vector_norm(torch.stack(local_norms), 2.0)\n"
+           "    total = dtensor_where_it_is(local, like.device_mesh, placements, local.shape)\n",
+           (SAME + "[fp32_clipped]",)),
+    Mutant("sib_redo_steps_the_written_back_gradient", "copies are kept, the gradient is stepped from a copy",
+           SIB, "self.keep, leave_grad=self.keep)", "self.keep, leave_grad=False)",
+           (U + "test_the_norm_is_taken_before_stepping_and_only_what_may_be_undone_copies_the_gradient",
+            SAME + "[fp32_clipped]")),
+    Mutant("sib_copies_the_gradient_without_keep", "without copies to undo from, no gradient is copied either",
+           SIB, "self.keep, leave_grad=self.keep)", "self.keep, leave_grad=True)",
+           (U + "test_the_norm_is_taken_before_stepping_and_only_what_may_be_undone_copies_the_gradient",)),
 ]

@@ -4,10 +4,13 @@ The stand-in: a model of ``--blocks`` blocks whose parameters, gradients and cpu
 memory, as under ``--cpu-offload``. Each block's backward waits in a sleep, releasing the CPU as a rank does
 while its GPU computes; its own CPU compute is made small (one row of activations). The wait is the measured
 CPU step of one block's parameters, so that backward takes as long as the CPU step, the case the issue names.
-The blocks are plain modules, not FSDP2 units: on a CPU "device" FSDP2's gathers and reductions are host
-copies that would take the CPU a GPU leaves free, and hide what is measured here; a parameter's
-post-accumulate-grad hook fires when its gradient is final either way (tests/trainer/parallel/
-test_step_in_backward.py checks the FSDP2 path, its order and its bits).
+Then the block's reduced gradient "lands" in host memory as FSDP2 lands it under offload
+(``foreach_reduce`` in torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): the first micro-batch's
+becomes ``.grad`` (a buffer the copy engine wrote: refreshed before each update, outside the timing), a later
+micro-batch's is added to it on the CPU, and the parameter's post-accumulate-grad hooks are called, as FSDP2
+calls them. The blocks are plain modules, not FSDP2 units: on a CPU "device" FSDP2's gathers and reductions
+are host copies that would take the CPU a GPU leaves free, and hide what is measured here (tests/trainer/
+parallel/test_step_in_backward.py checks the FSDP2 path, its order and its bits).
 
 Both ways run in this process, alternating, from the same start: ``during`` (shardtrain's default:
 trainer/parallel/step_in_backward.py steps each block's shards as its gradient lands) and ``after``
@@ -32,30 +35,45 @@ TARGET = 0.7
 
 
 class _OnTheAccelerator(torch.autograd.Function):
-    """A block computed elsewhere: forward passes the activations on, backward waits (the accelerator computing
-    the block's backward) and hands over the block's gradient, made once: the host's only work for it is
-    receiving it, as under offload, where it arrives by DMA."""
+    """A block computed elsewhere: forward passes the activations on; backward waits (the accelerator computing
+    the block's backward), then lands the block's gradient on the host as FSDP2 does (see the module doc)."""
 
     @staticmethod
-    def forward(ctx, x, weight, seconds, grad):
-        ctx.seconds, ctx.grad = seconds, grad
+    def forward(ctx, x, block):
+        ctx.block = block
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad_out):
-        time.sleep(ctx.seconds)
-        return grad_out, ctx.grad, None, None
+        block = ctx.block
+        time.sleep(block.wait)
+        weight = block.weight
+        if weight.grad is None:
+            weight.grad = block.landed  # the copy engine wrote it: no CPU work
+        else:
+            weight.grad += block.landed_again  # accumulation: a CPU add, as FSDP2's under offload
+        for hook in (getattr(weight, "_post_accumulate_grad_hooks", None) or {}).values():  # as FSDP2 calls them
+            hook(weight)
+        return grad_out, None
 
 
 class Block(torch.nn.Module):
     def __init__(self, width: int):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.randn(width, width) / width)
-        self.grad = torch.randn(width, width, generator=torch.Generator().manual_seed(width)) * 1e-3
+        self.pristine = torch.randn(width, width, generator=torch.Generator().manual_seed(width)) * 1e-3
+        self.landed, self.landed_again = torch.empty_like(self.pristine), torch.empty_like(self.pristine)
         self.wait = 0.0
 
+    def land(self) -> None:
+        """What the device's copies write, before each update (not timed: DMA, not the CPU)."""
+        self.landed.copy_(self.pristine)
+        self.landed_again.copy_(self.pristine)
+
     def forward(self, x):
-        return _OnTheAccelerator.apply(x, self.weight, self.wait, self.grad)
+        # The weight is not an input: autograd has no accumulation node for it (FSDP2's sharded parameters are
+        # not in the graph either), the landing above is its only gradient and hook call.
+        return _OnTheAccelerator.apply(x, self)
 
 
 def build(blocks: int, width: int):
@@ -66,15 +84,21 @@ def build(blocks: int, width: int):
 
 
 def one_block_step_seconds(width: int, repeats: int = 5) -> float:
-    """The median fused CPU Adam step of one block's parameters (what its wait is set to)."""
-    params = [torch.nn.Parameter(torch.randn(width, width))]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    optimizer = CPUAdam(params, lr=1e-4)
+    """The median CPU work of one block's parameters in an update after backward, as the Trainer does it
+    (what each block's wait is set to): the gradient's norm (``--cpu-step-after-backward`` takes it over every
+    gradient, the step during backward shard by shard) and the fused CPU Adam step with the update's
+    multiplier (the kernel writes the multiplied gradient back). The gradient is re-landed before each."""
+    p = torch.nn.Parameter(torch.randn(width, width))
+    pristine = torch.randn(width, width) * 1e-3
+    p.grad = pristine.clone()
+    optimizer = CPUAdam([p], lr=1e-4)
     optimizer.step()  # the state is created once
     times = []
     for _ in range(repeats):
+        p.grad.copy_(pristine)
         start = time.perf_counter()
+        torch.nn.utils.get_total_norm([p.grad], foreach=True)
+        optimizer.grad_multiplier = 1e-3
         optimizer.step()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
@@ -82,6 +106,8 @@ def one_block_step_seconds(width: int, repeats: int = 5) -> float:
 
 def update(model, params, optimizer, overlap, batches, multiplier: float) -> float:
     """One update as the Trainer makes it (trainer/trainer.py): seconds from its first forward to its step's end."""
+    for block in model:
+        block.land()
     start = time.perf_counter()
     for i, x in enumerate(batches):
         last = i == len(batches) - 1
@@ -90,12 +116,15 @@ def update(model, params, optimizer, overlap, batches, multiplier: float) -> flo
         model(x).sum().backward()
     if overlap is not None:
         overlap.finish()
+        overlap.grad_norm()
         overlap.commit(multiplier)
     else:
+        torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)  # the backend's, for plain tensors
         optimizer.grad_multiplier = multiplier
         optimizer.step()
-    optimizer.zero_grad(set_to_none=False)  # the gradients' memory is reused, as a caching host allocator does
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    optimizer.zero_grad(set_to_none=True)  # as the Trainer: the next update's first gradient is assigned
+    return seconds
 
 
 def measure(blocks: int, width: int, update_freq: int, wait: float, updates: int):
@@ -104,11 +133,12 @@ def measure(blocks: int, width: int, update_freq: int, wait: float, updates: int
         model, params, optimizer = build(blocks, width)
         for block in model:
             block.wait = wait
+        # keep=False: no --clip-norm, bf16 or fp32 (nothing can undo the update: no copies are kept)
         overlap = StepInBackward(optimizer, params, keep=False, device=torch.device("cpu")) if name == "during" \
             else None
         ways[name] = (model, params, optimizer, overlap, [])
     gen = torch.Generator().manual_seed(1)
-    batches = [torch.randn(1, width, generator=gen) for _ in range(update_freq)]
+    batches = [torch.randn(1, width, generator=gen).requires_grad_() for _ in range(update_freq)]
     for u in range(updates + 1):  # the first update of each creates Adam's state: left out
         for name, (model, params, optimizer, overlap, times) in ways.items():
             seconds = update(model, params, optimizer, overlap, batches, 1.0 / (1000 * update_freq))  # 1/tokens
@@ -128,8 +158,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     wait = one_block_step_seconds(args.width)
     print(f"{args.blocks} blocks of {args.width}x{args.width} ({args.width * args.width / 1e6:.2f}M "
-          f"parameters each), {torch.get_num_threads()} threads; one block's CPU step {wait * 1e3:.1f} ms, "
-          f"so each block's backward waits as long")
+          f"parameters each), {torch.get_num_threads()} threads; one block's CPU work after backward {wait * 1e3:.1f} ms, "
+          f"so each block's backward waits as long (the norm and the step)")
     ratios = {}
     for update_freq in (1, 4):
         t = measure(args.blocks, args.width, update_freq, wait, args.updates)

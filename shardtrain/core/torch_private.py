@@ -9,7 +9,7 @@ of its branches (the running torch's for real, the other through a stand-in).
 """
 import inspect
 import os
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, List
 
 import torch
 
@@ -140,6 +140,27 @@ def dtensor_where_it_is(local: torch.Tensor, mesh, placements, shape) -> "torch.
     shape = torch.Size(shape)
     meta = TensorMeta(shape, torch.empty(shape, device="meta").stride(), local.dtype)
     return DTensor(local, DTensorSpec(mesh, tuple(placements), tensor_meta=meta), requires_grad=False)
+
+
+def total_norm_of_shards(local_norms: List[torch.Tensor], like) -> torch.Tensor:
+    """The 2-norm of a sharded gradient from ``local_norms``, this rank's 2-norm of its shard of each tensor,
+    taken exactly as ``torch.nn.utils.get_total_norm`` takes it over DTensors laid out as ``like`` and
+    ``full_tensor`` makes it whole: each local norm wrapped as a partial norm, stacked, normed, reduced (how
+    DTensor propagates the partial placements through ``stack`` and ``vector_norm`` decides the bits, so
+    they go through DTensor rather than a copy of its recipe).
+
+    Why private: the partial-norm placement (``_NormPartial``) is private. Used by the CPU step during
+    backward, whose worker takes each shard's norm before stepping it (trainer/parallel/step_in_backward.py)."""
+    try:
+        from torch.distributed.tensor import DTensor, Replicate
+        from torch.distributed.tensor._ops._math_ops import _NormPartial
+    except ImportError:
+        raise _moved("torch.distributed.tensor._ops._math_ops._NormPartial",
+                     "to take the gradient norm from per-shard norms during backward") from None
+    placements = [_NormPartial(2.0) if p.is_shard() else Replicate() for p in like.placements]
+    partials = [dtensor_where_it_is(n, like.device_mesh, placements, n.shape) for n in local_norms]
+    total = torch.linalg.vector_norm(torch.stack(partials), 2.0)
+    return total.full_tensor() if isinstance(total, DTensor) else total
 
 
 def ddp_without_forward_buffer_sync(module, ddp_class=None, **kwargs):

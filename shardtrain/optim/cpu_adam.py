@@ -160,11 +160,12 @@ class CPUAdam(torch.optim.Optimizer):
                 and _local(p).dtype == torch.float32 and _local(p).is_contiguous())
 
     @torch.no_grad()
-    def step_one(self, p: torch.Tensor, multiplier: float, keep: bool):
+    def step_one(self, p: torch.Tensor, multiplier: float, keep: bool, leave_grad: bool = True):
         """Step ``p`` alone with ``multiplier``, as :meth:`step` would step it with that multiplier (the
-        fused kernel works tensor by tensor: grouping changes no bit). The gradient is left as it was: the
-        kernel writes the multiplied gradient back into what it reads, so it reads a copy. ``keep``: return
-        what :meth:`restore` needs to undo the step exactly (the parameter, moments and step, copied)."""
+        fused kernel works tensor by tensor: grouping changes no bit). ``keep``: return what :meth:`restore`
+        needs to undo the step exactly (the parameter, moments and step, copied). ``leave_grad``: the
+        gradient is left as it was (the kernel writes the multiplied gradient back into what it reads, so it
+        reads a copy); False lets it write into ``p.grad`` itself, as :meth:`step` does (no copy)."""
         group = self._group_of(p)
         fresh = not self.state.get(p)  # a first step creates the state: undoing it removes it again
         state = self._fill_state(p, group)
@@ -173,7 +174,7 @@ class CPUAdam(torch.optim.Optimizer):
             kept = (fresh, _local(p).clone()) + (() if fresh else tuple(
                 t.clone() for t in (_local(state["exp_avg"]), _local(state["exp_avg_sq"]), state["step"])))
         grad = _local(p.grad)
-        if multiplier != 1.0:  # the kernel would leave grad/scale in the gradient: it reads a copy instead
+        if leave_grad and multiplier != 1.0:  # the kernel would leave grad/scale in the gradient: it reads a copy
             grad = self._grad_copy(grad)
         self._step_fused(group, [p], multiplier, grads=[grad])
         return kept

@@ -89,7 +89,8 @@ class Trainer:
 
     def _update(self, logs: List[Dict], sample_size: float) -> Dict:
         multiplier = self._multiplier(sample_size)
-        gnorm = self.backend.grad_norm(self.params) * multiplier
+        overlap = self.step_in_backward  # its worker may have written the multiplied gradients back: its norm
+        gnorm = (overlap.grad_norm() if overlap is not None else self.backend.grad_norm(self.params)) * multiplier
         clip = self.cfg.optimization.clip_norm
         clipped = False
         try:

@@ -243,3 +243,21 @@ def test_ddp_shim_takes_the_branch_the_signature_allows():
     old = torch_private.ddp_without_forward_buffer_sync(module, _Recording, device_ids=[3])
     assert old.built_with == {"device_ids": [3], "broadcast_buffers": True} and old.module is module
     assert old.broadcast_buffers is False
+
+
+def test_the_norm_of_shards_is_get_total_norms_and_a_moved_partial_norm_is_named(one_rank_group, monkeypatch):
+    """On one rank the reduction is trivial: what this pins is the wrapping (a norm per tensor, stacked, normed,
+    made whole) against torch's own over DTensors; two ranks' bits: tests/trainer/parallel/
+    test_step_in_backward.py's equality test."""
+    import sys
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = one_rank_group
+    g = torch.Generator().manual_seed(0)
+    grads = [distribute_tensor(torch.randn(n, generator=g) * 0.01, mesh, [Shard(0)]) for n in (37, 1000, 5, 3)]
+    expected = torch.nn.utils.get_total_norm(grads, foreach=True).full_tensor()
+    local = [torch.linalg.vector_norm(d.to_local(), 2.0) for d in grads]
+    got = torch_private.total_norm_of_shards(local, grads[0])
+    assert got.device.type == "cpu" and torch.equal(got, expected)
+    monkeypatch.setitem(sys.modules, "torch.distributed.tensor._ops._math_ops", None)
+    with pytest.raises(RuntimeError, match="no longer provides torch.distributed.tensor._ops._math_ops._NormPartial"):
+        torch_private.total_norm_of_shards(local, grads[0])

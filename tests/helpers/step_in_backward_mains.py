@@ -44,9 +44,9 @@ def counting_step_one():
     original = CPUAdam.step_one
     training = threading.current_thread()
 
-    def counted(self, p, multiplier, keep):
+    def counted(self, p, multiplier, keep, **kwargs):
         counts["training" if threading.current_thread() is training else "worker"] += 1
-        return original(self, p, multiplier, keep)
+        return original(self, p, multiplier, keep, **kwargs)
 
     CPUAdam.step_one = counted
     try:

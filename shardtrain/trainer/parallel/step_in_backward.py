@@ -15,11 +15,17 @@ may still be copying it (non_blocking into pinned memory) when the hook runs.
 Exactness: the update is multiplied by unscale x ranks / sample size (known before backward) and, where
 ``--clip-norm`` fires, by clip / norm, which needs every gradient. The worker steps with the first
 (speculates that clipping will not fire) and keeps a copy of each shard's parameter and moments (``keep``);
-after backward the trainer takes the norm as always, then commits, or restores every shard bit for bit and
-steps synchronously (clipped), or restores and skips (an fp16 overflow, ``--skip-nan-updates``). The fused
-kernel steps tensor by tensor, so stepping one shard at a time gives the bits of one call over all of them.
-Where no outcome but "commit" is possible (no clipping, a precision that never skips: a non-finite norm ends
-the run), nothing is kept: no host memory beyond a gradient copy per shard in flight.
+after backward the trainer takes the norm, then commits, or restores every shard bit for bit and steps
+synchronously (clipped), or restores and skips (an fp16 overflow, ``--skip-nan-updates``). The fused kernel
+steps tensor by tensor, so stepping one shard at a time gives the bits of one call over all of them.
+
+The norm: the worker takes each shard's gradient norm before stepping it, and :meth:`grad_norm` reduces them
+as ``get_total_norm`` and DTensor reduce the gradients' own (same bits: torch's ops on each local shard's
+norm wrapped as a partial norm). So the worker may let the fused kernel write
+the multiplied gradient back into the gradient it reads, as the synchronous step does: no copy. Where no
+outcome but "commit" is possible (no clipping, a precision that never skips: a non-finite norm ends the run),
+nothing is kept and nothing copied; otherwise the kept state (12 bytes a parameter) and the pristine gradient
+that a clipped redo steps again (the worker steps a copy of it, through one reused buffer) cost their traffic.
 """
 import logging
 import queue
@@ -27,6 +33,9 @@ import threading
 from typing import Dict, List, Optional
 
 import torch
+from torch.distributed.tensor import DTensor
+
+from shardtrain.core.torch_private import total_norm_of_shards
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +76,7 @@ class StepInBackward:
         self._worker: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._kept: Dict[torch.nn.Parameter, tuple] = {}
+        self._norms: Dict[torch.nn.Parameter, torch.Tensor] = {}  # each stepped shard's gradient norm
         self._stepped: List[torch.nn.Parameter] = []
         self._handles = [p.register_post_accumulate_grad_hook(self._arrived) for p in params]
 
@@ -77,6 +87,10 @@ class StepInBackward:
             return f"{type(optimizer).__name__} steps all parameters at once"
         if not all(optimizer.steps_fused(p) for p in params):
             return "some parameters step chunk by chunk (--fp16-adam-stats, or not fp32 on the CPU)"
+        layouts = {(p.device_mesh, p.placements) if isinstance(p, DTensor) else None for p in params}
+        if len(layouts) != 1 or None in layouts or sum(q.is_shard() for q in next(iter(layouts))[1]) != 1:
+            return "the parameters are not all sharded alike on one mesh dimension (the gradient norm is " \
+                   "taken from per-shard norms reduced over it)"
         return None
 
     def arm(self, multiplier: float) -> None:
@@ -104,7 +118,8 @@ class StepInBackward:
                     p, event = item
                     if event is not None:
                         event.synchronize()
-                    kept = self.optimizer.step_one(p, self._multiplier, self.keep)
+                    self._norms[p] = _shard_norm(p)  # before the kernel writes the gradient back
+                    kept = self.optimizer.step_one(p, self._multiplier, self.keep, leave_grad=self.keep)
                     self._stepped.append(p)
                     if self.keep:
                         self._kept[p] = kept
@@ -125,8 +140,23 @@ class StepInBackward:
             if self.keep:
                 self.undo()
             else:  # nothing to restore from: the run stops with the worker's error, not undo()'s refusal
-                self._stepped, self._kept = [], {}
+                self._forget()
             raise error
+
+    def grad_norm(self) -> torch.Tensor:
+        """The norm of the whole (unsharded) gradient, bit for bit what the backend's ``grad_norm`` takes of
+        the gradients as they were before the worker stepped them (after :meth:`finish`)."""
+        norms = []
+        with torch.no_grad():
+            for p in self.params:
+                if p.grad is not None:
+                    norm = self._norms.get(p)
+                    norms.append(_shard_norm(p) if norm is None else norm)  # no hook reached it: still pristine
+            if not norms:
+                return torch.zeros(())
+            if not isinstance(self.params[0], DTensor):  # plain tensors (tests): get_total_norm's own recipe
+                return torch.linalg.vector_norm(torch.stack(norms), 2.0)
+            return total_norm_of_shards(norms, self.params[0])
 
     def abandon(self) -> None:
         """The update failed before it was decided: end the worker, and undo its steps where copies were kept."""
@@ -135,7 +165,7 @@ class StepInBackward:
         finally:
             if self.keep:
                 self.undo()
-            self._stepped, self._kept = [], {}
+            self._forget()
 
     def commit(self, multiplier: float) -> None:
         """The update stands with ``multiplier`` (the one armed with): step the shards with a gradient that no
@@ -144,8 +174,8 @@ class StepInBackward:
         with torch.no_grad():
             for p in self.params:
                 if p.grad is not None and id(p) not in stepped:
-                    self.optimizer.step_one(p, multiplier, False)
-        self._stepped, self._kept = [], {}
+                    self.optimizer.step_one(p, multiplier, False, leave_grad=False)
+        self._forget()
 
     def undo(self) -> None:
         """Put every stepped shard back as it was before the update, bit for bit."""
@@ -155,9 +185,19 @@ class StepInBackward:
         with torch.no_grad():
             for p in reversed(self._stepped):
                 self.optimizer.restore(p, self._kept[p])
-        self._stepped, self._kept = [], {}
+        self._forget()
+
+    def _forget(self) -> None:
+        self._stepped, self._kept, self._norms = [], {}, {}
 
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def _shard_norm(p: torch.nn.Parameter) -> torch.Tensor:
+    """The 2-norm of this rank's shard of ``p.grad``: what ``get_total_norm`` takes of it (torch._foreach_norm
+    on the CPU is linalg.vector_norm tensor by tensor)."""
+    grad = p.grad
+    return torch.linalg.vector_norm(grad.to_local() if isinstance(grad, DTensor) else grad, 2.0)

@@ -161,9 +161,9 @@ def _record_events(trainer, monkeypatch) -> _Events:
     names = {id(p): n for n, p in trainer.model.named_parameters()}
     step_one, step = CPUAdam.step_one, CPUAdam.step
 
-    def recorded_step_one(self, p, multiplier, keep):
+    def recorded_step_one(self, p, multiplier, keep, **kwargs):
         events.append(("step", names[id(p)]))
-        return step_one(self, p, multiplier, keep)
+        return step_one(self, p, multiplier, keep, **kwargs)
 
     def recorded_step(self, closure=None):
         for p in (p for g in self.param_groups for p in g["params"] if p.grad is not None):

@@ -168,6 +168,38 @@ def test_only_the_last_micro_batch_steps():
         assert _same(_state(optimizer, params), _state(reference, twins)), update
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_the_norm_is_taken_before_stepping_and_only_what_may_be_undone_copies_the_gradient(keep):
+    """The worker takes each gradient's norm before stepping it. Without copies to undo from (keep=False) the
+    kernel writes the multiplied gradient back, as step() does, reading no copy; with them the gradient stays
+    as it was (a clipped redo steps it again). Either way grad_norm() is the norm of the gradients as they
+    were, bit for bit."""
+    params, optimizer = _stepped_once()
+    twins, reference = _stepped_once()
+    sib = StepInBackward(optimizer, params, keep=keep, device=torch.device("cpu"))
+    sib.arm(0.5)
+    _backward(params, 4)
+    sib.finish()
+    _backward(twins, 4)
+    pristine = [t.grad.clone() for t in twins]
+    expected = torch.nn.utils.get_total_norm(pristine, foreach=True)
+    assert torch.equal(sib.grad_norm(), expected)
+    reference.grad_multiplier = 0.5
+    reference.step()  # writes grad / (1 / 0.5) back into each gradient
+    written_back = [t.grad for t in twins]
+    assert not any(torch.equal(a, b) for a, b in zip(pristine, written_back))
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, pristine if keep else written_back))
+    assert hasattr(optimizer, "_grad_buffer") is keep  # the copy's buffer: made only where it is needed
+    sib.commit(0.5)
+    assert _same(_state(optimizer, params), _state(reference, twins))
+
+
+def test_only_parameters_sharded_alike_on_one_mesh_dimension_step_during_backward():
+    params = _params(0)
+    why = StepInBackward.unsupported(_adam(params, True), params)
+    assert why is not None and "sharded alike on one mesh dimension" in why
+
+
 class _Boom(Exception):
     pass
 
@@ -178,11 +210,11 @@ def test_an_error_in_the_worker_is_raised_by_finish_on_the_training_thread(keep)
     before = _state(optimizer, params)
     calls, step_one = [], optimizer.step_one
 
-    def failing(p, multiplier, keep_):
+    def failing(p, multiplier, keep_, **kwargs):
         calls.append(threading.current_thread())
         if len(calls) == 3:
             raise _Boom("the third shard failed")
-        return step_one(p, multiplier, keep_)
+        return step_one(p, multiplier, keep_, **kwargs)
 
     optimizer.step_one = failing
     sib = StepInBackward(optimizer, params, keep=keep, device=torch.device("cpu"))
