@@ -10,6 +10,7 @@ from typing import Dict, List
 import torch
 
 from shardtrain.trainer import build
+from shardtrain.trainer.offload_times import OffloadTimes, StepClock
 from shardtrain.trainer.checkpoint.contents import load_parts, state_of, trainer_parts
 from shardtrain.trainer.parallel.choose import Backend
 from shardtrain.trainer.parallel.step_in_backward import build_step_in_backward
@@ -34,8 +35,13 @@ class Trainer:
         self.dummy_batch = None  # stands in for an empty filler batch (see set_dummy_batch)
         self.lr_scheduler = build.build_lr_scheduler(cfg, components, self.optimizer)
         self.state = TrainState()
+        # Where the optimizer steps in host memory beside sharded parameters: each record splits the update's time
+        # (trainer/offload_times.py); None elsewhere.
+        on_host = backend.shards_parameters and getattr(self.optimizer, "steps_on_host", False)
+        clock = StepClock() if on_host or cfg.distributed.cpu_offload else None
+        self.times = OffloadTimes(model, clock) if clock is not None else None
         # None, or the optimizer stepping each shard during the last backward (offload: see its module)
-        self.step_in_backward = build_step_in_backward(cfg, backend, self.optimizer, self.params, precision)
+        self.step_in_backward = build_step_in_backward(cfg, backend, self.optimizer, self.params, precision, clock)
 
     @property
     def num_updates(self) -> int:
@@ -59,6 +65,8 @@ class Trainer:
         sample_size = float(self.backend.all_reduce_sum(sizes.to(self.device)))
         logs = []
         overlap = self.step_in_backward
+        if self.times is not None:
+            self.times.begin()
         try:
             for i, sample in enumerate(samples):
                 last = i == len(samples) - 1
@@ -73,12 +81,14 @@ class Trainer:
                     self.precision.backward(loss if sample else loss * 0.0)
                 logs.append(log if sample else {k: 0 * v for k, v in log.items()})
             self.backend.reduce_grads(self.params)
+            if self.times is not None:
+                self.times.backward_done()
         except BaseException:
             if overlap is not None:
                 overlap.abandon()  # an error in forward/backward: the worker ends, its steps undone where kept
             raise
         if overlap is not None:
-            overlap.finish()  # every shard stepped with _multiplier(), the gradients untouched
+            overlap.finish()  # every shard handed over is stepped with _multiplier(), its norm taken first
         return self._update(logs, sample_size)
 
     def _multiplier(self, sample_size: float) -> float:
@@ -88,6 +98,18 @@ class Trainer:
         return self.precision.unscale_factor() * ranks / max(sample_size, 1.0)
 
     def _update(self, logs: List[Dict], sample_size: float) -> Dict:
+        with self.times.stepping() if self.times is not None else contextlib.nullcontext():
+            gnorm, clipped, stepped = self._step(sample_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.lr_scheduler.step_update(self.num_updates)
+        out = {"logs": self._reduce_logs(logs), "sample_size": sample_size, "gnorm": float(gnorm),
+               "clip": float(clipped), "lr": lr, "stepped": stepped, **self.precision.metrics()}
+        if self.times is not None:
+            out["offload"] = self.times.fields()
+        return out
+
+    def _step(self, sample_size: float):
+        """The gradient norm, the decision (step, clipped, or skip) and the step: (gnorm, clipped, stepped)."""
         multiplier = self._multiplier(sample_size)
         overlap = self.step_in_backward  # its worker may have written the multiplied gradients back: its norm
         gnorm = (overlap.grad_norm() if overlap is not None else self.backend.grad_norm(self.params)) * multiplier
@@ -96,26 +118,23 @@ class Trainer:
         try:
             stepped = self.precision.accept(gnorm, self.num_updates + 1)  # False: skipped (fp16 overflow, NaN)
         except BaseException:  # the run stops (NaN/inf): leave the weights as they were where that is possible
-            if self.step_in_backward is not None and self.step_in_backward.keep:
-                self.step_in_backward.undo()
+            if overlap is not None and overlap.keep:
+                overlap.undo()
             raise
         if stepped:
             clipped = clip > 0 and float(gnorm) > clip
             if clipped:  # torch's and fairseq's clip coefficient
                 multiplier *= clip / (float(gnorm) + 1e-6)
-            if self.step_in_backward is not None and not clipped:
-                self.step_in_backward.commit(multiplier)  # stepped during backward with this multiplier
+            if overlap is not None and not clipped:
+                overlap.commit(multiplier)  # stepped during backward with this multiplier
             else:
-                if self.step_in_backward is not None:
-                    self.step_in_backward.undo()  # speculated unclipped: step again, clipped
+                if overlap is not None:
+                    overlap.undo()  # speculated unclipped: step again, clipped
                 self.precision.step(self.optimizer, self.backend, self.params, multiplier)
             self.state.num_updates += 1
-        elif self.step_in_backward is not None:
-            self.step_in_backward.undo()  # a skipped update leaves no trace
-        self.optimizer.zero_grad(set_to_none=True)
-        lr = self.lr_scheduler.step_update(self.num_updates)
-        return {"logs": self._reduce_logs(logs), "sample_size": sample_size, "gnorm": float(gnorm),
-                "clip": float(clipped), "lr": lr, "stepped": stepped, **self.precision.metrics()}
+        elif overlap is not None:
+            overlap.undo()  # a skipped update leaves no trace
+        return gnorm, clipped, stepped
 
     @torch.no_grad()
     def valid_step(self, sample: Dict) -> List[Dict]:

@@ -51,6 +51,8 @@ class RunMetrics:
             for key in ("loss_scale", "rollbacks"):
                 if key in out:
                     m.log_scalar(key, out[key], round=4)
+            for key, value in out.get("offload", {}).items():  # trainer/offload_times.py: seconds, a percent
+                m.log_scalar(key, value, round=1 if key == "offload_hidden" else 4)
 
     def begin_valid(self) -> None:
         """A valid record's device peak is validation's alone, not the training before it."""

@@ -30,6 +30,7 @@ that a clipped redo steps again (the worker steps a copy of it, through one reus
 import logging
 import queue
 import threading
+import time
 from typing import Dict, List, Optional
 
 import torch
@@ -40,9 +41,10 @@ from shardtrain.core.torch_private import total_norm_of_shards
 logger = logging.getLogger(__name__)
 
 
-def build_step_in_backward(cfg, backend, optimizer, params, precision) -> Optional["StepInBackward"]:
+def build_step_in_backward(cfg, backend, optimizer, params, precision, clock=None) -> Optional["StepInBackward"]:
     """The run's :class:`StepInBackward`, or None where the optimizer steps after backward (and why, said
-    once where the user may have expected otherwise)."""
+    once where the user may have expected otherwise). ``clock``: a trainer/offload_times.StepClock the worker
+    adds its work and waits to."""
     if not backend.shards_parameters or not getattr(optimizer, "steps_on_host", False):
         return None
     if cfg.distributed.cpu_step_after_backward:
@@ -56,7 +58,7 @@ def build_step_in_backward(cfg, backend, optimizer, params, precision) -> Option
     logger.info("the optimizer steps each shard during backward, as its gradient reaches the host"
                 + (" (keeping a copy of each shard's state until the update is decided: --clip-norm, fp16 or "
                    "--skip-nan-updates may undo it)" if keep else ""))
-    return StepInBackward(optimizer, params, keep, backend.device)
+    return StepInBackward(optimizer, params, keep, backend.device, clock)
 
 
 class StepInBackward:
@@ -65,9 +67,11 @@ class StepInBackward:
     Per update: :meth:`arm` before the last micro-batch's backward, :meth:`finish` after it (joins the worker),
     then :meth:`commit` (the step stands; the shards no hook reached step now) or :meth:`undo`."""
 
-    def __init__(self, optimizer, params: List[torch.nn.Parameter], keep: bool, device: torch.device):
+    def __init__(self, optimizer, params: List[torch.nn.Parameter], keep: bool, device: torch.device,
+                 clock=None):
         """``device``: the run's; where it is an accelerator, a gradient's copy to the host is waited for."""
         self.optimizer = optimizer
+        self.clock = clock
         self._event_type = None if device.type == "cpu" else device.type
         self.params = params
         self.keep = keep
@@ -116,10 +120,17 @@ class StepInBackward:
                     if item is None:
                         return
                     p, event = item
+                    start = time.perf_counter()
                     if event is not None:
                         event.synchronize()
+                        waited = time.perf_counter()
+                        if self.clock is not None:
+                            self.clock.waited(waited - start)
+                        start = waited
                     self._norms[p] = _shard_norm(p)  # before the kernel writes the gradient back
                     kept = self.optimizer.step_one(p, self._multiplier, self.keep, leave_grad=self.keep)
+                    if self.clock is not None:
+                        self.clock.worked(start, time.perf_counter())
                     self._stepped.append(p)
                     if self.keep:
                         self._kept[p] = kept
