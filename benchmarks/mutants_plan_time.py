@@ -10,6 +10,7 @@ README = TIME + "test_readme_example_spends_under_five_percent_of_the_step_in_th
 HOST = TIME + "test_an_optimizer_on_the_cpu_runs_at_the_hosts_copy_speed"
 FLAG = TIME + "test_gpu_memory_gbps_prices_the_gpu_optimizer_and_says_it_was_given"
 SAID = TIME + "test_the_printout_says_what_was_measured_given_or_assumed"
+OVERLAP = "tests/plan/test_plan_overlap.py::"
 
 MUTANTS = [
     Mutant("plan_gpu_optimizer_at_host_copy_speed", "a GPU optimizer steps at the GPU's memory bandwidth",
@@ -36,7 +37,43 @@ MUTANTS = [
            EST, "total += int((world - 1) / world * count * facts.param_bytes)",
            "total += int(count * facts.param_bytes)", (TIME + "test_zero_broadcasts_each_ranks_updated_partition",)),
     Mutant("plan_offload_activations_not_recomputed", "--offload-activations recomputes the forward in backward",
-           EST, "recompute = 4 / 3 if (d.checkpoint_activations or d.offload_activations) else 1.0",
-           "recompute = 4 / 3 if d.checkpoint_activations else 1.0",
+           EST, "checkpointed = d.checkpoint_activations or d.offload_activations",
+           "checkpointed = d.checkpoint_activations",
            (TIME + "test_offloaded_activations_are_recomputed_as_checkpointed_ones",)),
+    # the CPU step during backward (issue 39): tests/plan/test_plan_overlap.py
+    Mutant("plan_overlap_ignores_the_roots_share", "only the blocks' share of the CPU step hides under backward",
+           EST, "-min(seconds[\"optimizer\"] * block_share, backward)", "-min(seconds[\"optimizer\"], backward)",
+           (OVERLAP + "test_the_blocks_step_hides_under_the_last_backward_up_to_its_length",)),
+    Mutant("plan_overlap_whole_step_as_backward", "the step hides under the backward only, not the forward",
+           EST, "(3 / 4 if checkpointed else 2 / 3)", "(3 / 4 if checkpointed else 1.0)",
+           (OVERLAP + "test_the_blocks_step_hides_under_the_last_backward_up_to_its_length",)),
+    Mutant("plan_overlap_every_micro_batch", "--update-freq: only the last micro-batch's backward hides the step",
+           EST, "seconds[\"compute\"] / cfg.optimization.update_freq[0] *", "seconds[\"compute\"] *",
+           (OVERLAP + "test_only_the_last_micro_batch_backward_hides_the_step",)),
+    Mutant("plan_overlap_recompute_ignored", "a checkpointed backward recomputes the forward: longer",
+           EST, "(3 / 4 if checkpointed else 2 / 3)", "(2 / 3)",
+           (OVERLAP + "test_checkpointed_activations_lengthen_the_backward_by_the_recomputed_forward",)),
+    Mutant("plan_overlap_despite_the_flag", "--cpu-step after-backward: no overlap priced",
+           EST, "chosen = when == \"during-backward\" or (when == \"auto\" and machine.device != \"cpu\")",
+           "chosen = True",
+           (OVERLAP + "test_no_overlap_where_the_run_steps_after_backward",)),
+    Mutant("plan_overlap_upload_both_ways", "the upload is the parameters' half of the copies",
+           EST, "\"offload_upload\": s[\"offload\"] / 2", "\"offload_upload\": s[\"offload\"]",
+           (OVERLAP + "test_the_record_fields_predicted",)),
+    Mutant("plan_overlap_block_share_one_layer_short", "the blocks' share counts every layer",
+           "shardtrain/trainer/memory_fit.py", "    return layers * per_layer / total if total else 1.0",
+           "    return (layers - 1) * per_layer / total if total else 1.0",
+           (OVERLAP + "test_the_blocks_share_of_the_parameters",)),
+    Mutant("plan_verify_without_split", "a measuring run returns its records' split",
+           "shardtrain/plan/measure.py", "        if \"offload\" in out:", "        if False:",
+           (OVERLAP + "test_a_measuring_run_returns_the_median_of_its_records_fields",)),
+    Mutant("plan_verify_prints_planned_as_measured", "--verify prints each field measured beside predicted",
+           "shardtrain/plan/measure.py", "{measured[key]:>9.3f} {unit} measured", "{predicted[key]:>9.3f} {unit} measured",
+           (OVERLAP + "test_verify_prints_each_field_measured_beside_predicted",)),
+    Mutant("plan_overlap_not_printed", "the printout says how much of the CPU step hides",
+           REPORT, "    if \"hidden\" in e.step_seconds:", "    if False:",
+           (OVERLAP + "test_the_printout_says_how_much_of_the_cpu_step_hides",)),
+    Mutant("plan_overlap_auto_on_a_cpu_run", "--cpu-step auto prices no overlap on a CPU run",
+           EST, "(when == \"auto\" and machine.device != \"cpu\")", "(when == \"auto\")",
+           (OVERLAP + "test_a_cpu_run_steps_after_backward_unless_told_otherwise",)),
 ]

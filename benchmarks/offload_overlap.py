@@ -14,7 +14,7 @@ parallel/test_step_in_backward.py checks the FSDP2 path, its order and its bits)
 
 Both ways run in this process, alternating, from the same start: ``during`` (shardtrain's default:
 trainer/parallel/step_in_backward.py steps each block's shards as its gradient lands) and ``after``
-(``--cpu-step-after-backward``: every shard once backward has ended). The figure is the ratio of median step
+(``--cpu-step after-backward``: every shard once backward has ended). The figure is the ratio of median step
 times, at ``--update-freq 1`` (the target) and 4 (only the last micro-batch's backward can hide the step).
 
     python benchmarks/offload_overlap.py [--blocks 8 --width 1536 --updates 7]
@@ -85,7 +85,7 @@ def build(blocks: int, width: int):
 
 def one_block_step_seconds(width: int, repeats: int = 5) -> float:
     """The median CPU work of one block's parameters in an update after backward, as the Trainer does it
-    (what each block's wait is set to): the gradient's norm (``--cpu-step-after-backward`` takes it over every
+    (what each block's wait is set to): the gradient's norm (``--cpu-step after-backward`` takes it over every
     gradient, the step during backward shard by shard) and the fused CPU Adam step with the update's
     multiplier (the kernel writes the multiplied gradient back). The gradient is re-landed before each."""
     p = torch.nn.Parameter(torch.randn(width, width))

@@ -213,9 +213,12 @@ class DistributedConfig:
                                            "backward (more memory, less communication; ZeRO-2 like)")
     cpu_offload: bool = field(False, help="fully_sharded: keep parameter shards, gradients and optimizer state in "
                               "CPU memory")
-    cpu_step_after_backward: bool = field(False, help="fully_sharded with --optimizer cpu_adam: step the optimizer "
-                                          "after backward; by default each shard steps during backward, as soon as "
-                                          "its gradient is on the host (same result, bit for bit)")
+    cpu_step: str = field("auto", help="fully_sharded with --optimizer cpu_adam, shards in host memory: when the "
+                          "optimizer steps. during-backward: each shard as soon as its gradient is on the host, while "
+                          "the accelerator goes on with backward; after-backward: once backward has ended (the same "
+                          "result, bit for bit). auto: during backward where the model computes on an accelerator, "
+                          "after it on a CPU run (whose backward needs the same cores)",
+                          choices=("auto", "during-backward", "after-backward"))
     fsdp_unsharded_accumulation: bool = field(False, help="fully_sharded with --update-freq > 1: keep unsharded "
                                               "gradients until the last micro-batch and reduce once (less "
                                               "communication, but every rank holds the whole model's fp32 "

@@ -18,6 +18,11 @@ compute), each piece priced on the device that runs it: the model's FLOPs at the
 checkpointing), the collectives' bytes at --network-gbps, the optimizer's passes over its state at
 the memory bandwidth of the device it steps on (the GPU's, measured or --gpu-memory-gbps; the host's,
 measured here, where it steps on the CPU), and the host<->GPU copies at --pcie-gbps.
+
+One overlap is priced, as the run makes it: where the CPU optimizer steps each shard during backward
+(trainer/parallel/step_in_backward.py), the step of the blocks' shards hides under the last micro-batch's
+backward, up to that backward's length ("hidden", negative seconds). ``offload_split`` predicts the record
+fields of trainer/offload_times.py from these, which shard-plan --verify compares with a run's.
 """
 import dataclasses
 from typing import Dict, Optional
@@ -87,11 +92,23 @@ class Estimate:
     def seconds(self) -> float:
         return sum(self.step_seconds.values())
 
+    def offload_split(self) -> Dict[str, float]:
+        """The record fields of trainer/offload_times.py this estimate predicts: forward+backward (compute,
+        collectives, host<->GPU copies), upload (the parameters' half of the copies), the CPU step, its exposed
+        part and the percent hidden under backward. Waiting for gradients is not priced (it is in the copies)."""
+        s = self.step_seconds
+        hidden = -s.get("hidden", 0.0)
+        return {"offload_fwd_bwd": s["compute"] + s["communication"] + s["offload"],
+                "offload_upload": s["offload"] / 2, "offload_cpu_step": s["optimizer"],
+                "offload_step_exposed": s["optimizer"] - hidden,
+                "offload_hidden": 100.0 * hidden / s["optimizer"] if s["optimizer"] else 0.0}
+
 
 def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tokens: int,
-             machine: Machine) -> Estimate:
+             machine: Machine, block_share: float = 1.0) -> Estimate:
     """``kinds``: the traced peak (traced_peak); ``count``: the model's parameters;
-    ``flops_per_token``: its training FLOPs per token; ``tokens``: a micro-batch's."""
+    ``flops_per_token``: its training FLOPs per token; ``tokens``: a micro-batch's; ``block_share``: the share
+    of the parameters in the model's repeated blocks (memory_fit.block_share)."""
     facts = run_facts(cfg, Components.of(cfg), machine.world_size, machine.ranks_per_node)  # an option's own
     dtypes, shard = facts.dtypes, facts.shards
     params = kinds["params"]
@@ -119,7 +136,8 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
         gpu_peak=gpu_peak, host_peak=host,
         comm_bytes=comm, offload_bytes=offload,
         step_seconds=_seconds(cfg, count, flops_per_token * tokens, dtypes, machine, comm, offload,
-                              shard * facts.zero_shards))
+                              shard * facts.zero_shards,
+                              block_share if steps_during_backward(cfg, facts, machine) else None))
 
 
 def optimizer_steps_on_host(cfg) -> bool:
@@ -154,15 +172,36 @@ def _offload_bytes(cfg, count: int, facts: RunFacts, machine: Machine) -> int:
     return 0
 
 
+def steps_during_backward(cfg, facts: RunFacts, machine: Machine) -> bool:
+    """Whether the run's optimizer steps each shard during backward, as trainer/parallel/step_in_backward.py
+    decides: sharded parameters in host memory (a CPU run, or --cpu-offload), an optimizer stepping there
+    tensor by tensor (cpu_adam on fp32 shards, without --fp16-adam-stats), and --cpu-step during-backward, or
+    auto on a GPU."""
+    on_host = machine.device == "cpu" or facts.state_on_host
+    when = cfg.distributed.cpu_step
+    chosen = when == "during-backward" or (when == "auto" and machine.device != "cpu")
+    return bool(facts.backend.shards_parameters and on_host and getattr(facts.spec.cls, "steps_on_host", False)
+                and facts.param_bytes == 4 and not getattr(cfg.optimizer, "fp16_adam_stats", False) and chosen)
+
+
 def _seconds(cfg, count: int, micro_batch_flops: float, dtypes, machine: Machine, comm: int, offload: int,
-             optimizer_shards: int) -> Dict[str, float]:
+             optimizer_shards: int, block_share: Optional[float]) -> Dict[str, float]:
+    """``block_share``: where the optimizer steps during backward, the share of its work that may (the blocks'
+    shards: the root's step after backward); None where it steps after backward."""
     d = cfg.distributed
-    recompute = 4 / 3 if (d.checkpoint_activations or d.offload_activations) else 1.0  # forward is 2 of 6
+    checkpointed = d.checkpoint_activations or d.offload_activations
+    recompute = 4 / 3 if checkpointed else 1.0  # forward is 2 of 6
     flops = micro_batch_flops * cfg.optimization.update_freq[0] * recompute
-    return {"compute": flops / (machine.matmul_tflops[dtypes.compute or torch.float32] * 1e12),
-            "communication": comm / (machine.network_gbps * 1e9),
-            "optimizer": ADAM_STEP_BYTES * count / optimizer_shards / (optimizer_gbps(cfg, machine) * 1e9),
-            "offload": offload / (machine.pcie_gbps * 1e9)}
+    seconds = {"compute": flops / (machine.matmul_tflops[dtypes.compute or torch.float32] * 1e12),
+               "communication": comm / (machine.network_gbps * 1e9),
+               "optimizer": ADAM_STEP_BYTES * count / optimizer_shards / (optimizer_gbps(cfg, machine) * 1e9),
+               "offload": offload / (machine.pcie_gbps * 1e9)}
+    if block_share is not None:
+        # The last micro-batch's backward: 4 of its 6 FLOPs per parameter and token, 6 of 8 with the forward
+        # recomputed in it.
+        backward = seconds["compute"] / cfg.optimization.update_freq[0] * (3 / 4 if checkpointed else 2 / 3)
+        seconds["hidden"] = -min(seconds["optimizer"] * block_share, backward)
+    return seconds
 
 
 def optimizer_device(cfg, machine: Machine) -> str:

@@ -67,7 +67,7 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
         return real_prepare(*args, **kwargs)
 
     loop.prepare_model = prepare_watched
-    times = []
+    times, splits = [], []
     try:
         run = loop.Run(cfg, ctx)
     finally:
@@ -78,6 +78,8 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
         start = time.perf_counter()
         out = step(samples)
         times.append(time.perf_counter() - start)
+        if "offload" in out:
+            splits.append(out["offload"])
         return out
 
     run.trainer.train_step = timed_step
@@ -92,7 +94,15 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
     if not ctx.is_master:
         return None
     return {"peaks": [peak for peak, _ in ranks], "baselines": [base for _, base in ranks],
-            "step_seconds": median_step_seconds(times)}
+            "step_seconds": median_step_seconds(times), "offload": median_split(splits)}
+
+
+def median_split(splits: List[Dict[str, float]]) -> Optional[Dict[str, float]]:
+    """Each offload record field's median over the updates after the first two (trainer/offload_times.py),
+    or None where the run recorded none."""
+    if not splits:
+        return None
+    return {key: median_step_seconds([s[key] for s in splits]) for key in splits[0]}
 
 
 def median_step_seconds(times: List[float]) -> Optional[float]:
@@ -185,7 +195,26 @@ def verify(cfg, planned: Estimate, machine: Machine) -> str:
             f"seconds per update: {seconds:.3f} measured, {planned.seconds:.3f} predicted "
             f"({(planned.seconds - seconds) / seconds:+.1%}; the prediction counts matmul FLOPs, collectives, the "
             f"optimizer's memory passes and offload copies, not each operator's fixed cost, which dominates a "
-            f"small model's step).")
+            f"small model's step).") + _split_lines(measured.get("offload"), planned)
+
+
+# The record fields the plan predicts, as --verify prints them: (field, what, unit)
+_SPLIT_ROWS = [("offload_fwd_bwd", "forward+backward", "s"), ("offload_upload", "parameter upload", "s"),
+               ("offload_cpu_step", "CPU optimizer", "s"), ("offload_step_exposed", "optimizer after backward", "s"),
+               ("offload_hidden", "CPU step hidden under backward", "%")]
+
+
+def _split_lines(measured: Optional[Dict[str, float]], planned: Estimate) -> str:
+    """Where the update's time went under offload, measured (median record fields) beside predicted."""
+    if not measured:
+        return ""
+    predicted = planned.offload_split()
+    lines = ["\nwhere an update's time goes (median of the record fields; trainer/offload_times.py):"]
+    for key, what, unit in _SPLIT_ROWS:
+        lines.append(f"  {what:<32} {measured[key]:>9.3f} {unit} measured, {predicted[key]:>9.3f} {unit} predicted")
+    lines.append(f"  {'waiting for gradients':<32} {measured['offload_grad_wait']:>9.3f} s measured (not priced: "
+                 "in the host<->GPU copies)")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from shardtrain.models.capabilities import repeated_layers_field
 from shardtrain.plan.estimate import GPU_MEMORY_GBPS, Estimate, Machine, estimate
 from shardtrain.plan.options import Option, alternatives, as_given, trace_key
 from shardtrain.plan.trace import batch_shape, traced_peak
-from shardtrain.trainer.memory_fit import host_available_bytes, model_sizes
+from shardtrain.trainer.memory_fit import block_share, host_available_bytes, model_sizes
 from shardtrain.trainer.metrics.flops import measured_peak_tflops, model_flops_per_token
 from shardtrain.trainer.resolved import Components, build_model, build_task
 
@@ -140,6 +140,7 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
     components = Components.of(cfg)
     task = build_task(cfg, components)
     count = model_sizes(cfg, components, task)[0]
+    blocks = block_share(cfg, components, task)
     shape = batch_shape(cfg, task)
     flops_per_token = _flops_per_token(cfg, components, task, shape[1])
     progress(f"counted the model ({count:,} parameters)")
@@ -151,7 +152,7 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
         reused = key in traces
         if not reused:
             traces[key] = traced_peak(variant, task, machine.world_size)
-        est = estimate(variant, traces[key], count, flops_per_token, shape[0] * shape[1], machine)
+        est = estimate(variant, traces[key], count, flops_per_token, shape[0] * shape[1], machine, blocks)
         progress(f"planned {which}: {option.label}" + (" (an earlier trace reused)" if reused else " (traced)"))
         return Planned(option, variant, est, fits(est, machine, headroom))
 

@@ -85,6 +85,11 @@ def _detail(e: Estimate, plan: Plan, device: str) -> List[str]:
     cfg, m = plan.given.cfg, plan.machine
     where = "the host (CPU)" if optimizer_device(cfg, m) == "cpu" else "the GPU"
     out.append(f"    the optimizer steps on {where}, at {optimizer_gbps(cfg, m):.4g} GB/s of memory bandwidth")
+    if "hidden" in e.step_seconds:
+        split = e.offload_split()
+        out.append(f"    it steps each shard during backward: {-e.step_seconds['hidden']:.3f} s of its "
+                   f"{split['offload_cpu_step']:.3f} s hide under the last backward "
+                   f"({split['offload_hidden']:.0f}%; --cpu-step after-backward would add them)")
     return out
 
 

@@ -89,6 +89,20 @@ def model_sizes(cfg, components: Components, task, activations: bool = False) ->
     return tuple(a + (layers - 1) * (b - a) for a, b in zip(one, two))
 
 
+def block_share(cfg, components: Components, task) -> float:
+    """The share of the model's parameters in its repeated layers (the blocks FSDP shards as units of their own;
+    the rest, embeddings and output projection, is the root's), from meta builds with one and two layers; 1.0
+    for a model that names no repeated layers."""
+    layers_field = repeated_layers_field(components.model)
+    layers = cfg.model[layers_field] if layers_field else None
+    if not layers:
+        return 1.0
+    one, two = (_meta_sizes(components.model, _with(cfg.model, layers_field, n), task)[0] for n in (1, 2))
+    per_layer = two - one
+    total = one + (layers - 1) * per_layer
+    return layers * per_layer / total if total else 1.0
+
+
 def one_layer_config(cfg, components: Components):
     """``cfg.model`` with its repeated layers (if the model names them) cut to one: what a quick meta build of
     the model needs, as building 100,000 layers even on the meta device takes minutes and gigabytes."""

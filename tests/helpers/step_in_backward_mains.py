@@ -2,7 +2,7 @@
 ranks), and what that test's in-process checks share with them.
 
 A case trains the same updates twice on each rank, stepping during backward (``cfg``) and after it
-(``cfg_after``, --cpu-step-after-backward), driving ``Trainer.train_step`` itself so that chosen calls can
+(``cfg_after``, --cpu-step after-backward), driving ``Trainer.train_step`` itself so that chosen calls can
 scale the loss (x100: clipping fires; x inf or NaN: the update is skipped), and compares this rank's shards
 and Adam state bit for bit.
 """
@@ -134,7 +134,7 @@ def _differences(a: Dict[str, tuple], b: Dict[str, tuple]) -> List[str]:
 
 
 def compare_case(cfg, ctx, cfg_after, calls: int, scales: Dict[int, float], resume_at: Optional[int] = None):
-    """Train ``cfg`` (stepping during backward) and ``cfg_after`` (--cpu-step-after-backward) for ``calls``
+    """Train ``cfg`` (stepping during backward) and ``cfg_after`` (--cpu-step after-backward) for ``calls``
     calls of train_step from the same seed, ``cfg``'s run resumed after ``resume_at`` calls if given. Rank 0
     returns each rank's {"differences", "records" and "counts" of both runs, "built", "n_params", "moved",
     "numel"}."""

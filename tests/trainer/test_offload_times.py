@@ -60,7 +60,8 @@ def data_bin(tmp_path_factory):
 
 def _records(data_bin, *flags):
     trainer, task = make_trainer(data_bin, "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam",
-                                 "--decoder-layers", str(BLOCKS), "--clip-norm", "0", *flags)
+                                 "--decoder-layers", str(BLOCKS), "--clip-norm", "0", "--cpu-step", "during-backward",
+                                 *flags)
     for block in unwrap(trainer.model).blocks:
         block.forward = lambda x, *a, _f=block.forward, **k: _f(_SleepInBackward.apply(x), *a, **k)
     batch = [collate(blocks(task, range(4)), task.dictionary.pad())]
@@ -92,9 +93,9 @@ def test_every_record_splits_the_update_and_the_step_hides_under_backward(one_ra
     assert all(k in record for k in FIELDS)
 
 
-@pytest.mark.flag_effect("--cpu-step-after-backward")
+@pytest.mark.flag_effect("--cpu-step")
 def test_stepping_after_backward_hides_nothing(one_rank_group, data_bin):
-    trainer, splits, _ = _records(data_bin, "--cpu-step-after-backward")
+    trainer, splits, _ = _records(data_bin, "--cpu-step", "after-backward")
     assert trainer.step_in_backward is None
     for split in splits:
         assert split["offload_hidden"] == 0.0

@@ -1,6 +1,7 @@
 """--ddp-backend fully_sharded --optimizer cpu_adam: each parameter shard steps during backward, as soon as its
 gradient is reduced onto the host (trainer/parallel/step_in_backward.py), with the bits of the synchronous step
-that --cpu-step-after-backward keeps.
+that --cpu-step after-backward keeps (2 CPU ranks: --cpu-step during-backward, as auto steps after backward on a
+CPU run).
 
 - Two real gloo ranks, one spawn: six cases trained 20 calls of train_step both ways from the same seed, every
   rank's shards, exp_avg, exp_avg_sq and step compared with torch.equal and every call's record exactly. Chosen
@@ -28,7 +29,8 @@ from step_in_backward_mains import compare_case, counting_step_one, local_state
 
 CALLS = 20
 CLIP = 10.0  # the unscaled runs' gradient norms are 0.4..1.8; x100 they are 40..180
-AFTER = "--cpu-step-after-backward"
+AFTER = ["--cpu-step", "after-backward"]
+DURING = ["--cpu-step", "during-backward"]
 # name -> (flags, {call of train_step (0-based): loss multiplier}, resumed after this many calls or None)
 # (fp16 overflows on the first call, as fp16 runs do while the scale settles: undoing a first step removes the
 # state it created.)
@@ -63,9 +65,9 @@ def two_ranks(data_bin, tmp_path_factory):
     jobs = []
     for name, (flags, scales, resume_at) in CASES.items():
         save_dir = tmp_path_factory.mktemp("save")
-        main = functools.partial(compare_case, cfg_after=config(data_bin, save_dir, AFTER, *flags), calls=CALLS,
+        main = functools.partial(compare_case, cfg_after=config(data_bin, save_dir, *AFTER, *flags), calls=CALLS,
                                  scales=scales, resume_at=resume_at)
-        jobs.append((main, config(data_bin, save_dir, *flags)))
+        jobs.append((main, config(data_bin, save_dir, *DURING, *flags)))
     return dict(zip(CASES, call_each(jobs)))
 
 
@@ -177,7 +179,7 @@ def _record_events(trainer, monkeypatch) -> _Events:
 
 def _ordering(data_bin, monkeypatch, *flags):
     trainer, task = make_trainer(data_bin, "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam",
-                                 "--decoder-layers", str(BLOCKS), "--clip-norm", "0", *flags)
+                                 "--decoder-layers", str(BLOCKS), "--clip-norm", "0", *DURING, *flags)
     events = _record_events(trainer, monkeypatch)
     trainer.train_step([collate(blocks(task, range(4)), task.dictionary.pad())])
     return trainer, events
@@ -201,9 +203,9 @@ def test_shards_step_while_earlier_blocks_are_still_in_backward(one_rank_group, 
             assert i > ends[b], (events[i], events)
 
 
-@pytest.mark.flag_effect("--cpu-step-after-backward")
+@pytest.mark.flag_effect("--cpu-step")
 def test_cpu_step_after_backward_steps_after_the_last_backward(one_rank_group, data_bin, monkeypatch):
-    trainer, events = _ordering(data_bin, monkeypatch, AFTER)
+    trainer, events = _ordering(data_bin, monkeypatch, *AFTER)
     assert trainer.step_in_backward is None
     last_end = max(i for i, e in enumerate(events) if e[0] == "bwd_end")
     steps = [i for i, e in enumerate(events) if e[0] == "step"]
@@ -214,7 +216,7 @@ def test_an_error_in_backward_undoes_the_shards_already_stepped(one_rank_group, 
     """The last block's shards step while block 0 is still in backward; block 0's backward then fails: the
     update is abandoned and every shard and its Adam state are as before it (keep: --clip-norm > 0)."""
     trainer, task = make_trainer(data_bin, "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam",
-                                 "--decoder-layers", str(BLOCKS), "--clip-norm", str(CLIP))
+                                 "--decoder-layers", str(BLOCKS), "--clip-norm", str(CLIP), *DURING)
     batch = [collate(blocks(task, range(4)), task.dictionary.pad())]
     trainer.train_step(batch)  # Adam's state exists: undo restores it rather than removing it
     before = local_state(trainer)
@@ -251,7 +253,8 @@ DECISIONS = {
     "fp32, --clip-norm 1": (["--clip-norm", "1"], (True, True)),
     "fp16, --clip-norm 0": (["--fp16", "--clip-norm", "0"], (True, True)),
     "fp32, --skip-nan-updates 1": (["--skip-nan-updates", "1", "--clip-norm", "0"], (True, True)),
-    "--cpu-step-after-backward": ([AFTER, "--clip-norm", "1"], (False, None)),
+    "--cpu-step after-backward": ([*AFTER, "--clip-norm", "1"], (False, None)),
+    "--cpu-step auto, a CPU run": (["--cpu-step", "auto", "--clip-norm", "1"], (False, None)),
     "--fp16-adam-stats": (["--fp16-adam-stats", "--clip-norm", "0"], (False, None)),
 }
 
@@ -260,13 +263,30 @@ DECISIONS = {
 def test_when_shards_step_during_backward_and_whether_copies_are_kept(one_rank_group, data_bin, name, caplog):
     flags, (built, keep) = DECISIONS[name]
     with caplog.at_level(logging.INFO, logger="shardtrain.trainer.parallel.step_in_backward"):
-        trainer, _ = make_trainer(data_bin, "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam", *flags)
+        trainer, _ = make_trainer(data_bin, "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam", *DURING,
+                                  *flags)
     sib = trainer.step_in_backward
     assert (sib is not None) == built
     if built:
         assert sib.keep is keep
     if name == "--fp16-adam-stats":
         assert "steps after backward, not during it: some parameters step chunk by chunk" in caplog.text
+    if name == "--cpu-step auto, a CPU run":
+        assert "on a CPU run backward computes on the same cores" in caplog.text
+
+
+def test_auto_steps_during_backward_where_the_model_computes_on_an_accelerator(one_rank_group, data_bin):
+    """The decision for a GPU run, from this CPU: the run's real shards and optimizer, its backend's device said
+    to be cuda (no event is recorded until an update is armed)."""
+    import types
+    from shardtrain.trainer.parallel.step_in_backward import build_step_in_backward
+    trainer, _ = make_trainer(data_bin, "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam",
+                              "--clip-norm", "0")
+    assert trainer.step_in_backward is None  # auto, on this CPU run
+    gpu = types.SimpleNamespace(shards_parameters=True, device=torch.device("cuda", 0))
+    sib = build_step_in_backward(trainer.cfg, gpu, trainer.optimizer, trainer.params, trainer.precision)
+    assert sib is not None and sib.keep is False
+    sib.close()
 
 
 @pytest.mark.parametrize("flags", [["--ddp-backend", "fully_sharded", "--optimizer", "adam"],
