@@ -101,4 +101,10 @@ MUTANTS = [
     Mutant("sib_auto_after_on_an_accelerator", "--cpu-step auto: during backward where the model is on an accelerator",
            SIB, "    if when == \"auto\" and backend.device.type == \"cpu\":", "    if when == \"auto\":",
            (F + "test_auto_steps_during_backward_where_the_model_computes_on_an_accelerator",)),
+    Mutant("sib_steps_during_an_async_write", "--async-save: the worker waits until the live state is written",
+           SIB, "            if self.before_stepping is not None:\n                self.before_stepping()\n", "",
+           ("tests/trainer/checkpoint/test_async_save_cpu.py::test_the_cpu_step_during_backward_waits_for_the_write_too",)),
+    Mutant("sib_trainer_forgets_the_write", "the trainer's worker waits for --async-save's write",
+           T + "trainer.py", "before_stepping=wait_for_live_writes)", "before_stepping=None)",
+           ("tests/trainer/checkpoint/test_async_save_cpu.py::test_the_cpu_step_during_backward_waits_for_the_write_too",)),
 ]

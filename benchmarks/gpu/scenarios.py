@@ -86,6 +86,57 @@ def headline(setting: str) -> Callable[[str, str], Tuple[List[Dict], List[Result
     return scenario
 
 
+# Host bytes per parameter of the bf16 offload recipe with cpu_adam: fp32 shard, fp32 gradient, Adam's two fp32
+# moments (shard-plan: 96.15 GiB for transformer_lm_gpt3_6_7's 6.45B parameters on one GPU), plus what a rank holds
+# beside them (torch, the CUDA context, pinned staging, the data): OFFLOAD_HOST_FIXED.
+OFFLOAD_HOST_BYTES_PER_PARAM = 16
+OFFLOAD_HOST_FIXED = 10 * 2 ** 30
+# 16 x 2048 tokens a micro-batch: forward and backward (~4.6 s at 40% of an H100's bf16 peak, the forward
+# recomputed) as long as the CPU step of ~6.5B parameters (36 bytes each at ~40 GB/s), so that backward can hide it.
+OFFLOAD_FLAGS = ["--tokens-per-sample", "2048", "--batch-size", "16", "--update-freq", "1",
+                 "--distributed-world-size", "1", "--ddp-backend", "fully_sharded", "--cpu-offload", "--bf16",
+                 "--optimizer", "cpu_adam", "--checkpoint-activations", "--lr", "1e-4", "--lr-scheduler", "fixed",
+                 "--max-update", "6", "--no-save", "--disable-validation"]
+
+
+def largest_offload_arch() -> Tuple[str, float]:
+    """The largest GPT-3 size whose offloaded state fits this node's host memory (issue 39: at least 6B on a
+    node with 128 GiB), by shard-plan's bytes per parameter."""
+    budget = 0.92 * host_available_bytes()
+    return next(((a, n) for a, n in GPT3 if n * OFFLOAD_HOST_BYTES_PER_PARAM + OFFLOAD_HOST_FIXED <= budget),
+                GPT3[-1])
+
+
+def offload_largest(data_bin: str, workdir: str) -> Tuple[List[Dict], List[Result]]:
+    """The largest model that fits one GPU with offload: words/s and MFU, stepping the CPU optimizer during
+    backward and after it, in one case (issue 39, item 5)."""
+    arch, params = largest_offload_arch()
+    rows, seconds, kept = [], {}, {}
+    for when in ("during-backward", "after-backward"):
+        run = train(data_bin, workdir, f"offload-{when}", ["--arch", arch, *OFFLOAD_FLAGS, "--cpu-step", when],
+                    timeout=420)
+        inner = run["records"]["train_inner"]
+        assert len(inner) == 6 and all(math.isfinite(r["loss"]) for r in inner), (when, inner)
+        later = inner[2:]  # the first two updates create Adam's state and grow the allocators
+        seconds[when] = _mean([1.0 / r["ups"] for r in later])  # --log-interval 1: each record one update
+        kept[when] = {k: _mean([r[k] for r in later if k in r]) for k in
+                      ("wps", "mfu", "offload_fwd_bwd", "offload_upload", "offload_grad_wait", "offload_cpu_step",
+                       "offload_step_exposed", "offload_hidden")}
+        k = kept[when]
+        rows.append({"scenario": f"offload {arch} bf16 16x2048 --cpu-step {when}", "words/s": round(k["wps"]),
+                     "s/update": round(seconds[when], 2), "MFU": f"{k['mfu']:.1f}%",
+                     "GPU peak GiB": round(_peak_gb(inner), 2), "host RSS GiB": round(_steady(inner, "gb_rss"), 1),
+                     "fwd+bwd s": round(k["offload_fwd_bwd"], 2), "upload s": round(k["offload_upload"], 2),
+                     "grad wait s": round(k["offload_grad_wait"], 2), "CPU step s": round(k["offload_cpu_step"], 2),
+                     "exposed s": round(k["offload_step_exposed"], 2), "hidden": f"{k['offload_hidden']:.0f}%"})
+    during = kept["during-backward"]
+    return rows, [("offload_largest_params_billion", params / 1e9, ">=6.0"),
+                  ("offload_largest_mfu", during["mfu"] / 100, ">=0.30"),
+                  ("offload_largest_words_per_s", during["wps"], ""),
+                  ("offload_largest_step_ratio", seconds["during-backward"] / seconds["after-backward"], "<=1.0"),
+                  ("offload_largest_hidden_percent", during["offload_hidden"], "")]
+
+
 def mfu(data_bin: str, workdir: str) -> Tuple[List[Dict], List[Result]]:
     """Model-FLOPs utilisation of a ~1.3B bf16 model, fully_sharded without offload, on every GPU."""
     layers, dim, seq = 24, 2048, 2048
@@ -140,6 +191,6 @@ def compile_speed(data_bin: str, workdir: str) -> Tuple[List[Dict], List[Result]
               f"{speeds['eager']:.0f}", "speed-up": f"{ratio:.2f}x"}], [("compile_speedup", ratio, ">=1.0")])
 
 
-SCENARIOS = {"headline-uf1": headline("uf1"), "headline-uf4": headline("uf4"),
+SCENARIOS = {"offload-largest": offload_largest, "headline-uf1": headline("uf1"), "headline-uf4": headline("uf4"),
              "headline-offload-activations": headline("offload_activations"), "mfu": mfu,
              "precision": fp16_vs_bf16, "compile": compile_speed}

@@ -11,6 +11,7 @@ import torch
 
 from shardtrain.trainer import build
 from shardtrain.trainer.offload_times import OffloadTimes, StepClock
+from shardtrain.trainer.checkpoint.async_staging import wait_for_live_writes
 from shardtrain.trainer.checkpoint.contents import load_parts, state_of, trainer_parts
 from shardtrain.trainer.parallel.choose import Backend
 from shardtrain.trainer.parallel.step_in_backward import build_step_in_backward
@@ -41,7 +42,8 @@ class Trainer:
         clock = StepClock() if on_host or cfg.distributed.cpu_offload else None
         self.times = OffloadTimes(model, clock) if clock is not None else None
         # None, or the optimizer stepping each shard during the last backward (offload: see its module)
-        self.step_in_backward = build_step_in_backward(cfg, backend, self.optimizer, self.params, precision, clock)
+        self.step_in_backward = build_step_in_backward(cfg, backend, self.optimizer, self.params, precision, clock,
+                                                       before_stepping=wait_for_live_writes)
 
     @property
     def num_updates(self) -> int:

@@ -23,8 +23,13 @@ def fake_train(seen, skipped=0):
     def train(data_bin, workdir, name, flags, timeout=900):
         cfg = parse_train_args([data_bin, *flags])  # unknown flags and incompatible ones fail here
         updates = cfg.optimization.max_update
+        during = cfg.distributed.cpu_step == "during-backward"
+        offload = {"ups": 0.125 if during else 0.1, "mfu": 31.0, "offload_fwd_bwd": 6.0, "offload_upload": 0.5,
+                   "offload_grad_wait": 0.25, "offload_cpu_step": 5.0, "offload_step_exposed": 2.0 if during else 5.0,
+                   "offload_hidden": 60.0 if during else 0.0} if cfg.distributed.cpu_step != "auto" else {}
         inner = [{"loss": 10.0 - 0.01 * i, "wps": 1000.0, "gb_peak_alloc": 10.0 + (name == "headline-uf4"),
-                  "gb_rss": 5.0, **({"loss_scale": 128.0} if cfg.common.fp16 else {})} for i in range(updates)]
+                  "gb_rss": 5.0, **({"loss_scale": 128.0} if cfg.common.fp16 else {}), **offload}
+                 for i in range(updates)]
         seen.append(name)
         return {"records": {"train_inner": inner, "valid": [{"loss": 3.0}]}, "seconds": 1.0, "log": "",
                 "skipped": skipped if cfg.common.fp16 else 0}
@@ -41,6 +46,7 @@ def test_every_scenario_runs_on_fake_records(data_bin, tmp_path, monkeypatch):
     monkeypatch.setattr(scenarios, "train", fake_train(seen, skipped=3))
     monkeypatch.setattr(scenarios, "peak_flops", lambda: 989e12)
     monkeypatch.setattr(scenarios.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(scenarios, "host_available_bytes", lambda: 128 * 2 ** 30)  # the H100 node's host
     found = {}
     for name, scenario in scenarios.SCENARIOS.items():
         rows, results = scenario(data_bin, str(tmp_path))
@@ -50,8 +56,13 @@ def test_every_scenario_runs_on_fake_records(data_bin, tmp_path, monkeypatch):
             found[result] = value
         if name == "precision":
             assert [r["skipped updates"] for r in rows] == [3, "-"]  # fp16 skipped 3; bf16 has no scaler
-    assert len(seen) == 8  # headline 3, mfu 1, precision 2, compile 2
+    assert len(seen) == 10  # offload-largest 2, headline 3, mfu 1, precision 2, compile 2
     assert found["headline_uf1_gpu_peak_gib"] == 10.0 and found["headline_uf4_gpu_peak_gib"] == 11.0
+    # issue 39's case: 6.7B fits 128 GiB at 16 bytes a parameter; 8 s an update during backward, 10 s after it
+    assert seen[:2] == ["offload-during-backward", "offload-after-backward"]
+    assert found["offload_largest_params_billion"] == 6.7 and found["offload_largest_mfu"] == 0.31
+    assert found["offload_largest_step_ratio"] == pytest.approx(0.8)
+    assert found["offload_largest_hidden_percent"] == 60.0
 
 
 def test_the_headline_lr_is_real_within_its_30_updates(data_bin):

@@ -23,6 +23,10 @@ def test_offload_places_state_on_pinned_cpu_and_buffers_on_the_gpu(tmp_path, pre
     data = gpu_runs.data_bin(tmp_path / "data")
     cfg = parse_train_args([data, *gpu_runs.MODEL, "--ddp-backend", "fully_sharded", "--cpu-offload", precision,
                             "--optimizer", "cpu_adam", "--checkpoint-activations", "--no-save",
+                            # the gradients as optimizer.step sees them: stepping during backward (the default
+                            # here) steps outside it, and torch 2.13 (not 2.11) copies a gradient with post-accumulate
+                            # hooks synchronously into pageable memory (docs/precision_and_memory.md)
+                            "--cpu-step", "after-backward",
                             "--save-dir", str(tmp_path / "unused"), "--max-update", "1"])
     run = Run(cfg, make_context(0, 0, 1, use_cuda=True, backend=None))
     try:

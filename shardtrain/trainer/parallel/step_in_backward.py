@@ -31,7 +31,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -41,10 +41,12 @@ from shardtrain.core.torch_private import total_norm_of_shards
 logger = logging.getLogger(__name__)
 
 
-def build_step_in_backward(cfg, backend, optimizer, params, precision, clock=None) -> Optional["StepInBackward"]:
+def build_step_in_backward(cfg, backend, optimizer, params, precision, clock=None,
+                           before_stepping=None) -> Optional["StepInBackward"]:
     """The run's :class:`StepInBackward`, or None where the optimizer steps after backward (and why, said
     once where the user may have expected otherwise). ``clock``: a trainer/offload_times.StepClock the worker
-    adds its work and waits to."""
+    adds its work and waits to; ``before_stepping``: what the worker calls before its first step of an update
+    (the trainer's: wait until a background save's write of the live state has landed)."""
     if not backend.shards_parameters or not getattr(optimizer, "steps_on_host", False):
         return None
     when = cfg.distributed.cpu_step
@@ -66,7 +68,7 @@ def build_step_in_backward(cfg, backend, optimizer, params, precision, clock=Non
     logger.info("the optimizer steps each shard during backward, as its gradient reaches the host"
                 + (" (keeping a copy of each shard's state until the update is decided: --clip-norm, fp16 or "
                    "--skip-nan-updates may undo it)" if keep else ""))
-    return StepInBackward(optimizer, params, keep, backend.device, clock)
+    return StepInBackward(optimizer, params, keep, backend.device, clock, before_stepping)
 
 
 class StepInBackward:
@@ -76,10 +78,14 @@ class StepInBackward:
     then :meth:`commit` (the step stands; the shards no hook reached step now) or :meth:`undo`."""
 
     def __init__(self, optimizer, params: List[torch.nn.Parameter], keep: bool, device: torch.device,
-                 clock=None):
-        """``device``: the run's; where it is an accelerator, a gradient's copy to the host is waited for."""
+                 clock=None, before_stepping: Optional[Callable[[], object]] = None):
+        """``device``: the run's; where it is an accelerator, a gradient's copy to the host is waited for.
+        ``before_stepping``: called by the worker before it steps anything of an update. The optimizer's own
+        step pre-hooks do not run for a shard stepped alone: whatever must hold the state still until then
+        (``--async-save`` writing the live state in the background) is waited for here."""
         self.optimizer = optimizer
         self.clock = clock
+        self.before_stepping = before_stepping
         self._event_type = None if device.type == "cpu" else device.type
         self.params = params
         self.keep = keep
@@ -122,6 +128,8 @@ class StepInBackward:
 
     def _work(self) -> None:
         try:
+            if self.before_stepping is not None:
+                self.before_stepping()
             with torch.no_grad():  # grad mode is per thread
                 while True:
                     item = self._queue.get()

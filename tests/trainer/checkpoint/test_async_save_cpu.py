@@ -46,3 +46,18 @@ def test_async_save_writes_the_state_at_save(data_bin, tmp_path):
     assert len(first) == sources and copied["addresses"][1] == first == copied["addresses"][2]
     assert split["allocations"][0] == split["allocations"][2] == len(split["addresses"][0]) > 0  # the scalars'
     assert split["addresses"][2] == split["addresses"][0]
+
+
+def test_the_cpu_step_during_backward_waits_for_the_write_too(data_bin, tmp_path):
+    """cpu_adam stepping each shard during backward (trainer/parallel/step_in_backward.py) steps outside
+    optimizer.step, whose pre-hook holds steps until the write has landed: its worker waits by itself. One rank,
+    in this process (the hold is per process)."""
+    cfg = parse_train_args([
+        data_bin, "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "16",
+        "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
+        "--batch-size", "4", "--optimizer", "cpu_adam", "--cpu-step", "during-backward", "--lr", "0.01",
+        "--max-update", "2", "--disable-validation", "--no-save", "--cpu", "--threads", "1", "--log-format",
+        "none", "--save-dir", str(tmp_path), "--ddp-backend", "fully_sharded", "--distributed-world-size", "1"])
+    split = call_main(cfg, save_change_load)["split"]
+    assert split["differences"] == [0.0] * 3, "a checkpoint holds values stepped during the next backward (torn)"
+    assert split["waited"] == 3, "the worker's first step of each update must wait for the write"
