@@ -65,4 +65,17 @@ MUTANTS = [
     Mutant("suite_keeps_sigint_ignored", "the suite tests Ctrl-C also when started as a background job",
            "tests/conftest.py", "        signal.signal(signal.SIGINT, signal.default_int_handler)\n", "        pass\n",
            ("tests/architecture/test_suite_in_background.py::test_a_suite_started_with_sigint_ignored_still_delivers_ctrl_c",)),
+    # issue 40, item 4: no import circle anywhere (inside a room, and inside functions)
+    Mutant("checkpoint_integrity_imports_its_chooser", "no import circle: integrity is below the formats' chooser",
+           T + "checkpoint/integrity.py", "def damaged_error(path: str, damage: Damaged) -> CheckpointError:\n",
+           "def damaged_error(path: str, damage: Damaged) -> CheckpointError:\n"
+           "    from shardtrain.trainer.checkpoint.choose import format_of  # noqa: F401\n",
+           (ARCH + "test_no_import_circle_anywhere",)),
+    Mutant("cpu_adam_imports_the_optimizers", "no import circle: cpu_adam and optimizers share optim_config",
+           "shardtrain/optim/cpu_adam.py", "def _adam(group, params, grads,",
+           "def _unused():\n    from shardtrain.optim.optimizers import adam  # noqa: F401\n\n\ndef _adam(group, params, grads,",
+           (ARCH + "test_no_import_circle_anywhere",)),
+    Mutant("circle_finder_blind_to_back_edges", "the circle finder sees a loop back to a module still open",
+           "tests/architecture/test_import_directions.py", "            elif w in stack:\n", "            elif False:\n",
+           (ARCH + "test_the_circle_finder_finds_a_loop_of_three_and_a_pair_and_nothing_in_a_tree",)),
 ]

@@ -19,7 +19,8 @@ from shardtrain.core.fileio import atomic_write_bytes
 from shardtrain.trainer.checkpoint.consolidate import (check_output, describe, file_to_sharded, read_file_model_only,
                                                        read_sharded, require_safetensors, safetensors_bytes,
                                                        write_file)
-from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
+from shardtrain.trainer.checkpoint.choose import format_of
+from shardtrain.trainer.checkpoint.formats import resolve_checkpoint_path
 from shardtrain.trainer.checkpoint.single_file import SingleFile
 from shardtrain.core.timing import timed
 from shardtrain.trainer.metrics.logging_setup import setup_logging

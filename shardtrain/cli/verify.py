@@ -19,8 +19,9 @@ from shardtrain.core.errors import ConfigError, ShardtrainError
 from shardtrain.core.fields import field
 from shardtrain.core.user_dir import describe as describe_plugin
 from shardtrain.data.manifest import verify_data_bin
-from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
-from shardtrain.trainer.checkpoint.integrity import check_checksums, verify_checkpoint
+from shardtrain.trainer.checkpoint.choose import format_of, verify_checkpoint
+from shardtrain.trainer.checkpoint.formats import resolve_checkpoint_path
+from shardtrain.trainer.checkpoint.integrity import check_checksums
 
 EXIT_DAMAGED = 1
 # What a save dir holds under checkpoint names: files (single-file format) and directories or links to them (sharded)

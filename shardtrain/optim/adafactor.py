@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from shardtrain.core.fields import field
 from shardtrain.core.torch_private import dtensor_where_it_is
 from shardtrain.core.errors import ConfigError
-from shardtrain.optim.optimizers import parse_float_tuple
+from shardtrain.optim.optim_config import parse_float_tuple
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer
 
 

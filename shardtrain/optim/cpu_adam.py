@@ -44,7 +44,7 @@ from torch.optim.adam import adam as functional_adam
 from shardtrain.core.fields import field
 from shardtrain.core.errors import CheckpointError, ConfigError
 from shardtrain.optim.chunk_pipe import ChunkPipe
-from shardtrain.optim.optimizers import AdamConfig, parse_betas, check_non_negative
+from shardtrain.optim.optim_config import AdamConfig, check_non_negative, parse_betas
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer
 
 # 1M elements: a chunk's fp32 scratch (4 x 4 MB) stays in a typical L3 cache from

@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from shardtrain.core.fields import field
-from shardtrain.optim.optimizers import check_non_negative
+from shardtrain.optim.optim_config import check_non_negative
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)

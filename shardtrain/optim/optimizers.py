@@ -6,15 +6,18 @@ Where torch has a fused kernel for the optimizer on the training device we ask
 for it (a few kernel launches per step instead of a Python loop over
 parameters), otherwise for the multi-tensor ``foreach`` implementation.
 """
-import ast
 import dataclasses
 import inspect
-from typing import Any, Dict, Tuple, Type
+from typing import Dict, Tuple, Type
 
 import torch
 
 from shardtrain.core.fields import field
 from shardtrain.core.errors import ConfigError
+from shardtrain.optim.cpu_adam import CPUAdam
+from shardtrain.optim.optim_config import (  # noqa: F401 (parse_float_tuple: the optimizers' flag parsing)
+    AdamConfig, check_non_negative, parse_betas, parse_float_tuple,
+)
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer
 
 # Device types on which torch (>= 2.4) ships a fused kernel for these optimizers.
@@ -38,57 +41,9 @@ def implementation_kwargs(cls: Type[torch.optim.Optimizer], device: torch.device
     return {"foreach": True}
 
 
-def parse_float_tuple(value: Any, flag: str, example: Tuple[float, ...]) -> Tuple[float, ...]:
-    """A tuple of ``len(example)`` floats from a tuple/list (what the CLI and OmegaConf
-    give) or from a string such as ``"(0.9, 0.98)"`` (a hand-written config)."""
-    original = value
-    if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            value = None
-    try:
-        parsed = tuple(float(v) for v in value)
-    except (TypeError, ValueError):
-        parsed = ()
-    if len(parsed) != len(example):
-        raise ConfigError(
-            f"{flag} must be {len(example)} numbers, got {original!r}. "
-            f"Write it as a tuple, e.g. {flag} '{example}'."
-        )
-    return parsed
-
-
-def parse_betas(value: Any, flag: str) -> Tuple[float, float]:
-    betas = parse_float_tuple(value, flag, (0.9, 0.999))
-    if not all(0.0 <= b < 1.0 for b in betas):
-        raise ConfigError(f"{flag} {betas} is out of range: each beta must be in [0, 1). "
-                          f"Use e.g. {flag} '(0.9, 0.98)'.")
-    return betas
-
-
-def check_non_negative(cfg, *names: str) -> None:
-    # torch would raise a bare ValueError at build time; say which flag is wrong instead.
-    for name in names:
-        value = getattr(cfg, name)
-        if not 0 <= value < float("inf"):  # NaN fails too
-            flag = "--" + name.replace("_", "-")
-            raise ConfigError(f"{flag} is {value}, but it must be a finite number >= 0. Pass a non-negative {flag}.")
-
-
 def _spec(cls: Type[torch.optim.Optimizer], device: torch.device, state_bytes: int, **kwargs) -> OptimizerSpec:
     """``state_bytes``: what it keeps per parameter (OptimizerSpec.state_bytes)."""
     return OptimizerSpec(cls, {**kwargs, **implementation_kwargs(cls, device)}, state_bytes=state_bytes)
-
-
-@dataclasses.dataclass
-class AdamConfig:
-    adam_betas: Tuple[float, float] = field((0.9, 0.999), help="betas for Adam optimizer")
-    adam_eps: float = field(1e-8, help="epsilon for Adam optimizer")
-    weight_decay: float = field(0.0, help="weight decay")
-    adamw_mode: bool = field(
-        True, help="decoupled weight decay as in fairseq's adam (torch.optim.AdamW); "
-        "--no-adamw-mode adds weight decay to the gradient as L2 (torch.optim.Adam)")
 
 
 @dataclasses.dataclass
@@ -117,8 +72,6 @@ def _fp16_stats_adam(cls, device: torch.device, kwargs) -> OptimizerSpec:
         raise ConfigError("--optimizer adam --fp16-adam-stats keeps fp16 moments with cpu_adam's kernel, which steps "
                           f"in CPU memory, but this run trains on {torch.device(device).type}. Use --optimizer cpu_adam "
                           "--fp16-adam-stats (its state in CPU memory), or drop --fp16-adam-stats.")
-    from shardtrain.optim.cpu_adam import CPUAdam  # cpu_adam imports this module
-
     return OptimizerSpec(CPUAdam, dict(kwargs, adamw_mode=cls is torch.optim.AdamW, fp16_adam_stats=True),
                          state_bytes=4, steps_on_cpu=True)  # two fp16 moments
 

@@ -74,7 +74,7 @@ def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int,
 
 def _staged_kinds(cfg, backend: type) -> tuple:
     """What an --async-save run stages: only a backend that writes sharded checkpoints saves in the background
-    (formats.format_for_saving), and nothing is saved under --no-save; the optimizer's state not under
+    (choose.format_for_saving), and nothing is saved under --no-save; the optimizer's state not under
     --no-save-optimizer-state."""
     c = cfg.checkpoint
     if not (c.async_save and backend.sharded_checkpoints) or c.no_save:

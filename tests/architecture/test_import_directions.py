@@ -181,3 +181,55 @@ def test_loading_for_inference_never_reaches_the_training_build_or_precision():
     wrong = [f"{start} reaches {module}, through {_where(reached[module])}" for start in INFERENCE
              for reached in [closure(start)] for module in TRAINING_ONLY if module in reached]
     assert not wrong, "loading for inference imports training-only modules:\n" + "\n".join(wrong)
+
+
+def circles(graph: Dict[str, List[str]]) -> List[List[str]]:
+    """The groups of modules that import each other, directly or round a longer loop (Tarjan's strongly
+    connected components of more than one module), each sorted."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    found = []
+
+    def visit(v):  # iterative would do too; the graph is a few hundred modules deep at most
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_the_circle_finder_finds_a_loop_of_three_and_a_pair_and_nothing_in_a_tree():
+    graph = {"a": ["b"], "b": ["c"], "c": ["a", "d"], "d": [], "e": ["f"], "f": ["e"], "g": ["d"]}
+    assert circles(graph) == [["a", "b", "c"], ["e", "f"]]
+    assert circles({"a": ["b", "c"], "b": ["c"], "c": []}) == []
+
+
+def test_no_import_circle_anywhere():
+    """Inside a room too, and imports inside functions counted: a module that must import one importing it back
+    is two responsibilities in one place (the split: a chooser above the implementations, a leaf below)."""
+    imports = {name: [i for i in _imports(name, tree) if i.target in MODULES and i.target != name]
+               for name, tree in TREES.items()}
+    graph = {name: sorted({i.target for i in found}) for name, found in imports.items()}
+    named = []
+    for group in circles(graph):
+        lines = [_where(i) for name in group for i in imports[name] if i.target in group]
+        named.append(" <-> ".join(group) + ":\n    " + "\n    ".join(lines))
+    assert not named, "import circles:\n  " + "\n  ".join(named)

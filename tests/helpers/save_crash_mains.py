@@ -14,7 +14,7 @@ from shardtrain.core.errors import CheckpointError
 from shardtrain.trainer.checkpoint import single_file as checkpoints
 from shardtrain.trainer.checkpoint import sharded as sharded_checkpoints
 from shardtrain.trainer.checkpoint.contents import trainer_parts
-from shardtrain.trainer.checkpoint.formats import format_of
+from shardtrain.trainer.checkpoint.choose import format_of
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train
 from async_save_mains import live_tensors

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 
 from shardtrain.core.fields import field
 from shardtrain.optim.lr_scheduler.base import LRScheduler, require
-from shardtrain.optim.optimizers import parse_float_tuple
+from shardtrain.optim.optim_config import parse_float_tuple
 from shardtrain.optim.registry import register_lr_scheduler
 
 

@@ -79,15 +79,6 @@ class CheckpointFormat:
         """End of the run: the last save lands and its buffers are freed."""
 
 
-def format_of(path: str) -> CheckpointFormat:
-    """The format of the checkpoint at ``path`` (after resolve_checkpoint_path)."""
-    # imported here: the implementations import this module's base class
-    from shardtrain.trainer.checkpoint.sharded import ShardedDirectory
-    from shardtrain.trainer.checkpoint.single_file import SingleFile
-
-    return ShardedDirectory() if os.path.isdir(path) else SingleFile()
-
-
 class Pin:
     """``path`` held open: ``where`` names the opened file or directory itself (Linux's /proc/self/fd/N
     follows the open descriptor, not the name), so it reads the same bytes however the name is re-pointed
@@ -105,15 +96,6 @@ class Pin:
     def __del__(self):
         if self.fd is not None:
             os.close(self.fd)
-
-
-def format_for_saving(sharded: bool, async_save: bool) -> CheckpointFormat:
-    """The format a run writes: ``sharded`` is its backend's ``sharded_checkpoints``."""
-    # imported here: the implementations import this module's base class
-    from shardtrain.trainer.checkpoint.sharded import ShardedDirectory
-    from shardtrain.trainer.checkpoint.single_file import SingleFile
-
-    return ShardedDirectory(async_save) if sharded else SingleFile()
 
 
 def resolve_checkpoint_path(path: str) -> str:

@@ -20,7 +20,8 @@ from shardtrain.core.user_dir import for_checkpoint
 from shardtrain.models import capabilities
 from shardtrain.trainer.checkpoint.contents import ModelPart
 from shardtrain.trainer.checkpoint.fit import check_fingerprint
-from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
+from shardtrain.trainer.checkpoint.choose import format_of
+from shardtrain.trainer.checkpoint.formats import resolve_checkpoint_path
 from shardtrain.trainer.metrics.meters import proc_bytes
 from shardtrain.trainer.metrics.run_metrics import log_throughput
 from shardtrain.trainer.resolved import Components, build_model, build_task

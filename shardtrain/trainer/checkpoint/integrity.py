@@ -38,18 +38,6 @@ class Verified:
         return f"intact ({self.files} files, {_size(self.nbytes)})" if self.checksums else NO_CHECKSUMS
 
 
-def verify_checkpoint(path: str) -> str:
-    """``path``'s state in one line ("intact (5 files, 1.2 GB)" or NO_CHECKSUMS); a CheckpointError that says
-    what to do when it is damaged, incomplete or missing."""
-    # imported here: formats.py imports this module
-    from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
-
-    path = resolve_checkpoint_path(path)
-    if not os.path.exists(path):
-        raise CheckpointError(f"Checkpoint {path!r} does not exist. Check the path.")
-    return check_checksums(format_of(path), path, notice=False).describe()  # the line says it
-
-
 def check_checksums(fmt, path: str, notice: bool = True) -> Optional[Verified]:
     """``fmt.verify(path)`` with its findings turned into a notice (for a load) or the paragraph; None:
     nothing to verify (a missing file, which the reader that follows names)."""

@@ -14,7 +14,8 @@ from shardtrain.core.fileio import atomic_write_bytes, probe_writable_dir
 from shardtrain.trainer.checkpoint.dcp_errors import failed_save_error, out_of_descriptors
 from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, without
 from shardtrain.trainer.checkpoint.keep_best import best_name
-from shardtrain.trainer.checkpoint.formats import both_forms, format_for_saving
+from shardtrain.trainer.checkpoint.choose import format_for_saving
+from shardtrain.trainer.checkpoint.formats import both_forms
 from shardtrain.trainer.checkpoint.newer import newer
 from shardtrain.trainer.checkpoint.save_dir_lock import SaveDirLock
 

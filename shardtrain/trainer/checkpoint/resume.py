@@ -6,7 +6,8 @@ from typing import Dict, List
 from shardtrain.core.errors import CheckpointError
 from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, TENSOR_PARTS, load_parts, trainer_parts, without
 from shardtrain.trainer.checkpoint.fit import check_same_optimizer
-from shardtrain.trainer.checkpoint.formats import format_of, resolve_checkpoint_path
+from shardtrain.trainer.checkpoint.choose import format_of
+from shardtrain.trainer.checkpoint.formats import resolve_checkpoint_path
 
 logger = logging.getLogger(__name__)
 

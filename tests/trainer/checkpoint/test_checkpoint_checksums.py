@@ -17,7 +17,8 @@ from shardtrain.cli import consolidate, generate, train, validate
 from shardtrain.cli import verify as verify_cli
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
-from shardtrain.trainer.checkpoint.integrity import NO_CHECKSUMS, verify_checkpoint
+from shardtrain.trainer.checkpoint.choose import verify_checkpoint
+from shardtrain.trainer.checkpoint.integrity import NO_CHECKSUMS
 from shardtrain.trainer.launch.start import call_main
 from equivalence_mains import train_and_record
 from st_testutils import make_space_data_bin, shard_verify_output

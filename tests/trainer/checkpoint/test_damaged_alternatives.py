@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from shardtrain.core.errors import CheckpointError
-from shardtrain.trainer.checkpoint.integrity import verify_checkpoint
+from shardtrain.trainer.checkpoint.choose import verify_checkpoint
 
 SEVEN = torch.tensor(7.0).numpy().tobytes() * 16  # 16 float32 7.0s in a row: the tensor's bytes in the zip
 

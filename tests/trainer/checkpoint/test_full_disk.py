@@ -14,7 +14,7 @@ import torch
 
 from shardtrain.cli import train
 from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
-from shardtrain.trainer.checkpoint.integrity import verify_checkpoint
+from shardtrain.trainer.checkpoint.choose import verify_checkpoint
 from st_testutils import make_space_data_bin, tiny_model_flags
 
 pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
