@@ -17,7 +17,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from shardtrain.core.errors import ConfigError
-from shardtrain.trainer.parallel.fsdp_wrap import shard_group_size
+from shardtrain.trainer.parallel.choose import backend_class
 
 # 64 fake ranks trace in about the time of 8 (the per-rank loop is cheap at that size) and leave the
 # trace exact for runs of up to 8 nodes of 8 GPUs. Beyond, two traces (32 and 64 ranks) are fitted,
@@ -35,18 +35,19 @@ class TraceSizes(NamedTuple):
     shards: int  # ... and in the run
 
 
-def trace_sizes(distributed, world_size: int) -> List[TraceSizes]:
-    """The fake worlds (and shard groups) to trace a fully_sharded run of ``world_size`` ranks on: its
-    own, up to TRACE_RANKS; else two of at most TRACE_RANKS, from which ``combine`` scales."""
+def trace_sizes(distributed, world_size: int, ranks_per_node: int) -> List[TraceSizes]:
+    """The fake worlds (and shard groups) to trace a fully_sharded run of ``world_size`` ranks,
+    ``ranks_per_node`` a node, on: its own, up to TRACE_RANKS; else two of at most TRACE_RANKS, from which
+    ``combine`` scales. The ranks a parameter is split over are the backend's own fact
+    (``parameter_shards``: a hybrid strategy's group is --shard-group-size, else a node's ranks), and a
+    hybrid trace's mesh is given that group: the fake ranks are no node's, so the mesh would otherwise group
+    them all."""
     strategy, requested = distributed.fsdp_sharding_strategy, distributed.shard_group_size
-    if strategy in ("full_shard", "shard_grad_op"):
-        shards = world_size
-    elif strategy == "no_shard":
-        shards = 1
-    else:  # the hybrid strategies: as build_mesh groups the ranks
-        shards = shard_group_size(world_size, requested, torch.device("cpu"))
+    shards = backend_class(distributed.ddp_backend).parameter_shards(distributed, world_size, ranks_per_node)
+    hybrid = strategy not in ("full_shard", "shard_grad_op", "no_shard")
+    group = shards if hybrid else requested
     if world_size <= TRACE_RANKS:
-        return [TraceSizes(world_size, requested, shards, shards)]
+        return [TraceSizes(world_size, group, shards, shards)]
     if shards < 1 or world_size % shards:
         raise ConfigError(f"--fsdp-sharding-strategy {strategy} shards within groups of --shard-group-size {shards} "
                           f"ranks, which does not divide the world size {world_size}. Choose a group size that "

@@ -151,7 +151,7 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
         key = trace_key(variant)
         reused = key in traces
         if not reused:
-            traces[key] = traced_peak(variant, task, machine.world_size)
+            traces[key] = traced_peak(variant, task, machine.world_size, machine.ranks_per_node)
         est = estimate(variant, traces[key], count, flops_per_token, shape[0] * shape[1], machine, blocks)
         progress(f"planned {which}: {option.label}" + (" (an earlier trace reused)" if reused else " (traced)"))
         return Planned(option, variant, est, fits(est, machine, headroom))

@@ -19,7 +19,7 @@ kind lives on. Models with many identical blocks are traced with one and two blo
 """
 import contextlib
 import logging
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -50,15 +50,18 @@ KINDS = {
 EMPTY = {kind: 0 for kind in dict.fromkeys(KINDS.values())}
 
 
-def traced_peak(cfg, task, world_size: int) -> Dict[str, int]:
-    """Bytes by kind at one rank's peak of a training step of ``cfg`` on ``world_size`` ranks."""
+def traced_peak(cfg, task, world_size: int, ranks_per_node: Optional[int] = None) -> Dict[str, int]:
+    """Bytes by kind at one rank's peak of a training step of ``cfg`` on ``world_size`` ranks,
+    ``ranks_per_node`` a node (default: all on one)."""
+    ranks_per_node = ranks_per_node or world_size
     layers_field = repeated_layers_field(Components.of(cfg).model)
     layers = cfg.model[layers_field] if layers_field else None
     d = cfg.distributed
     checkpoints_some = (d.checkpoint_activations or d.offload_activations) and d.checkpoint_activations_every > 1
     if not layers or layers <= 2 or checkpoints_some:
-        return _traced(cfg, task, world_size)
-    one, two = (_traced(_variant(cfg, {f"model.{layers_field}": n}), task, world_size) for n in (1, 2))
+        return _traced(cfg, task, world_size, ranks_per_node)
+    one, two = (_traced(_variant(cfg, {f"model.{layers_field}": n}), task, world_size, ranks_per_node)
+                for n in (1, 2))
     return {k: max(0, one[k] + (layers - 1) * (two[k] - one[k])) for k in one}
 
 
@@ -78,9 +81,9 @@ def batch_shape(cfg, task):
     return sequences, length
 
 
-def _traced(cfg, task, world_size: int) -> Dict[str, int]:
+def _traced(cfg, task, world_size: int, ranks_per_node: int) -> Dict[str, int]:
     with _quiet():  # the components' own log lines, once per trace, would bury the plan
-        return _trace(cfg, task, world_size)
+        return _trace(cfg, task, world_size, ranks_per_node)
 
 
 @contextlib.contextmanager
@@ -94,10 +97,10 @@ def _quiet():
         log.setLevel(level)
 
 
-def _trace(cfg, task, world_size: int) -> Dict[str, int]:
+def _trace(cfg, task, world_size: int, ranks_per_node: int) -> Dict[str, int]:
     # Many ranks are traced on few and scaled (many_ranks): the trace's cost would grow with the ranks.
     sharded = backend_class(cfg.distributed.ddp_backend).shards_parameters
-    worlds = (many_ranks.trace_sizes(cfg.distributed, world_size) if sharded
+    worlds = (many_ranks.trace_sizes(cfg.distributed, world_size, ranks_per_node) if sharded
               else [many_ranks.TraceSizes(1, None, 1, 1)])
     traced = [_trace_on(cfg, task, sizes) for sizes in worlds]
     return many_ranks.combine([(sizes, kinds) for sizes, (kinds, _) in zip(worlds, traced)], traced[0][1])

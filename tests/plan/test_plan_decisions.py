@@ -105,7 +105,7 @@ def test_the_trace_shards_checkpoints_and_extrapolates(data):
     checkpointed = traced_peak(cfg_of(data, "--decoder-layers", "2", "--checkpoint-activations"), task, 1)
     assert checkpointed["activations"] < 0.6 * plain["activations"]
     deep = cfg_of(data, "--decoder-layers", "3")
-    assert traced_peak(deep, task, 1) == _traced(deep, task, 1)  # 3 layers: one and two, extrapolated, are exact
+    assert traced_peak(deep, task, 1) == _traced(deep, task, 1, 1)  # 3 layers: one and two, extrapolated, are exact
 
 
 # Each precision, activation checkpointing and --fp16-adam-stats on each kind of trace (whole on one rank: DDP and
