@@ -78,4 +78,8 @@ MUTANTS = [
     Mutant("circle_finder_blind_to_back_edges", "the circle finder sees a loop back to a module still open",
            "tests/architecture/test_import_directions.py", "            elif w in stack:\n", "            elif False:\n",
            (ARCH + "test_the_circle_finder_finds_a_loop_of_three_and_a_pair_and_nothing_in_a_tree",)),
+    Mutant("a_mutant_left_stale_by_a_refactor", "every mutant's text is in its file (the mutants keep testing)",
+           "benchmarks/mutants_flag_coverage.py", '"return prepare_model(build, backend, seed=cfg.common.seed,",',
+           '"return prepare_model(build, backend, seed = cfg.common.seed,",',
+           ("tests/architecture/test_mutants_apply.py::test_every_mutants_text_is_in_its_file_exactly_once",)),
 ]

@@ -114,7 +114,7 @@ MUTANTS = [
            "if _LOST_PEER.search(first) or isinstance(cause, dist.DistNetworkError):", "if False:",
            ("tests/trainer/checkpoint/test_checkpoint_checksums.py::test_a_peer_lost_while_loading_is_not_called_damage",)),
     Mutant("directory_read_as_file", "either form loads: a single file, or a sharded directory",
-           T + "checkpoint/formats.py", "return ShardedDirectory() if os.path.isdir(path) else SingleFile()",
+           T + "checkpoint/choose.py", "return ShardedDirectory() if os.path.isdir(path) else SingleFile()",
            "return SingleFile()",
            ("tests/trainer/checkpoint/test_consolidate.py",)),
     Mutant("no_optimizer_state_resume_fails", "resuming without saved optimizer state starts a fresh optimizer",

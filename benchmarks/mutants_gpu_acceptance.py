@@ -57,7 +57,7 @@ MUTANTS = [
            CASES, '_t("test_memory_metrics.py")),', "()),",
            (R + "test_the_catalogue_runs_every_gpu_test_exactly_once_and_every_scenario",)),
     Mutant("gpu_tier_over_budget", "each tier fits in 480 s by its estimates",
-           CASES, 'Case("precision-matrix-one-gpu", 1, 30,', 'Case("precision-matrix-one-gpu", 1, 120,',
+           CASES, 'Case("precision-matrix-one-gpu", 2, 30,', 'Case("precision-matrix-one-gpu", 2, 150,',
            (R + "test_each_tier_fits_the_budget_and_tier_1_is_in_the_issues_order",)),
     Mutant("gpu_skips_not_counted", "the fp16 scenario counts the updates the loss scaler skipped",
            "benchmarks/gpu/runs.py", "        return sum(OVERFLOW_LINE in line for line in f)", "        return 0",

@@ -12,7 +12,7 @@ SAME = F + "test_stepping_during_backward_equals_stepping_after_it_bit_for_bit"
 
 MUTANTS = [
     Mutant("sib_commit_skips_unhanded_shards", "a shard no hook handed over still steps when the update commits",
-           SIB, "                    self.optimizer.step_one(p, multiplier, False)\n",
+           SIB, "                    self.optimizer.step_one(p, multiplier, False, leave_grad=False)\n",
            "                    pass\n",
            (U + "test_commit_steps_the_shards_no_hook_handed_over",)),
     Mutant("sib_restore_keeps_moments", "an undone update leaves Adam's moments as they were",
@@ -53,8 +53,8 @@ MUTANTS = [
            "        elif self.step_in_backward is not None:\n            pass",
            (SAME + "[skip_nan_updates_2]",)),
     Mutant("sib_abandon_keeps_steps", "an error in backward leaves the shards as they were",
-           SIB, "            if self.keep:\n                self.undo()\n            self._stepped",
-           "            self._stepped",
+           SIB, "            if self.keep:\n                self.undo()\n            self._forget()",
+           "            self._forget()",
            (F + "test_an_error_in_backward_undoes_the_shards_already_stepped",)),
     Mutant("sib_falls_back_after_backward", "shards step during backward, not after it (the same bits)",
            SIB, "        self._queue.put((p, event))\n", "        pass\n",

@@ -29,6 +29,7 @@ from typing import Dict, Optional
 
 import torch
 
+from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.parallel.choose import backend_class
 from shardtrain.trainer.rank_memory import RunFacts, gradient_copy_bytes, place, run_facts, staged_bytes
 from shardtrain.trainer.resolved import Components
@@ -117,7 +118,7 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
     optimizer = kinds["optimizer"] - master
     optimizer, master = optimizer // facts.zero_shards, master // facts.zero_shards  # ZeRO: the trace's is whole
     peak = sum(kinds.values()) - (kinds["optimizer"] - optimizer - master)
-    if cfg.optimization.update_freq[0] > 1:  # the first micro-batches' gradients stay through the last
+    if facts.update_freq > 1:  # the first micro-batches' gradients stay through the last
         peak += max(0, grads - kinds["grads"])
     extra = gradient_copy_bytes(facts, grads, params + optimizer + master + kinds["buffers"] + grads, peak)
     runtime = RUNTIME_BYTES[(machine.device, dtypes.compute is not None)]
@@ -135,7 +136,7 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
         temporaries=kinds["temporaries"], extra=extra, runtime=runtime, snapshot=snapshot, staged=staged,
         gpu_peak=gpu_peak, host_peak=host,
         comm_bytes=comm, offload_bytes=offload,
-        step_seconds=_seconds(cfg, count, flops_per_token * tokens, dtypes, machine, comm, offload,
+        step_seconds=_seconds(cfg, facts.update_freq, count, flops_per_token * tokens, dtypes, machine, comm, offload,
                               shard * facts.zero_shards,
                               block_share if steps_during_backward(cfg, facts, machine) else None))
 
@@ -154,7 +155,7 @@ def _comm_bytes(cfg, count: int, facts: RunFacts, machine: Machine) -> int:
     if world == 1:
         return 0
     total = facts.backend.bytes_communicated(cfg.distributed, world, count, facts.dtypes,
-                                             cfg.optimization.update_freq[0], facts.shards)
+                                             facts.update_freq, facts.shards)
     if facts.zero_shards > 1:
         total += int((world - 1) / world * count * facts.param_bytes)
     return total
@@ -166,7 +167,7 @@ def _offload_bytes(cfg, count: int, facts: RunFacts, machine: Machine) -> int:
     if machine.device == "cpu":
         return 0
     if facts.state_on_host:
-        return cfg.optimization.update_freq[0] * 2 * 4 * count // facts.shards
+        return facts.update_freq * 2 * 4 * count // facts.shards
     if facts.spec.steps_on_cpu:
         return 2 * 4 * count
     return 0
@@ -184,14 +185,14 @@ def steps_during_backward(cfg, facts: RunFacts, machine: Machine) -> bool:
                 and facts.param_bytes == 4 and not getattr(cfg.optimizer, "fp16_adam_stats", False) and chosen)
 
 
-def _seconds(cfg, count: int, micro_batch_flops: float, dtypes, machine: Machine, comm: int, offload: int,
-             optimizer_shards: int, block_share: Optional[float]) -> Dict[str, float]:
+def _seconds(cfg, update_freq: int, count: int, micro_batch_flops: float, dtypes, machine: Machine, comm: int,
+             offload: int, optimizer_shards: int, block_share: Optional[float]) -> Dict[str, float]:
     """``block_share``: where the optimizer steps during backward, the share of its work that may (the blocks'
     shards: the root's step after backward); None where it steps after backward."""
     d = cfg.distributed
-    checkpointed = d.checkpoint_activations or d.offload_activations
+    checkpointed = checkpoint_every(d) is not None
     recompute = 4 / 3 if checkpointed else 1.0  # forward is 2 of 6
-    flops = micro_batch_flops * cfg.optimization.update_freq[0] * recompute
+    flops = micro_batch_flops * update_freq * recompute
     seconds = {"compute": flops / (machine.matmul_tflops[dtypes.compute or torch.float32] * 1e12),
                "communication": comm / (machine.network_gbps * 1e9),
                "optimizer": ADAM_STEP_BYTES * count / optimizer_shards / (optimizer_gbps(cfg, machine) * 1e9),
@@ -199,7 +200,7 @@ def _seconds(cfg, count: int, micro_batch_flops: float, dtypes, machine: Machine
     if block_share is not None:
         # The last micro-batch's backward: 4 of its 6 FLOPs per parameter and token, 6 of 8 with the forward
         # recomputed in it.
-        backward = seconds["compute"] / cfg.optimization.update_freq[0] * (3 / 4 if checkpointed else 2 / 3)
+        backward = seconds["compute"] / update_freq * (3 / 4 if checkpointed else 2 / 3)
         seconds["hidden"] = -min(seconds["optimizer"] * block_share, backward)
     return seconds
 

@@ -60,18 +60,18 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
     watch = PeakWatch(ctx.device)
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:  # the measurer's allocator setting, not fully_sharded's own
         fsdp_wrap.MMAP_THRESHOLD = int(os.environ["MALLOC_MMAP_THRESHOLD_"])
-    real_prepare = loop.prepare_model
+    real_prepare = loop.prepare_run_model
 
     def prepare_watched(*args, **kwargs):
         watch.start()
         return real_prepare(*args, **kwargs)
 
-    loop.prepare_model = prepare_watched
+    loop.prepare_run_model = prepare_watched
     times, splits = [], []
     try:
         run = loop.Run(cfg, ctx)
     finally:
-        loop.prepare_model = real_prepare
+        loop.prepare_run_model = real_prepare
     step = run.trainer.train_step
 
     def timed_step(samples):

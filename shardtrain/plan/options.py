@@ -7,6 +7,7 @@ from typing import Any, List, Tuple
 from omegaconf import OmegaConf
 
 from shardtrain.config.sections import chosen_precision
+from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.parallel.choose import backend_class
 
 PRECISIONS = {
@@ -95,5 +96,5 @@ def trace_key(cfg) -> Tuple:
     d, cls = cfg.distributed, backend_class(cfg.distributed.ddp_backend)
     sharded = cls.shards_parameters
     return (cls if sharded or cls.wraps_a_single_rank else None, d.fsdp_sharding_strategy if sharded else None,
-            bool(d.checkpoint_activations or d.offload_activations), chosen_precision(cfg.common),
+            checkpoint_every(d) is not None, chosen_precision(cfg.common),
             OmegaConf.select(cfg, "optimizer.fp16_adam_stats"))

@@ -4,6 +4,7 @@ from typing import List, Optional
 from shardtrain.plan.estimate import Estimate, Machine, optimizer_device, optimizer_gbps
 from shardtrain.plan.options import flags_to_add
 from shardtrain.plan.planner import Plan, Planned
+from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 
 GIB = 2 ** 30
 # What every memory figure is: the plan predicts what the run adds, as measure.py measures it.
@@ -94,7 +95,7 @@ def _detail(e: Estimate, plan: Plan, device: str) -> List[str]:
 
 
 def _checkpointed(cfg) -> bool:
-    return bool(cfg.distributed.checkpoint_activations or cfg.distributed.offload_activations)
+    return checkpoint_every(cfg.distributed) is not None
 
 
 def _checkpointing_twin(plan: Plan) -> Optional[int]:

@@ -3,7 +3,7 @@
 The run's own pieces are set up by the trainer's own code, as shard-train sets them up: its backend
 (``build_backend``) on a fake process group of the run's world size (beyond many_ranks.TRACE_RANKS,
 two smaller ones, scaled; a backend that keeps parameters whole is traced on one rank), the model
-prepared by ``prepare_model`` (built on the meta device, activation checkpointing, the storage dtype,
+prepared by ``prepare_run_model``, as shard-train's Run prepares it (built on the meta device, activation checkpointing, the storage dtype,
 wrapped or sharded by the backend), the precision (``build_precision``: autocast and backward) and the
 optimizer (``build_optimizer``). Then two updates of --update-freq micro-batches of the run's shape run
 on fake tensors (no memory, no compute) under torch's memory tracker; the second update's peak is kept
@@ -34,7 +34,8 @@ from shardtrain.plan import many_ranks
 from shardtrain.trainer import build
 from shardtrain.trainer.launch.start import DistributedContext
 from shardtrain.trainer.parallel.choose import backend_class, build_backend
-from shardtrain.trainer.parallel.prepare import prepare_model
+from shardtrain.trainer.parallel.prepare import prepare_run_model
+from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.precision import build_precision, run_dtypes
 from shardtrain.trainer.resolved import Components, build_criterion, build_model
 
@@ -56,8 +57,7 @@ def traced_peak(cfg, task, world_size: int, ranks_per_node: Optional[int] = None
     ranks_per_node = ranks_per_node or world_size
     layers_field = repeated_layers_field(Components.of(cfg).model)
     layers = cfg.model[layers_field] if layers_field else None
-    d = cfg.distributed
-    checkpoints_some = (d.checkpoint_activations or d.offload_activations) and d.checkpoint_activations_every > 1
+    checkpoints_some = (checkpoint_every(cfg.distributed) or 1) > 1
     if not layers or layers <= 2 or checkpoints_some:
         return _traced(cfg, task, world_size, ranks_per_node)
     one, two = (_traced(_variant(cfg, {f"model.{layers_field}": n}), task, world_size, ranks_per_node)
@@ -110,7 +110,7 @@ def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
     """The kinds at one rank's peak on ``sizes.world`` fake ranks, and the parameters' shard_rows. The
     optimizer is the plain one: ZeRO's sharding of its state is applied by estimate."""
     cfg = _variant(cfg, {"distributed.shard_group_size": sizes.group, "distributed.zero_sharding": "none"})
-    components, d, dtypes = Components.of(cfg), cfg.distributed, run_dtypes(cfg)
+    components, dtypes = Components.of(cfg), run_dtypes(cfg)
     criterion = build_criterion(cfg, components, task)
     rows = []
 
@@ -121,7 +121,6 @@ def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
         model.init_weights = _no_values  # fake tensors hold no values to draw (init_ reads one)
         return model
 
-    checkpointing = d.checkpoint_activations or d.offload_activations
     fake = fake_tensor_mode()
     with _fake_group(sizes.world), torch.random.fork_rng(devices=[]):
         backend = build_backend(cfg, DistributedContext(0, 0, sizes.world, CPU, "fake"), dtypes)  # mesh: real
@@ -129,9 +128,7 @@ def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
         # A backend that materialises the model does so on fake tensors; the others prepare it on meta (torch
         # cannot move or cast a module's fake parameters), given fake tensors after.
         with fake if backend.init_on_meta else contextlib.nullcontext():
-            model = prepare_model(build_on_meta, backend, seed=cfg.common.seed, param_dtype=precision.param_dtype,
-                                  offload_activations=d.offload_activations, checkpoint_activations_every=(
-                                      d.checkpoint_activations_every if checkpointing else None))  # not compiled
+            model = prepare_run_model(cfg, build_on_meta, backend, precision.param_dtype, compile_blocks=False)
         with fake:
             if any(p.is_meta for p in model.parameters()):
                 model.to_empty(device=backend.device)

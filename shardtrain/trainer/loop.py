@@ -19,7 +19,7 @@ from shardtrain.data.batch_windows import BatchWindows, format_batches, parse_wi
 from shardtrain.trainer import build
 from shardtrain.trainer.launch.one_rank_group import OneRankGroup
 from shardtrain.trainer.parallel.choose import build_backend, chosen_backend_class
-from shardtrain.trainer.parallel.prepare import prepare_model
+from shardtrain.trainer.parallel.prepare import prepare_run_model
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.checkpoint.contents import header, stateful_parts
 from shardtrain.trainer.checkpoint.finite import check_finite
@@ -76,13 +76,9 @@ class Run:
             build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, self.task, criterion)
         check_run_fits(cfg, components, self.task, self.backend, dtypes)  # before anything is allocated
         precision = build_precision(cfg, self.backend, dtypes)
-        d = cfg.distributed
-        checkpointing = d.checkpoint_activations or d.offload_activations  # fairseq: offloading implies it
         with host_memory_for("building the model"):  # a paragraph naming the size, not the allocator's traceback
-            model = prepare_model(lambda: build_model(cfg, components, self.task), self.backend, seed=cfg.common.seed,
-                                  param_dtype=precision.param_dtype, offload_activations=d.offload_activations,
-                                  compile_blocks=d.compile, checkpoint_activations_every=(
-                                      d.checkpoint_activations_every if checkpointing else None))
+            model = prepare_run_model(cfg, lambda: build_model(cfg, components, self.task), self.backend,
+                                      precision.param_dtype, compile_blocks=cfg.distributed.compile)
         self.trainer = Trainer(cfg, components, self.task, model, criterion, self.backend, precision)
         self.metrics = RunMetrics(ctx.device, self.trainer, utilisation=self._utilisation(cfg, model, dtypes))
         logger.info(f"rank {ctx.rank} holds {self.metrics.state_memory()} (parameters, gradients, optimizer state) "

@@ -40,6 +40,7 @@ from shardtrain.trainer.host_memory import host_memory
 from shardtrain.trainer.launch.threads import local_ranks
 from shardtrain.trainer.rank_memory import RunFacts, place, run_facts, staged_bytes
 from shardtrain.trainer.resolved import Components
+from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 
 logger = logging.getLogger(__name__)
 GIB = 2 ** 30
@@ -177,7 +178,7 @@ def estimate(cfg, components: Components, task, param_bytes: int, shards: int, o
     --checkpoint-activations: what it keeps depends on where it cuts)."""
     d = cfg.distributed
     count, buffers, tensors, saved = model_sizes(
-        cfg, components, task, activations and not (d.checkpoint_activations or d.offload_activations))
+        cfg, components, task, activations and checkpoint_every(d) is None)
     spec = optimizer_spec(cfg, components, torch.device("cpu"))
     state = spec.state_bytes + spec.master_bytes(param_bytes)
     return Estimate(params=count * param_bytes // shards, grads=count * param_bytes // shards,

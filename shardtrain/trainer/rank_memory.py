@@ -38,6 +38,7 @@ class RunFacts:
     shards: int  # ranks a parameter, its gradient and optimizer state are split over
     distributed: object  # the config's distributed section, which the backend's facts read
     staged_kinds: tuple = ()  # what --async-save copies at each save (SAVED_KINDS, or less): none without it
+    update_freq: int = 1  # micro-batches an update (--update-freq, its first epoch's)
 
     @property
     def param_bytes(self) -> int:
@@ -69,7 +70,8 @@ def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int,
     backend = backend or chosen_backend_class(cfg, types.SimpleNamespace(world_size=world_size))
     spec = optimizer_spec(cfg, components, torch.device("cpu"))
     shards = backend.parameter_shards(cfg.distributed, world_size, ranks_per_node)
-    return RunFacts(backend, spec, run_dtypes(cfg), world_size, shards, cfg.distributed, _staged_kinds(cfg, backend))
+    return RunFacts(backend, spec, run_dtypes(cfg), world_size, shards, cfg.distributed, _staged_kinds(cfg, backend),
+                    cfg.optimization.update_freq[0])
 
 
 def _staged_kinds(cfg, backend: type) -> tuple:

@@ -37,6 +37,15 @@ from shardtrain.models import capabilities
 logger = logging.getLogger(__name__)
 
 
+
+def checkpoint_every(distributed) -> Optional[int]:
+    """Every how many blocks activations are checkpointed (None: not at all). The one place that decides it:
+    --checkpoint-activations, or --offload-activations, which implies it (fairseq's rule); then
+    --checkpoint-activations-every."""
+    on = distributed.checkpoint_activations or distributed.offload_activations
+    return distributed.checkpoint_activations_every if on else None
+
+
 def checkpointed_indices(num_blocks: int, every: int) -> List[int]:
     """The K-th, 2K-th, ... block (torchtitan's selective per-layer policy, 1-based count)."""
     return [i for i in range(num_blocks) if (i + 1) % every == 0]

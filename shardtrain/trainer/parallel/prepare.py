@@ -13,11 +13,22 @@ from torch import nn
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.models import capabilities
-from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
+from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing, checkpoint_every
 from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.parallel.compile import apply_compile
 
 logger = logging.getLogger(__name__)
+
+
+def prepare_run_model(cfg, build: Callable[[], nn.Module], backend: Backend, param_dtype: Optional[torch.dtype],
+                      compile_blocks: bool) -> nn.Module:
+    """``prepare_model`` with the run's own settings from ``cfg``: its seed, activation checkpointing
+    (``checkpoint_every``) and offloading. shard-train's Run prepares its model so, and shard-plan's trace
+    (on fake tensors, not compiled)."""
+    d = cfg.distributed
+    return prepare_model(build, backend, seed=cfg.common.seed, param_dtype=param_dtype,
+                         checkpoint_activations_every=checkpoint_every(d), offload_activations=d.offload_activations,
+                         compile_blocks=compile_blocks)
 
 
 def prepare_model(build: Callable[[], nn.Module], backend: Backend, *, seed: int,
