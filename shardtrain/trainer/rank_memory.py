@@ -14,6 +14,7 @@ from typing import Dict
 
 import torch
 
+from shardtrain.config.epoch_lists import first
 from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer.build import optimizer_spec
 from shardtrain.trainer.parallel.choose import chosen_backend_class
@@ -38,7 +39,7 @@ class RunFacts:
     shards: int  # ranks a parameter, its gradient and optimizer state are split over
     distributed: object  # the config's distributed section, which the backend's facts read
     staged_kinds: tuple = ()  # what --async-save copies at each save (SAVED_KINDS, or less): none without it
-    update_freq: int = 1  # micro-batches an update (--update-freq, its first epoch's)
+    update_freq: int = 1  # micro-batches an update (--update-freq, its first epoch's; a list or one number)
 
     @property
     def param_bytes(self) -> int:
@@ -71,7 +72,7 @@ def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int,
     spec = optimizer_spec(cfg, components, torch.device("cpu"))
     shards = backend.parameter_shards(cfg.distributed, world_size, ranks_per_node)
     return RunFacts(backend, spec, run_dtypes(cfg), world_size, shards, cfg.distributed, _staged_kinds(cfg, backend),
-                    cfg.optimization.update_freq[0])
+                    first(cfg.optimization.update_freq))
 
 
 def _staged_kinds(cfg, backend: type) -> tuple:

@@ -146,3 +146,14 @@ def test_the_printout_says_how_much_of_the_cpu_step_hides(data, capsys, monkeypa
     split = result.given.estimate.offload_split()
     assert (f"it steps each shard during backward: {-s['hidden']:.3f} s of its {s['optimizer']:.3f} s hide under "
             f"the last backward ({split['offload_hidden']:.0f}%; --cpu-step after-backward would add them)") in out
+
+
+@pytest.mark.flag_effect("--update-freq")
+@pytest.mark.parametrize("update_freq", [[3], 3, [3, 1]])  # as parsed, as a program sets it, per epoch
+def test_the_run_facts_read_the_first_epochs_update_freq_in_any_form(data, update_freq):
+    from omegaconf import OmegaConf
+    from shardtrain.trainer.rank_memory import run_facts
+    cfg = tiny_plan_cfg(data)
+    OmegaConf.set_readonly(cfg, False)
+    cfg.optimization.update_freq = update_freq
+    assert run_facts(cfg, Components.of(cfg), 1, 1).update_freq == 3
