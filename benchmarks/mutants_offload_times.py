@@ -30,4 +30,7 @@ MUTANTS = [
            "        self.clock.take()  # nothing from before this update", "        pass", (SPLIT,)),
     Mutant("times_upload_not_reset_per_update", "each update's upload is its own", TIMES,
            "        self.unshards.seconds = 0.0\n", "", (SPLIT,)),
+    Mutant("times_hooks_outlive_the_trainer", "closing the trainer removes its hooks from the model",
+           T + "trainer.py", "            if part is not None:\n                part.close()", "            pass",
+           (F + "test_closing_the_trainer_removes_its_hooks",)),
 ]

@@ -141,6 +141,7 @@ class Run:
 
     def close(self) -> None:
         self.checkpoints.close()  # a background save must land before the process exits
+        self.trainer.close()
         self.preemption.close()
         if self.tensorboard is not None:
             self.tensorboard.close()

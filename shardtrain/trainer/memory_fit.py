@@ -80,28 +80,30 @@ class Estimate:
 def model_sizes(cfg, components: Components, task, activations: bool = False) -> Tuple[int, int, int, int]:
     """(parameter count, buffer bytes, parameter tensors, activation bytes) of the model ``cfg``
     describes, built on the meta device; the activations (fp32) are counted when ``activations``."""
-    model_cls = components.model
-    layers_field = repeated_layers_field(model_cls)
-    layers = cfg.model[layers_field] if layers_field else None
-    length = task.max_positions() if activations else None
-    if not layers or layers <= 2:
-        return _meta_sizes(model_cls, cfg.model, task, length)
-    one, two = (_meta_sizes(model_cls, _with(cfg.model, layers_field, n), task, length) for n in (1, 2))
-    return tuple(a + (layers - 1) * (b - a) for a, b in zip(one, two))
+    rest, per_layer, layers = _by_layer(cfg, components, task, task.max_positions() if activations else None)
+    return tuple(a + layers * b for a, b in zip(rest, per_layer))
 
 
 def block_share(cfg, components: Components, task) -> float:
     """The share of the model's parameters in its repeated layers (the blocks FSDP shards as units of their own;
-    the rest, embeddings and output projection, is the root's), from meta builds with one and two layers; 1.0
-    for a model that names no repeated layers."""
-    layers_field = repeated_layers_field(components.model)
+    the rest, embeddings and output projection, is the root's); 1.0 for a model that names no repeated layers."""
+    rest, per_layer, layers = _by_layer(cfg, components, task)
+    total = rest[0] + layers * per_layer[0]
+    return layers * per_layer[0] / total if layers and total else 1.0
+
+
+def _by_layer(cfg, components: Components, task, length: Optional[int] = None):
+    """(sizes of all but the repeated layers, sizes of one of them, how many), each as ``_meta_sizes`` counts:
+    from meta builds with one and two layers (the model as it is where it names none: all "rest"). Deep models
+    are never built whole: building 100,000 layers even on the meta device takes minutes."""
+    model_cls = components.model
+    layers_field = repeated_layers_field(model_cls)
     layers = cfg.model[layers_field] if layers_field else None
     if not layers:
-        return 1.0
-    one, two = (_meta_sizes(components.model, _with(cfg.model, layers_field, n), task)[0] for n in (1, 2))
-    per_layer = two - one
-    total = one + (layers - 1) * per_layer
-    return layers * per_layer / total if total else 1.0
+        return _meta_sizes(model_cls, cfg.model, task, length), (0, 0, 0, 0), 0
+    one, two = (_meta_sizes(model_cls, _with(cfg.model, layers_field, n), task, length) for n in (1, 2))
+    per_layer = tuple(b - a for a, b in zip(one, two))
+    return tuple(a - b for a, b in zip(one, per_layer)), per_layer, layers
 
 
 def one_layer_config(cfg, components: Components):

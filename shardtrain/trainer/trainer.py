@@ -10,9 +10,9 @@ from typing import Dict, List
 import torch
 
 from shardtrain.trainer import build
-from shardtrain.trainer.offload_times import OffloadTimes, StepClock
 from shardtrain.trainer.checkpoint.async_staging import wait_for_live_writes
 from shardtrain.trainer.checkpoint.contents import load_parts, state_of, trainer_parts
+from shardtrain.trainer.offload_times import OffloadTimes, StepClock
 from shardtrain.trainer.parallel.choose import Backend
 from shardtrain.trainer.parallel.step_in_backward import build_step_in_backward
 from shardtrain.trainer.precision import Precision, TrainingDivergedError  # noqa: F401 (re-exported)
@@ -44,6 +44,13 @@ class Trainer:
         # None, or the optimizer stepping each shard during the last backward (offload: see its module)
         self.step_in_backward = build_step_in_backward(cfg, backend, self.optimizer, self.params, precision, clock,
                                                        before_stepping=wait_for_live_writes)
+
+    def close(self) -> None:
+        """Remove the hooks the trainer put on the model and its parameters (the step during backward's, the
+        upload timer's): the model may outlive the run (tests, shard-plan --verify's several runs a process)."""
+        for part in (self.step_in_backward, self.times):
+            if part is not None:
+                part.close()
 
     @property
     def num_updates(self) -> int:

@@ -123,3 +123,17 @@ def test_upload_is_the_time_in_fsdps_pre_forward_unshards(one_rank_group, data_b
     _, splits, _ = _records(data_bin)
     for split in splits:
         assert 0.02 * (BLOCKS + 1) <= split["offload_upload"] < 0.02 * (BLOCKS + 1) + BLOCKS * SLEEP, split
+
+
+def test_closing_the_trainer_removes_its_hooks(one_rank_group, data_bin):
+    """After close() the model carries none of the trainer's hooks: no shard is handed to the worker during
+    backward (all step on the training thread, at commit) and no unshard is timed."""
+    from step_in_backward_mains import counting_step_one
+    trainer, splits, _ = _records(data_bin)
+    assert all(s["offload_upload"] > 0 for s in splits)
+    trainer.close()
+    batch = [collate(blocks(trainer.task, range(4)), trainer.task.dictionary.pad())]
+    with counting_step_one() as counts:
+        out = trainer.train_step(batch)
+    assert counts == {"worker": 0, "training": len(trainer.params)}
+    assert out["offload"]["offload_upload"] == 0.0
