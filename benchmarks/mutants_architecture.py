@@ -18,11 +18,11 @@ MUTANTS = [
            "        self._group = OneRankGroup(ctx.device)\n",
            (ARCH + "test_parallel_never_starts_a_process_group",)),
     Mutant("inference_loads_through_the_training_build", "loading for inference never imports the training build",
-           T + "checkpoint/inference.py", "from shardtrain.core.errors import CheckpointError, ConfigError\n",
-           "from shardtrain.core.errors import CheckpointError, ConfigError\n"
+           T + "checkpoint/inference.py", "from shardtrain.core.errors import CheckpointError\n",
+           "from shardtrain.core.errors import CheckpointError\n"
            "from shardtrain.trainer import build  # noqa: F401\n",
            (ARCH + "test_every_import_runs_down_the_levels",
-            ARCH + "test_loading_for_inference_never_reaches_the_training_build_or_precision")),
+            ARCH + "test_loading_for_inference_never_reaches_the_training_build")),
     Mutant("one_rank_group_outlives_the_run", "a one-process run's group ends with the run",
            T + "launch/one_rank_group.py",
            "        if self.started and dist.is_initialized():\n            dist.destroy_process_group()\n", "",

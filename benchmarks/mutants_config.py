@@ -48,8 +48,7 @@ MUTANTS = [
            "shardtrain/config/sections.py", 'keep_last_epochs: int = field(-1,', 'keep_last_epochs: int = field(-2,',
            (FT + "test_works_flags_have_fairseqs_default",)),
     Mutant("amp_ignored", "--amp trains in fp16 autocast with fp32 weights and a dynamic loss scale",
-           "shardtrain/config/sections.py", 'return "fp16" if common.fp16 or common.amp else "fp32"',
-           'return "fp16" if common.fp16 else "fp32"', (AMP,)),
+           "shardtrain/trainer/precision/fp16.py", '    flags = ("fp16", "amp")', '    flags = ("fp16",)', (AMP,)),
     # -- issue 37: a command-line override wins over the recipe's value it contradicts -------------------
     Mutant("recipe_value_beats_override", "checkpoint.no_save=true on a recipe that saves every N updates runs",
            "shardtrain/config/hydra_store.py", "    return cfg, choices, primary.notes + override_wins.apply(cfg, parsed, "

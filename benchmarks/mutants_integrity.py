@@ -93,7 +93,7 @@ MUTANTS = [
            '"optimizer state": []}',
            ("tests/trainer/checkpoint/test_finite_checkpoint.py::test_check_names_the_damaged_part",)),
     Mutant("divergence_claims_intact_unchecked", "a divergence calls a checkpoint intact only when it was checked",
-           T + "precision.py", "    if checked_save is not None:", "    if True:",
+           T + "precision/diverged.py", "    if checked_save is not None:", "    if True:",
            ("tests/trainer/checkpoint/test_finite_checkpoint.py::test_divergence_calls_a_checkpoint_intact_only_when_checked",)),
     Mutant("finite_overflow_refused", "finite values whose norm overflows are saved (only NaN/inf is refused)",
            T + "checkpoint/finite.py", "    return all(bool(torch.isfinite(t).all()) for t in tensors)",

@@ -81,8 +81,8 @@ MUTANTS = [
            "shardtrain/optim/optimizers.py", "    if cfg.fp16_adam_stats:\n", "    if False:\n",
            (ADAM_FLAGS + "::test_fp16_adam_stats_keeps_fp16_moments_on_the_cpu",)),
     Mutant("memory_efficient_bf16_torch_adam", "--memory-efficient-bf16 with adam keeps fp32 moments",
-           "shardtrain/trainer/build.py", "    if chosen_precision(cfg.common) in LOW_PRECISION_STORAGE:",
-           '    if chosen_precision(cfg.common) == "memory_efficient_fp16":', (ME_BF16,)),
+           "shardtrain/trainer/build.py", "    if chosen(cfg.common).stores_in_compute:",
+           '    if chosen(cfg.common).name == "memory_efficient_fp16":', (ME_BF16,)),
     Mutant("adafactor_state_follows_the_mesh", "adafactor's sharded statistics stay in the gradient's memory "
            "(host memory under --cpu-offload on a GPU; the first GPU run failed so)", "shardtrain/optim/adafactor.py",
            "    return dtensor_where_it_is(local.new_zeros(local_shape, dtype=dtype), like.device_mesh, placements, shape)",

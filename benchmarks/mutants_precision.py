@@ -1,4 +1,4 @@
-"""Mutants of shardtrain/trainer/precision.py and loss_scaler.py: fp16 loss scaling, bf16, --amp, non-finite
+"""Mutants of shardtrain/trainer/precision/ and loss_scaler.py: fp16 loss scaling, bf16, --amp, non-finite
 updates. Each mutant was seen to fail its tests."""
 from mutant_spec import T, Mutant
 
@@ -16,36 +16,59 @@ MUTANTS = [
            "            pass\n",
            (SCALER,)),
     Mutant("fp16_overflow_not_skipped", "an overflow skips the update on every rank",
-           T + "precision.py", "        self.scaler.overflow(update)\n        return False",
+           T + "precision/fp16.py", "        self.scaler.overflow(update)\n        return False",
            "        self.scaler.overflow(update)\n        return True",
            (SCALER + "::test_overflow_skips_the_update_and_leaves_the_weights",)),
     Mutant("scale_window_ignores_update_freq", "--fp16-scale-window default 2**14 / world size / update-freq",
-           T + "precision.py", "int(2 ** 14 / world_size / first(cfg.optimization.update_freq))",
+           T + "precision/fp16.py", "int(2 ** 14 / world_size / first(cfg.optimization.update_freq))",
            "int(2 ** 14 / world_size)",
            (SCALER + "::test_default_window_follows_fairseq",)),
     Mutant("unscale_factor_one", "fp16 gradients are unscaled (1/loss scale) before the step",
-           T + "precision.py", "return 1.0 / self.scaler.loss_scale", "return 1.0",
+           T + "precision/fp16.py", "return 1.0 / self.scaler.loss_scale", "return 1.0",
            (SCALER,)),
     Mutant("loss_scale_not_checkpointed", "loss_scale is in checkpoints",
-           T + "precision.py", 'return {"loss_scaler": self.scaler.state_dict()}', "return {}",
+           T + "precision/fp16.py", 'return {"loss_scaler": self.scaler.state_dict()}', "return {}",
            (SCALER + "::test_loss_scale_is_checkpointed",)),
     Mutant("nan_update_applied", "a NaN/inf loss stops every rank before the weights change",
-           T + "precision.py",
+           T + "precision/component.py",
            "        if torch.isfinite(grad_norm):\n            self.nan_in_a_row = 0\n            return True",
            "        if True:\n            self.nan_in_a_row = 0\n            return True",
            (STEP + "::test_nan_loss_stops_naming_the_update_and_leaves_weights_intact",)),
     Mutant("skip_nan_counts_all_not_consecutive", "--skip-nan-updates N: up to N such updates in a row",
-           T + "precision.py", "            self.nan_in_a_row = 0\n            return True",
+           T + "precision/component.py", "            self.nan_in_a_row = 0\n            return True",
            "            return True",
            (SCALER + "::test_skip_nan_updates_counts_only_consecutive_ones",)),
     Mutant("reduce_in_low_precision_default", "fp32 gradient reduction is the default under --bf16/--fp16",
-           T + "precision.py", "reduce_dtype=param_dtype if reduce_in_low_precision else torch.float32)",
+           T + "precision/registry.py", "reduce_dtype=param_dtype if reduce_in_low_precision else torch.float32)",
            "reduce_dtype=param_dtype)",
-           ("tests/trainer/test_fsdp_mixed_precision.py",)),
+           ("tests/trainer/precision/test_fsdp_mixed_precision.py",)),
     Mutant("amp_scale_flags_ignored", "--amp-init-scale and --amp-scale-window set --amp's loss scale",
-           "shardtrain/trainer/precision.py", "    if common.amp and not common.fp16:", "    if False:",
+           "shardtrain/trainer/precision/fp16.py", "    if common.amp and not common.fp16:", "    if False:",
            (AMP + "::test_amp_is_fp16_compute_with_fp32_weights_and_its_own_scale_flags",)),
     Mutant("memory_efficient_bf16_keeps_fp32_storage", "--memory-efficient-bf16 stores the model in bf16",
-           "shardtrain/trainer/precision.py", "    storage = compute if name in LOW_PRECISION_STORAGE else None",
-           "    storage = None", (ME_BF16,)),
+           "shardtrain/trainer/precision/memory_efficient_bf16.py", "    stores_in_compute = True",
+           "    stores_in_compute = False", (ME_BF16,)),
+]
+
+# -- issue 40: precision as a registry of components ------------------------------------------------------------
+PR = "tests/trainer/precision/"
+CHOOSE = PR + "test_choose_precision.py"
+MUTANTS += [
+    Mutant("precision_flag_ignored", "--precision NAME picks that precision", T + "precision/choose.py",
+           "    if name:\n        given.append(", "    if False:\n        given.append(", (CHOOSE,)),
+    Mutant("implied_precision_conflicts", "--memory-efficient-fp16 with --fp16 is one precision, not two",
+           T + "precision/choose.py", "    implied = {name for _, k in given for name in k.implies}",
+           "    implied = set()", (CHOOSE,)),
+    Mutant("plugin_precision_not_planned", "shard-plan weighs every registered precision marked planned",
+           "shardtrain/plan/options.py", '    return {k.name: {**cleared, **own(k)} for k in kinds_with("planned")}',
+           '    return {k.name: {**cleared, **own(k)} for k in kinds_with("planned")[:3]}',
+           (PR + "test_plugin_precision.py",)),
+    Mutant("registered_optimizer_fact_lost", "an optimizer's registration says it steps fp16/bf16 parameters in fp32",
+           "shardtrain/optim/registry.py",
+           "        builder.supports_memory_efficient_fp16 = supports_memory_efficient_fp16",
+           "        builder.supports_memory_efficient_fp16 = False", (ME_BF16,)),
+    Mutant("stored_low_precision_any_optimizer", "a precision storing the model in fp16/bf16 needs an fp32-state "
+           "optimizer", "shardtrain/config/checks.py",
+           "_precision(c) is k and not _keeps_fp32_state(c.components.optimizer)", "False",
+           ("tests/cli/test_bad_input.py::test_each_compatibility_rule_is_refused_alone",)),
 ]

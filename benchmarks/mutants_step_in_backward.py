@@ -27,7 +27,7 @@ MUTANTS = [
            "    keep = False",
            (F + "test_when_shards_step_during_backward_and_whether_copies_are_kept",)),
     Mutant("sib_fp16_may_not_skip", "fp16 keeps copies: an overflow undoes the update",
-           T + "precision.py", "        return True  # an overflow skips the update",
+           T + "precision/fp16.py", "        return True  # an overflow skips the update",
            "        return False  # an overflow skips the update",
            (F + "test_when_shards_step_during_backward_and_whether_copies_are_kept",
             SAME + "[fp16_overflow]")),

@@ -35,7 +35,7 @@ from shardtrain.config.run_config import parse_train_args  # noqa: E402
 from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task  # noqa: E402
 from shardtrain.trainer.parallel.choose import build_backend  # noqa: E402
 from shardtrain.trainer.launch.start import call_main, make_context  # noqa: E402
-from shardtrain.trainer.precision import build_precision, run_dtypes  # noqa: E402
+from shardtrain.trainer.precision.choose import build_precision, run_dtypes  # noqa: E402
 from shardtrain.trainer.metrics.run_metrics import RunMetrics  # noqa: E402
 from shardtrain.trainer.trainer import Trainer  # noqa: E402
 

@@ -31,8 +31,9 @@ from shardtrain.core.fields import field
 from shardtrain.data.token_block import BREAK_MODES
 from shardtrain.data.tokenizers import load_tokenizer
 from shardtrain.models import capabilities
-from shardtrain.trainer.checkpoint.inference import inference_dtype, load_for_inference
+from shardtrain.trainer.checkpoint.inference import load_for_inference
 from shardtrain.trainer.metrics.logging_setup import setup_logging
+from shardtrain.trainer.precision.choose import inference_dtype
 
 logger = logging.getLogger("shardtrain.eval_lm")
 
@@ -167,7 +168,7 @@ def report(total: Totals, word_level: bool) -> dict:
 
 
 def check_args(args: EvalLMConfig) -> torch.dtype:
-    dtype = inference_dtype(args.fp16, args.bf16)
+    dtype = inference_dtype(args)
     problems = []
     if args.context_window < 0:
         problems.append(f"--context-window must be >= 0 (got {args.context_window})")

@@ -26,7 +26,8 @@ from shardtrain.data.tokenizers import load_tokenizer
 from shardtrain.models import capabilities
 from shardtrain.models.beam_search import beam_search
 from shardtrain.models.sampling import sample_scored
-from shardtrain.trainer.checkpoint.inference import inference_dtype, load_for_inference
+from shardtrain.trainer.checkpoint.inference import load_for_inference
+from shardtrain.trainer.precision.choose import inference_dtype
 
 LN2 = math.log(2)
 
@@ -159,7 +160,7 @@ def main(argv):
 
 def check_args(args: DecodeConfig) -> torch.dtype:
     """Every option, before the model is loaded; -> the dtype to load the model in."""
-    dtype = inference_dtype(args.fp16, args.bf16)
+    dtype = inference_dtype(args)
     problems = []
     if args.beam < 1:
         problems.append(f"--beam must be at least 1 (got {args.beam})")

@@ -4,13 +4,13 @@ import os
 from typing import List
 
 from shardtrain.cli.errors import cli_entry
-from shardtrain.config import cpu_precision
 from shardtrain.config.run_config import parse_train_command
 from shardtrain.config.fairseq_compat import print_notices
 from shardtrain.optim.fairseq_defaults import default_components_notice
 from shardtrain.trainer import loop, preflight
 from shardtrain.trainer.launch import rendezvous, start
 from shardtrain.trainer.launch.preemption import STOPPED_AT_ONCE
+from shardtrain.trainer.precision import cpu_speed
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 def cpu_precision_warning(cfg) -> List[str]:
     """What --fp16 (or --bf16 without bfloat16 instructions) costs when the run trains on the CPU."""
-    text = cpu_precision.warning(cfg.common, not start.training_on_cuda(cfg), cpu_precision.cpu_flags())
+    text = cpu_speed.warning(cfg.common, not start.training_on_cuda(cfg), cpu_speed.cpu_flags())
     return [text] if text else []
 
 

@@ -8,11 +8,12 @@ from shardtrain.config import flags
 from shardtrain.core.user_dir import LOADING_HELP as USER_DIR_HELP
 from shardtrain.core.fields import field
 from shardtrain.config.sections import LOG_FORMATS
-from shardtrain.trainer.checkpoint.inference import evaluate, inference_dtype, load_for_inference
+from shardtrain.trainer.checkpoint.inference import evaluate, load_for_inference
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.metrics.meters import MetricsLogger
 from shardtrain.trainer.metrics.progress import build_progress_bar
 from shardtrain.trainer.resolved import Components, build_criterion
+from shardtrain.trainer.precision.choose import inference_dtype
 
 logger = logging.getLogger("shardtrain.validate")
 
@@ -37,7 +38,7 @@ class ValidateConfig:
 @cli_entry("shard-validate")
 def main(argv):
     args = flags.parse_dataclass(ValidateConfig, argv, "shard-validate", __doc__)
-    dtype = inference_dtype(args.fp16, args.bf16)
+    dtype = inference_dtype(args)
     setup_logging()
     cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype,
                                                     user_dir=args.user_dir)

@@ -10,7 +10,6 @@ from typing import Callable, List, Tuple, Union
 from omegaconf import DictConfig, OmegaConf
 
 from shardtrain.config.epoch_lists import all_positive_finite, first, numbers
-from shardtrain.config.sections import loss_scaled
 from shardtrain.core.registry import did_you_mean
 from shardtrain.core.errors import ConfigError
 from shardtrain.data.batch_windows import parse_windows
@@ -21,7 +20,8 @@ def _positive_or_none(value) -> bool:
 
 
 # Backend rules ask for a capability (a Backend class attribute), never a backend's name, and
-# name the backends that have it. Imported late: the backends import torch, the config does not.
+# name the backends that have it. Imported late: the backends (and precisions, and optimizers) import torch,
+# the config does not.
 def _backend_has(cfg, capability: str) -> bool:
     from shardtrain.trainer.parallel.choose import backend_class
     return getattr(backend_class(cfg.distributed.ddp_backend), capability)
@@ -40,8 +40,50 @@ def _with(capability: str) -> str:
     return names_with(capability)
 
 
-# Optimizers that step fp16 parameters in fp32 from fp32 state (the others would keep fp16 moments).
-FP32_STATE_FOR_FP16_PARAMS = ("adam", "cpu_adam", "adafactor")
+# Precision rules ask a precision (a PrecisionKind class attribute) and an optimizer's registration for a fact,
+# never a name, and are written out for every registered precision: plugins' are checked alike.
+def _precision(cfg):
+    from shardtrain.trainer.precision.choose import chosen
+    return chosen(cfg.common)
+
+
+def _flags_of(capability: str) -> str:
+    from shardtrain.trainer.precision.choose import flag_for, kinds_with
+    return " or ".join(flag_for(k.name) for k in kinds_with(capability))
+
+
+def _names(loss_scaled: bool) -> str:
+    from shardtrain.trainer.precision.choose import PRECISION_REGISTRY
+    return ", ".join(e.name for e in PRECISION_REGISTRY.entries() if e.obj.loss_scaled == loss_scaled)
+
+
+def _keeps_fp32_state(optimizer: str) -> bool:
+    """Whether optimizer ``optimizer`` steps parameters stored in fp16/bf16 in fp32, from fp32 state (its
+    registration says so: fairseq's supports_memory_efficient_fp16); the others would keep low-precision moments."""
+    from shardtrain.optim.registry import OPTIMIZER_REGISTRY
+    return getattr(OPTIMIZER_REGISTRY.get(optimizer).obj, "supports_memory_efficient_fp16", False)
+
+
+def _precision_rows() -> List[Tuple[Callable, str]]:
+    """For each registered precision that stores the model in its compute dtype: the optimizer it needs and
+    the backends it cannot run under (they keep fp32 parameter shards themselves)."""
+    from shardtrain.optim.registry import OPTIMIZER_REGISTRY
+    from shardtrain.trainer.precision.choose import flag_for, kinds_with
+    rows = []
+    for kind in kinds_with("stores_in_compute"):
+        flag, dtype = flag_for(kind.name), str(kind.compute).replace("torch.", "")
+        plain = " or ".join(flag_for(name) for name in kind.implies) or "fp32"
+        optimizers = ", ".join(e.name for e in OPTIMIZER_REGISTRY.entries()
+                               if getattr(e.obj, "supports_memory_efficient_fp16", False))
+        rows.append((lambda c, k=kind: _precision(c) is k and not _keeps_fp32_state(c.components.optimizer),
+                     f"{flag} stores the parameters in {dtype} and needs an optimizer that keeps fp32 state for "
+                     f"them and steps in fp32 (as fairseq's supports_memory_efficient_fp16): --optimizer {optimizers}. "
+                     f"Use one of those, or {plain} (fp32 weights, {dtype} compute) with any optimizer."))
+        rows.append((lambda c, k=kind: _precision(c) is k and _backend_has(c, "shards_parameters"),
+                     f"{flag} stores the whole model in {dtype}, but --ddp-backend {_with('shards_parameters')} "
+                     f"already keeps only fp32 parameter shards and computes in {dtype} with {plain}. Use {plain} "
+                     f"with {_with('shards_parameters')}, or another --ddp-backend."))
+    return rows
 
 _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: not _positive_or_none(c.dataset.max_tokens),
@@ -101,9 +143,6 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
         or c.checkpoint.reset_dataloader),
      "--finetune-from-model already resets optimizer, lr scheduler, meters and data position; "
      "drop the --reset-* flags."),
-    (lambda c: (c.common.fp16 or c.common.memory_efficient_fp16 or c.common.amp)
-     and (c.common.bf16 or c.common.memory_efficient_bf16),
-     "--fp16 (or --memory-efficient-fp16) and --bf16 both pick the compute precision (so does --amp). Use one."),
     (lambda c: c.common.fp16_init_scale <= 0, "--fp16-init-scale must be positive (fairseq's default is 128)."),
     (lambda c: c.common.amp_init_scale <= 0, "--amp-init-scale must be positive (fairseq's default is 128)."),
     (lambda c: c.common.amp_scale_window is not None and c.common.amp_scale_window < 1,
@@ -114,27 +153,11 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
      "--fp16-scale-tolerance is a fraction of updates and must be in [0, 1]."),
     (lambda c: c.optimization.skip_nan_updates < 0,
      "--skip-nan-updates must be >= 0 (the number of NaN/inf updates in a row that may be skipped)."),
-    (lambda c: c.optimization.skip_nan_updates > 0 and loss_scaled(c.common),
-     "--skip-nan-updates is for fp32 and --bf16 runs: with --fp16 the loss scaler already skips every update "
-     "whose gradient overflows and lowers the scale (--min-loss-scale bounds it). Drop --skip-nan-updates."),
+    (lambda c: c.optimization.skip_nan_updates > 0 and _precision(c).loss_scaled,
+     lambda: f"--skip-nan-updates is for precisions without a loss scale ({_names(False)}): with "
+     f"{_flags_of('loss_scaled')} the loss scaler already skips every update whose gradient overflows and lowers "
+     "the scale (--min-loss-scale bounds it). Drop --skip-nan-updates."),
     (lambda c: c.common.min_loss_scale <= 0, "--min-loss-scale must be positive (the default is 1e-4)."),
-    (lambda c: c.common.memory_efficient_fp16 and c.components.optimizer not in FP32_STATE_FOR_FP16_PARAMS,
-     "--memory-efficient-fp16 stores the parameters in fp16 and needs an optimizer that keeps fp32 state for "
-     "them and steps in fp32 (as fairseq's supports_memory_efficient_fp16): --optimizer adam, cpu_adam or "
-     "adafactor. "
-     "Use one of those, or --fp16 (fp32 weights, fp16 compute) with any optimizer."),
-    (lambda c: c.common.memory_efficient_fp16 and _backend_has(c, "shards_parameters"),
-     lambda: f"--memory-efficient-fp16 stores the whole model in fp16, but --ddp-backend {_with('shards_parameters')} "
-     "already keeps only fp32 parameter shards and computes in fp16 with --fp16. Use --fp16 with "
-     f"{_with('shards_parameters')}, or another --ddp-backend."),
-    (lambda c: c.common.memory_efficient_bf16 and c.components.optimizer not in FP32_STATE_FOR_FP16_PARAMS,
-     "--memory-efficient-bf16 stores the parameters in bf16 and needs an optimizer that keeps fp32 state for "
-     "them and steps in fp32: --optimizer adam, cpu_adam or adafactor. Use one of those, or --bf16 (fp32 "
-     "weights, bf16 compute) with any optimizer."),
-    (lambda c: c.common.memory_efficient_bf16 and _backend_has(c, "shards_parameters"),
-     lambda: f"--memory-efficient-bf16 stores the whole model in bf16, but --ddp-backend {_with('shards_parameters')} "
-     "already keeps only fp32 parameter shards and computes in bf16 with --bf16. Use --bf16 with "
-     f"{_with('shards_parameters')}, or another --ddp-backend."),
     (lambda c: c.distributed.cpu_offload and not _backend_has(c, "supports_cpu_offload"),
      lambda: f"--cpu-offload needs --ddp-backend {_with('supports_cpu_offload')} (it offloads the parameter shards); "
      f"add --ddp-backend {_with('supports_cpu_offload')} or drop --cpu-offload."),
@@ -162,7 +185,7 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
 def rules() -> List[Tuple[Callable, str]]:
     """The table with every message written out (the backends' names looked up now, so
     backends registered by plugins are named too)."""
-    return [(wrong, message() if callable(message) else message) for wrong, message in _TABLE]
+    return [(wrong, message() if callable(message) else message) for wrong, message in _TABLE] + _precision_rows()
 
 
 def choice_problems(cfg) -> List[str]:
@@ -185,8 +208,15 @@ def choice_problems(cfg) -> List[str]:
     return problems
 
 
+def _precision_conflict(cfg) -> List[str]:
+    from shardtrain.trainer.precision.choose import conflict
+    problem = conflict(cfg.common)
+    return [problem] if problem else []
+
+
 def check_config(cfg) -> None:
     # the table's rules may look a choice up (a backend's capabilities): they run on valid choices only
-    problems = choice_problems(cfg) or [message for wrong, message in rules() if wrong(cfg)]
+    # and on one precision: two flags that pick different ones are named before anything asks which it is
+    problems = choice_problems(cfg) or _precision_conflict(cfg) or [message for wrong, message in rules() if wrong(cfg)]
     if problems:
         raise ConfigError(" ".join(problems))

@@ -25,26 +25,10 @@ class ComponentsConfig:
     lr_scheduler: str = field("inverse_sqrt", help="learning-rate scheduler")
 
 
-def chosen_precision(common) -> str:
-    """The one reading of --fp16/--bf16/--memory-efficient-fp16/-bf16/--amp: "fp32", "bf16", "fp16",
-    "memory_efficient_fp16" or "memory_efficient_bf16" (fairseq: --memory-efficient-fp16 implies --fp16,
-    --memory-efficient-bf16 --bf16). checks.py refuses
-    fp16 with bf16; shardtrain.trainer.precision turns the name into dtypes. --amp is fairseq's
-    autocast fp16 with fp32 weights and a dynamic loss scale, which is what "fp16" is here; only
-    its scaler's flags differ (trainer.precision.build_scaler)."""
-    if common.memory_efficient_bf16:  # implies --bf16, as in fairseq
-        return "memory_efficient_bf16"
-    if common.bf16:
-        return "bf16"
-    if common.memory_efficient_fp16:
-        return "memory_efficient_fp16"
-    return "fp16" if common.fp16 or common.amp else "fp32"
-
-
-
-def loss_scaled(common) -> bool:
-    """fp16 in either form: the loss scaler owns overflowing updates."""
-    return chosen_precision(common) in ("fp16", "memory_efficient_fp16")
+def _precisions():
+    # The registered precisions, plugins' too; imported late: the precisions import torch, the config does not.
+    from shardtrain.trainer.precision.choose import user_choices
+    return user_choices()
 
 
 @dataclasses.dataclass
@@ -62,6 +46,9 @@ class CommonConfig:
     peak_tflops: Optional[float] = field(
         None, help="a device's peak TFLOP/s in the compute dtype, for the mfu of train records (default: the data "
         "sheet's for known GPUs, else a matmul measured at start)")
+    precision: Optional[str] = field(
+        None, help="the numeric precision, by name (a registered precision; default: the one --bf16, --fp16, --amp, "
+        "--memory-efficient-fp16 or --memory-efficient-bf16 picks, else fp32)", choices=_precisions)
     bf16: bool = field(False, help="compute in bfloat16 (fp32 master weights)")
     fp16: bool = field(False, help="compute in float16 (fp32 master weights) with dynamic loss scaling")
     memory_efficient_fp16: bool = field(

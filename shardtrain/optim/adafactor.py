@@ -231,7 +231,7 @@ class AdafactorConfig:
                               "(min(1e-6 * step, 1/sqrt(step)); needs --relative-step)")
 
 
-@register_optimizer("adafactor", dataclass=AdafactorConfig)
+@register_optimizer("adafactor", dataclass=AdafactorConfig, supports_memory_efficient_fp16=True)
 def adafactor(cfg, device: torch.device) -> OptimizerSpec:
     eps = parse_float_tuple(cfg.adafactor_eps, "--adafactor-eps", (1e-30, 1e-3))
     _check(cfg, eps)

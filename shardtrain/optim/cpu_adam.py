@@ -352,7 +352,7 @@ class CPUAdamConfig(AdamConfig):
         "per parameter less optimizer state, for updates ~0.4 percent off fp32 moments' after 1000 steps")
 
 
-@register_optimizer("cpu_adam", dataclass=CPUAdamConfig)
+@register_optimizer("cpu_adam", dataclass=CPUAdamConfig, supports_memory_efficient_fp16=True)
 def cpu_adam(cfg, device: torch.device) -> OptimizerSpec:
     """fairseq's ``cpu_adam``: the optimizer steps in CPU memory (fused kernel)."""
     check_non_negative(cfg, "adam_eps", "weight_decay")

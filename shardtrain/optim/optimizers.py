@@ -54,7 +54,8 @@ class FairseqAdamConfig(AdamConfig):
                                   "cpu_adam's fp16 moments (fairseq has it only with CUDA's fused Adam)")
 
 
-@register_optimizer("adam", dataclass=FairseqAdamConfig)
+# fp16/bf16 parameters step in fp32 through cpu_adam.for_fp16_parameters, as fairseq's adam does
+@register_optimizer("adam", dataclass=FairseqAdamConfig, supports_memory_efficient_fp16=True)
 def adam(cfg, device: torch.device) -> OptimizerSpec:
     """fairseq's ``adam`` decays weights decoupled from the gradient, i.e. it is AdamW."""
     check_non_negative(cfg, "adam_eps", "weight_decay")

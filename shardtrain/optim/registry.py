@@ -53,8 +53,15 @@ class OptimizerSpec:
 _FUSED_ON_DTENSOR = (torch.optim.Adam, torch.optim.AdamW)
 
 
-def register_optimizer(name: str, dataclass=None):
-    return OPTIMIZER_REGISTRY.register(name, dataclass)
+def register_optimizer(name: str, dataclass=None, supports_memory_efficient_fp16: bool = False):
+    """``supports_memory_efficient_fp16`` (fairseq's name): the optimizer steps parameters stored in fp16/bf16
+    (--memory-efficient-fp16/-bf16) in fp32, from fp32 state; the flag checks read it off the registration."""
+    register = OPTIMIZER_REGISTRY.register(name, dataclass)
+
+    def decorator(builder):
+        builder.supports_memory_efficient_fp16 = supports_memory_efficient_fp16
+        return register(builder)
+    return decorator
 
 
 def register_lr_scheduler(name: str, dataclass=None):

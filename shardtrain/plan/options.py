@@ -2,29 +2,31 @@
 shard-train's flags express, so a recommendation prints as flags to add."""
 import dataclasses
 import itertools
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from omegaconf import OmegaConf
 
-from shardtrain.config.sections import chosen_precision
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.parallel.choose import backend_class
+from shardtrain.trainer.precision.choose import DEFAULT, all_flags, chosen, kinds_with
 
-PRECISIONS = {
-    "fp32": {},
-    "bf16": {"common.bf16": True},
-    "fp16": {"common.fp16": True},
-}
-_NO_PRECISION = {"common.fp16": False, "common.bf16": False, "common.amp": False,
-                 "common.memory_efficient_fp16": False, "common.memory_efficient_bf16": False}
-# config key -> flag, for printing overrides as a command line
-FLAGS = {
-    "distributed.ddp_backend": "--ddp-backend", "distributed.zero_sharding": "--zero-sharding",
-    "distributed.fsdp_sharding_strategy": "--fsdp-sharding-strategy", "distributed.cpu_offload": "--cpu-offload",
-    "distributed.checkpoint_activations": "--checkpoint-activations", "common.bf16": "--bf16",
-    "common.fp16": "--fp16", "common.amp": "--amp", "common.memory_efficient_fp16": "--memory-efficient-fp16",
-    "common.memory_efficient_bf16": "--memory-efficient-bf16", "optimizer.fp16_adam_stats": "--fp16-adam-stats",
-}
+
+def precisions() -> Dict[str, Dict[str, Any]]:
+    """The precisions shard-plan weighs (those registered as ``planned``), each as the overrides that pick it
+    alone: every precision flag cleared (which picks the default), then its own fairseq flag set, or
+    ``--precision NAME`` where it has none."""
+    cleared = {f"common.{f}": (None if f == "precision" else False) for f in all_flags()}
+
+    def own(k) -> Dict[str, Any]:
+        if k.name == DEFAULT:
+            return {}
+        return {f"common.{k.flags[0]}": True} if k.flags else {"common.precision": k.name}
+    return {k.name: {**cleared, **own(k)} for k in kinds_with("planned")}
+
+
+def _flag(key: str) -> str:
+    """The shard-train flag of config key ``key``, for printing overrides as a command line."""
+    return "--" + key.rpartition(".")[2].replace("_", "-")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +65,10 @@ def alternatives(cfg, world_size: int, ranks_per_node: int, device: str) -> List
                      for label, o in list(backends) if backend_class(o["distributed.ddp_backend"]).supports_cpu_offload]
     # --fp16-adam-stats is an option of the optimizer's own config (cpu_adam's), not a flag of every optimizer
     stats = [False, True] if "fp16_adam_stats" in cfg.optimizer else [None]
-    options = []
+    options, picks = [], precisions()
     for (label, backend), checkpoint, precision, fp16_stats in itertools.product(
-            backends, (False, True), PRECISIONS, stats):
-        overrides = {**backend, "distributed.checkpoint_activations": checkpoint, **_NO_PRECISION,
-                     **PRECISIONS[precision]}
+            backends, (False, True), picks, stats):
+        overrides = {**backend, "distributed.checkpoint_activations": checkpoint, **picks[precision]}
         if fp16_stats is not None:
             overrides["optimizer.fp16_adam_stats"] = fp16_stats
         words = [label, precision] + (["checkpointed"] if checkpoint else []) + (["fp16 stats"] if fp16_stats else [])
@@ -81,8 +82,10 @@ def flags_to_add(base, option: Option) -> List[str]:
     for key, value in option.overrides:
         if OmegaConf.select(base, key) == value:
             continue
-        flag = FLAGS[key]
-        if isinstance(value, bool):
+        flag = _flag(key)
+        if value is None:
+            out.append(f"(drop {flag})")
+        elif isinstance(value, bool):
             out.append(flag if value else f"(drop {flag})")
         else:
             out.append(f"{flag} {value}")
@@ -96,5 +99,5 @@ def trace_key(cfg) -> Tuple:
     d, cls = cfg.distributed, backend_class(cfg.distributed.ddp_backend)
     sharded = cls.shards_parameters
     return (cls if sharded or cls.wraps_a_single_rank else None, d.fsdp_sharding_strategy if sharded else None,
-            checkpoint_every(d) is not None, chosen_precision(cfg.common),
+            checkpoint_every(d) is not None, chosen(cfg.common).name,
             OmegaConf.select(cfg, "optimizer.fp16_adam_stats"))

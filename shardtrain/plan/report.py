@@ -5,6 +5,7 @@ from shardtrain.plan.estimate import Estimate, Machine, optimizer_device, optimi
 from shardtrain.plan.options import flags_to_add
 from shardtrain.plan.planner import Plan, Planned
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
+from shardtrain.trainer.precision.choose import chosen
 
 GIB = 2 ** 30
 # What every memory figure is: the plan predicts what the run adds, as measure.py measures it.
@@ -105,9 +106,8 @@ def _checkpointing_twin(plan: Plan) -> Optional[int]:
         c = p.cfg
         if _checkpointed(c) != _checkpointed(given) and all(
                 c.distributed[k] == given.distributed[k] for k in ("ddp_backend", "zero_sharding", "cpu_offload",
-                                                                 "fsdp_sharding_strategy")) and all(
-                c.common[k] == given.common[k] for k in ("fp16", "bf16", "memory_efficient_fp16",
-                                                         "memory_efficient_bf16")):
+                                                                 "fsdp_sharding_strategy")) and \
+                chosen(c.common) is chosen(given.common):
             return p.estimate.activations
     return None
 

@@ -36,7 +36,7 @@ from shardtrain.trainer.launch.start import DistributedContext
 from shardtrain.trainer.parallel.choose import backend_class, build_backend
 from shardtrain.trainer.parallel.prepare import prepare_run_model
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
-from shardtrain.trainer.precision import build_precision, run_dtypes
+from shardtrain.trainer.precision.choose import build_precision, run_dtypes
 from shardtrain.trainer.resolved import Components, build_criterion, build_model
 
 CPU = torch.device("cpu")

@@ -9,12 +9,11 @@ import torch
 import torch.distributed as dist
 
 from shardtrain.config.epoch_lists import first, numbers
-from shardtrain.config.sections import chosen_precision
 from shardtrain.core.errors import ConfigError
 from shardtrain.optim import cpu_adam
 from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer.parallel import zero
-from shardtrain.trainer.precision import LOW_PRECISION_STORAGE
+from shardtrain.trainer.precision.choose import chosen
 from shardtrain.trainer.resolved import Components
 
 logger = logging.getLogger(__name__)
@@ -40,7 +39,7 @@ def check_best_checkpoint_metric(metric: str, task, criterion) -> None:
 def optimizer_spec(cfg, components: Components, device: torch.device) -> OptimizerSpec:
     """What --optimizer builds on ``device`` (the memory check and shard-plan read its facts too)."""
     spec = components.optimizer(cfg.optimizer, device)
-    if chosen_precision(cfg.common) in LOW_PRECISION_STORAGE:
+    if chosen(cfg.common).stores_in_compute:
         spec = cpu_adam.for_fp16_parameters(spec)
     return spec
 

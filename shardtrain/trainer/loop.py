@@ -24,7 +24,8 @@ from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.checkpoint.contents import header, stateful_parts
 from shardtrain.trainer.checkpoint.finite import check_finite
 from shardtrain.trainer.checkpoint.manager import CONFIG_FILE, CheckpointManager, write_config
-from shardtrain.trainer.precision import TrainingDivergedError, build_precision, run_dtypes
+from shardtrain.trainer.precision.choose import build_precision, run_dtypes
+from shardtrain.trainer.precision.diverged import TrainingDivergedError
 from shardtrain.core.host_oom import host_memory_for
 from shardtrain.trainer.launch.preemption import PreemptionWatcher, requeue_after_warning, stopped_message
 from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar

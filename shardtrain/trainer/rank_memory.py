@@ -19,7 +19,8 @@ from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer.build import optimizer_spec
 from shardtrain.trainer.parallel.choose import chosen_backend_class
 from shardtrain.trainer.parallel.zero import shards_optimizer_state
-from shardtrain.trainer.precision import Dtypes, run_dtypes
+from shardtrain.trainer.precision.choose import run_dtypes
+from shardtrain.trainer.precision.registry import Dtypes
 from shardtrain.trainer.resolved import Components
 
 # Kinds a snapshot (--spike-rollback, trainer/spike.py) copies; each copy lies beside its original.

@@ -38,7 +38,7 @@ import torch
 from shardtrain.data.batch_windows import Window, format_windows
 from shardtrain.trainer.checkpoint.async_staging import wait_for_live_writes
 from shardtrain.trainer.checkpoint.contents import trainer_state_parts
-from shardtrain.trainer.precision import TrainingDivergedError
+from shardtrain.trainer.precision.diverged import TrainingDivergedError
 from shardtrain.trainer.rng import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from shardtrain.trainer.checkpoint.contents import load_parts, state_of, trainer
 from shardtrain.trainer.offload_times import OffloadTimes, StepClock
 from shardtrain.trainer.parallel.choose import Backend
 from shardtrain.trainer.parallel.step_in_backward import build_step_in_backward
-from shardtrain.trainer.precision import Precision, TrainingDivergedError  # noqa: F401 (re-exported)
+from shardtrain.trainer.precision.component import Precision  # noqa: F401 (re-exported)
+from shardtrain.trainer.precision.diverged import TrainingDivergedError  # noqa: F401 (re-exported)
 from shardtrain.trainer.resolved import Components
 from shardtrain.trainer.train_state import TrainState
 

@@ -18,8 +18,7 @@ GROUP_CALLS = ("init_process_group", "new_group", "destroy_process_group")
 # Loading a checkpoint for inference, and the commands that do it.
 INFERENCE = ("shardtrain.trainer.checkpoint.inference", "shardtrain.cli.validate", "shardtrain.cli.generate",
              "shardtrain.cli.eval_lm", "shardtrain.cli.interactive")
-TRAINING_ONLY = ("shardtrain.trainer.build", "shardtrain.trainer.precision", "shardtrain.trainer.trainer",
-                 "shardtrain.trainer.loop")
+TRAINING_ONLY = ("shardtrain.trainer.build", "shardtrain.trainer.trainer", "shardtrain.trainer.loop")
 
 
 class Import(NamedTuple):
@@ -176,7 +175,7 @@ def closure(start: str) -> Dict[str, Import]:
     return reached
 
 
-def test_loading_for_inference_never_reaches_the_training_build_or_precision():
+def test_loading_for_inference_never_reaches_the_training_build():
     """shard-validate, -generate, -eval-lm and -interactive load a model without the training code."""
     wrong = [f"{start} reaches {module}, through {_where(reached[module])}" for start in INFERENCE
              for reached in [closure(start)] for module in TRAINING_ONLY if module in reached]

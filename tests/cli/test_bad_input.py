@@ -262,8 +262,6 @@ RULE_VIOLATIONS = {
     "--save-interval-updates must": ["--save-interval-updates", "-1"],
     "--finetune-from-model and --restore-file": ["--finetune-from-model", "a.pt", "--restore-file", "b.pt"],
     "--finetune-from-model already resets": ["--finetune-from-model", "a.pt", "--reset-meters"],
-    "--fp16 (or --memory-efficient-fp16) and --bf16": ["--memory-efficient-fp16", "--optimizer", "cpu_adam",
-                                                       "--bf16"],
     "--fp16-init-scale": ["--fp16-init-scale", "-1"],
     "--amp-init-scale": ["--amp-init-scale", "0"],
     "--memory-efficient-bf16 stores the parameters": ["--memory-efficient-bf16", "--optimizer", "sgd"],

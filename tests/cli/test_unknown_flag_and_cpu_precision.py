@@ -5,7 +5,7 @@ import types
 import pytest
 
 from shardtrain.cli import demo, hydra_train, train, validate
-from shardtrain.config import cpu_precision
+from shardtrain.trainer.precision import cpu_speed as cpu_precision
 from shardtrain.config.flags import unrecognized_message
 from st_testutils import cli_refusal
 

@@ -72,5 +72,5 @@ def test_a_precision_override_wins_over_the_files_other_precision(tmp_path, caps
     assert notices(capsys) == [
         "shard-hydra-train: notice: common.fp16=true wins over common.bf16=true set in the config "
         f"{tmp_path}/bf16.yaml, which is ignored (common.bf16=false)"]
-    with pytest.raises(ConfigError, match="--fp16 .* and --bf16 both pick the compute precision"):
+    with pytest.raises(ConfigError, match=r"^--bf16 and --fp16 both pick the precision, and differently \(bf16 vs fp16\)"):
         hydra_config("--config-dir", str(tmp_path), "--config-name", "bf16", "common.fp16=true", "common.bf16=true")

@@ -7,7 +7,7 @@ from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.parallel.choose import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
-from shardtrain.trainer.precision import build_precision, run_dtypes
+from shardtrain.trainer.precision.choose import build_precision, run_dtypes
 from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task
 from shardtrain.trainer.trainer import Trainer
 from st_testutils import make_space_data_bin

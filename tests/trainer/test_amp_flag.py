@@ -8,7 +8,8 @@ import torch
 from shardtrain.cli import train
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer import loop
-from shardtrain.trainer.precision import build_scaler, run_dtypes
+from shardtrain.trainer.precision.choose import run_dtypes
+from shardtrain.trainer.precision.fp16 import build_scaler
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 from one_spawn import call_each
 

@@ -9,7 +9,7 @@ from shardtrain.config.run_config import parse_train_args
 from shardtrain.data.collate import collate
 from shardtrain.trainer import loop
 from shardtrain.trainer.launch.start import make_context
-from shardtrain.trainer.precision import build_scaler
+from shardtrain.trainer.precision.fp16 import build_scaler
 from st_testutils import json_records, tiny_model_flags
 from small_trainer import blocks, data_bin, make_trainer, params  # noqa: F401 (data_bin is a fixture)
 

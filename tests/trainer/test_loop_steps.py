@@ -13,7 +13,8 @@ from shardtrain.core.errors import CheckpointError
 from shardtrain.data.batch_windows import BatchWindows
 from shardtrain.trainer import loop
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
-from shardtrain.trainer.precision import Precision, TrainingDivergedError
+from shardtrain.trainer.precision.component import Precision
+from shardtrain.trainer.precision.diverged import TrainingDivergedError
 from shardtrain.trainer.validation import Due, due
 
 NEITHER, VALIDATE, SAVE, BOTH = Due(False, False), Due(True, False), Due(False, True), Due(True, True)

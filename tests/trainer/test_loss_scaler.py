@@ -6,7 +6,9 @@ import torch
 
 from shardtrain.data.collate import collate
 from shardtrain.trainer.loss_scaler import DynamicLossScaler, MinimumLossScaleError
-from shardtrain.trainer.precision import Precision, TrainingDivergedError, build_scaler
+from shardtrain.trainer.precision.component import Precision
+from shardtrain.trainer.precision.diverged import TrainingDivergedError
+from shardtrain.trainer.precision.fp16 import build_scaler
 from small_trainer import blocks, data_bin, make_trainer, params  # noqa: F401 (data_bin is a fixture)
 
 

@@ -12,7 +12,7 @@ import torch
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.data.batch_windows import format_windows
 from shardtrain.trainer.launch.start import call_main
-from shardtrain.trainer.precision import TrainingDivergedError
+from shardtrain.trainer.precision.diverged import TrainingDivergedError
 from shardtrain.trainer.spike import SpikeRule
 from st_testutils import make_space_data_bin, tiny_model_flags
 from one_spawn import call_each

@@ -18,7 +18,7 @@ from shardtrain.data.batch_windows import format_windows
 from shardtrain.optim.lr_scheduler.base import LRScheduler
 from shardtrain.tasks.criterions import Criterion
 from shardtrain.trainer.metrics.meters import MetricsLogger
-from shardtrain.trainer.precision import TrainingDivergedError
+from shardtrain.trainer.precision.diverged import TrainingDivergedError
 from shardtrain.trainer.spike import SpikeGuard, SpikeRule
 from shardtrain.trainer.checkpoint.async_staging import StepGate
 from shardtrain.trainer.launch.start import call_main

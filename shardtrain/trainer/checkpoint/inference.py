@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 
 from shardtrain.config.run_config import from_dict
-from shardtrain.core.errors import CheckpointError, ConfigError
+from shardtrain.core.errors import CheckpointError
 from shardtrain.core.user_dir import for_checkpoint
 from shardtrain.models import capabilities
 from shardtrain.trainer.checkpoint.contents import ModelPart
@@ -30,14 +30,6 @@ logger = logging.getLogger(__name__)
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 GIB = 2 ** 30
-
-
-def inference_dtype(fp16: bool, bf16: bool) -> torch.dtype:
-    """The dtype ``--fp16``/``--bf16`` of shard-validate and shard-generate pick."""
-    if fp16 and bf16:
-        raise ConfigError("--fp16 and --bf16 both pick the dtype the model is loaded and run in. Use one "
-                          "(or neither, for fp32).")
-    return torch.float16 if fp16 else torch.bfloat16 if bf16 else torch.float32
 
 
 def load_for_inference(path: str, data: Optional[str] = None, cpu: bool = False,

@@ -9,7 +9,8 @@ import torch
 
 from shardtrain.core.errors import CheckpointError
 from shardtrain.trainer.checkpoint.finite import check_finite
-from shardtrain.trainer.precision import Precision, TrainingDivergedError
+from shardtrain.trainer.precision.component import Precision
+from shardtrain.trainer.precision.diverged import TrainingDivergedError
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.data.collate import collate
 from shardtrain.trainer.launch.start import call_main

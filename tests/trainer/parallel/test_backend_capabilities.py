@@ -9,7 +9,7 @@ from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.parallel.choose import build_backend, user_choices
 from shardtrain.trainer.parallel.single_process import SingleProcessBackend
-from shardtrain.trainer.precision import run_dtypes
+from shardtrain.trainer.precision.choose import run_dtypes
 
 
 def parse(*args):

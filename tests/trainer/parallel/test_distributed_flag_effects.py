@@ -15,7 +15,7 @@ from shardtrain.trainer.launch.one_rank_group import OneRankGroup
 from shardtrain.trainer.parallel.choose import build_backend
 from shardtrain.trainer.parallel.ddp import DDPBackend
 from shardtrain.trainer.parallel.prepare import prepare_model
-from shardtrain.trainer.precision import run_dtypes
+from shardtrain.trainer.precision.choose import run_dtypes
 from st_testutils import TwoBlocks
 
 

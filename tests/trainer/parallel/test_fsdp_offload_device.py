@@ -10,7 +10,7 @@ from shardtrain.trainer.launch.one_rank_group import OneRankGroup
 from shardtrain.trainer.parallel.choose import build_backend
 from shardtrain.trainer.parallel.fsdp_wrap import offload_policy, shard_group_size
 from shardtrain.trainer.parallel.prepare import prepare_model
-from shardtrain.trainer.precision import run_dtypes
+from shardtrain.trainer.precision.choose import run_dtypes
 from shardtrain.trainer.launch.start import make_context
 from st_testutils import TwoBlocks
 

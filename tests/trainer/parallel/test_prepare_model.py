@@ -13,7 +13,7 @@ from shardtrain.trainer.parallel.base import Backend
 from shardtrain.trainer.launch.one_rank_group import OneRankGroup
 from shardtrain.trainer.parallel.choose import build_backend
 from shardtrain.trainer.parallel.prepare import prepare_model
-from shardtrain.trainer.precision import run_dtypes
+from shardtrain.trainer.precision.choose import run_dtypes
 
 ONE_RANK = make_context(0, 0, 1, use_cuda=False, backend=None)
 

@@ -7,7 +7,9 @@ not refused (it is correct, and a test of the fp16 path on a CPU is legitimate),
 """
 from typing import Iterable, Optional
 
-from shardtrain.config.sections import chosen_precision
+import torch
+
+from shardtrain.trainer.precision.choose import chosen, given_flag
 
 SLOWDOWN = 60  # float32 / low-precision matmul throughput, measured as the docstring says
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names of the instructions that make bf16 fast
@@ -28,12 +30,12 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> Optional[set]:
 def warning(common, on_cpu: bool, flags: Optional[Iterable[str]]) -> Optional[str]:
     """The warning for ``common``'s precision on this machine, or None. ``on_cpu``: the run trains on the
     CPU (--cpu, or no GPU); ``flags``: :func:`cpu_flags`."""
-    precision = chosen_precision(common)
-    if not on_cpu or precision == "fp32":
+    compute = chosen(common).compute
+    if not on_cpu or compute not in (torch.float16, torch.bfloat16):
         return None
     has_bf16 = None if flags is None else any(f in set(flags) for f in BF16_FLAGS)
-    given = _flag_given(common)
-    if "bf16" in precision:
+    given = given_flag(common)
+    if compute == torch.bfloat16:
         if has_bf16 is not False:
             return None
         return (f"warning: {given} on a CPU without bfloat16 instructions (AVX512-BF16 or AMX): torch emulates "
@@ -47,11 +49,3 @@ def warning(common, on_cpu: bool, flags: Optional[Iterable[str]]) -> Optional[st
                                                            else "this machine does not say it has") + ".")
     return (f"warning: {given} on a CPU: CPUs have no float16 matrix units, so every matrix product runs about "
             f"{SLOWDOWN}x slower than in float32. {suggestion}")
-
-
-def _flag_given(common) -> str:
-    """The flag that chose the low precision, as the user typed it."""
-    for name in ("memory_efficient_bf16", "bf16", "memory_efficient_fp16", "fp16", "amp"):
-        if getattr(common, name):
-            return "--" + name.replace("_", "-")
-    return "--fp16"

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from shardtrain.trainer.precision import mixed_precision
+from shardtrain.trainer.precision.registry import mixed_precision
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
