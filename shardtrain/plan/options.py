@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Tuple
 from omegaconf import OmegaConf
 
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
-from shardtrain.trainer.parallel.choose import backend_class
+from shardtrain.trainer.parallel.choose import backend_class, distinct_backends
 from shardtrain.trainer.precision.choose import DEFAULT, all_flags, chosen, kinds_with
 
 
@@ -47,19 +47,14 @@ def as_given() -> Option:
 
 
 def alternatives(cfg, world_size: int, ranks_per_node: int, device: str) -> List[Option]:
-    """Backends (pytorch_ddp, with ZeRO's sharded optimizer state, fully_sharded, hybrid across
-    nodes), --cpu-offload (on GPUs), activation checkpointing, fp32/bf16/fp16 and, for cpu_adam,
-    --fp16-adam-stats."""
-    backends = [("pytorch_ddp", {"distributed.ddp_backend": "pytorch_ddp", "distributed.zero_sharding": "none",
-                                 "distributed.cpu_offload": False})]
-    if world_size > 1:
-        backends.append(("pytorch_ddp + zero os", {"distributed.ddp_backend": "pytorch_ddp",
-                                                   "distributed.zero_sharding": "os", "distributed.cpu_offload": False}))
-    fsdp = {"distributed.ddp_backend": "fully_sharded", "distributed.zero_sharding": "none",
-            "distributed.fsdp_sharding_strategy": "full_shard", "distributed.cpu_offload": False}
-    backends.append(("fully_sharded", fsdp))
-    if world_size > ranks_per_node:
-        backends.append(("fully_sharded hybrid", {**fsdp, "distributed.fsdp_sharding_strategy": "hybrid_shard"}))
+    """Each backend's own variants (``Backend.plan_variants``: pytorch_ddp, with ZeRO's sharded optimizer state,
+    fully_sharded, hybrid across nodes), --cpu-offload where the backend supports it (on GPUs), activation
+    checkpointing, the planned precisions and, for an optimizer with the option, --fp16-adam-stats."""
+    backends = [(label, {"distributed.ddp_backend": name,
+                         **{f"distributed.{key}": value for key, value in overrides.items()},
+                         "distributed.cpu_offload": False})
+                for name, cls in distinct_backends() for label, overrides in cls.plan_variants(name, world_size,
+                                                                                                ranks_per_node)]
     if device == "cuda":
         backends += [(f"{label} + offload", {**o, "distributed.cpu_offload": True})
                      for label, o in list(backends) if backend_class(o["distributed.ddp_backend"]).supports_cpu_offload]

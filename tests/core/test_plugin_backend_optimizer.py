@@ -37,11 +37,13 @@ train.main(flags + ["--batch-size", "4", "--max-update", "3", "--no-save", "--di
 used = dict(sys.modules["facts_plugin"].USED)
 cfg = parse_train_args(flags)
 fit = estimate(cfg, Components.of(cfg), build_task(cfg, Components.of(cfg)), param_bytes=4, shards=1, optimizer_shards=1)
-gpu = plan.main(flags + ["--distributed-world-size", "2", "--gpu-memory", "80", "--peak-tflops", "100",
-                         "--host-memory", "100"]).given.estimate
+planned = plan.main(flags + ["--distributed-world-size", "2", "--gpu-memory", "80", "--peak-tflops", "100",
+                             "--host-memory", "100"])
+gpu = planned.given.estimate
 print("FIGURES " + json.dumps({"used": used, "fit_optimizer": fit.optimizer, "plan_optimizer": gpu.optimizer,
                               "extra": gpu.extra, "comm": gpu.comm_bytes, "host": gpu.host_peak,
-                              "offload": gpu.offload_bytes, "traced_wraps": sys.modules["facts_plugin"].USED["wrapped"]}))
+                              "offload": gpu.offload_bytes,
+                              "labels": [p.option.label for p in planned.options], "traced_wraps": sys.modules["facts_plugin"].USED["wrapped"]}))
 """
 
 
@@ -61,3 +63,5 @@ def test_a_plugin_backend_and_optimizer_train_and_are_planned_from_their_own_fac
     assert got["comm"] == 3 * 4 * COUNT  # the bytes the backend says it sends
     assert got["host"] == 6 * COUNT  # it steps in CPU memory: its state is in host memory on a GPU run
     assert got["offload"] == 2 * 4 * COUNT  # the gradients to the host and the parameters back
+    # the toy backend's own plan_variants: shard-plan weighs it beside the built-ins, with every planned precision
+    assert {"toy_dp, fp32", "toy_dp, bf16", "toy_dp, fp16", "toy_dp, fp32, checkpointed"} <= set(got["labels"])

@@ -7,7 +7,7 @@ produces state dicts. Backends are registered by name (``--ddp-backend``
 picks one); each lives in its own file.
 """
 import contextlib
-from typing import Dict, Iterable, List, NamedTuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Tuple
 
 import torch
 import torch.distributed as dist
@@ -64,6 +64,12 @@ class Backend:
     def offloads_state(cls, distributed) -> bool:
         """True when the parameter shards, gradients and optimizer state live in host memory."""
         return False
+
+    @classmethod
+    def plan_variants(cls, name: str, world_size: int, ranks_per_node: int) -> List[Tuple[str, Dict[str, Any]]]:
+        """The configurations of this backend (registered as ``name``) shard-plan weighs on ``world_size`` ranks of
+        ``ranks_per_node`` a node: (label, ``distributed`` section overrides); none for one it does not weigh."""
+        return []
 
     @classmethod
     def gradient_copies(cls, distributed) -> GradientCopies:

@@ -2,7 +2,7 @@
 
 The import order is the order --ddp-backend lists them in.
 """
-from typing import List
+from typing import List, Tuple
 
 from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend, unwrap  # noqa: F401
 from shardtrain.trainer.parallel import ddp  # noqa: F401
@@ -14,6 +14,17 @@ from shardtrain.trainer.parallel import single_process as single
 def user_choices() -> List[str]:
     """What --ddp-backend offers: every registered backend users may pick, in registration order."""
     return [e.name for e in BACKEND_REGISTRY.entries() if e.obj.user_selectable]
+
+
+def distinct_backends() -> List[Tuple[str, type]]:
+    """Each backend --ddp-backend offers once, under its first name (fairseq's aliases left out)."""
+    seen, out = set(), []
+    for name in user_choices():
+        cls = backend_class(name)
+        if cls not in seen:
+            seen.add(cls)
+            out.append((name, cls))
+    return out
 
 
 def backend_class(name: str) -> type:

@@ -14,6 +14,12 @@ class DDPBackend(Backend):
     grads_are_averaged = True
 
     @classmethod
+    def plan_variants(cls, name, world_size, ranks_per_node):
+        """DDP, and with ZeRO's sharded optimizer state where there are ranks to shard it over."""
+        return [(name, {"zero_sharding": "none"})] + (
+            [(f"{name} + zero os", {"zero_sharding": "os"})] if world_size > 1 else [])
+
+    @classmethod
     def gradient_copies(cls, distributed):
         """The buckets: a second copy of every gradient, unless --gradient-as-bucket-view makes .grad a view."""
         return GradientCopies(during_backward=0 if distributed.gradient_as_bucket_view else 1)

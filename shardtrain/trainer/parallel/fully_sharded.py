@@ -59,6 +59,14 @@ class FullyShardedBackend(Backend):
         return min(distributed.shard_group_size or ranks_per_node, world_size)
 
     @classmethod
+    def plan_variants(cls, name, world_size, ranks_per_node):
+        """Sharded over every rank, and hybrid (sharded within a node, replicated across) on several nodes."""
+        plain = {"zero_sharding": "none", "fsdp_sharding_strategy": "full_shard"}
+        return [(name, plain)] + (
+            [(f"{name} hybrid", {**plain, "fsdp_sharding_strategy": "hybrid_shard"})] if world_size > ranks_per_node
+            else [])
+
+    @classmethod
     def offloads_state(cls, distributed):
         return distributed.cpu_offload
 

@@ -16,6 +16,10 @@ class ToyBackend(Backend):
     wraps_a_single_rank = True  # used as asked on one rank too, so a one-process run exercises it
 
     @classmethod
+    def plan_variants(cls, name, world_size, ranks_per_node):
+        return [(name, {})]  # shard-plan weighs it as it is
+
+    @classmethod
     def gradient_copies(cls, distributed):
         return GradientCopies(during_backward=2)  # e.g. a bucket and a compressed copy of every gradient
 
