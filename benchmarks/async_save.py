@@ -40,7 +40,7 @@ from shardtrain.config.run_config import parse_train_args  # noqa: E402
 from shardtrain.trainer.launch.start import call_main  # noqa: E402
 from shardtrain.trainer.loop import Run  # noqa: E402
 from shardtrain.trainer.metrics.state_memory import state_bytes  # noqa: E402
-from shardtrain.trainer.checkpoint.sharded import ShardedSaver  # noqa: E402
+from shardtrain.trainer.checkpoint.sharded_saver import ShardedSaver  # noqa: E402
 
 
 class PeakRSS:

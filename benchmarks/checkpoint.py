@@ -33,7 +33,8 @@ from make_data import random_data_bin  # noqa: E402
 
 from shardtrain.config.run_config import parse_train_args  # noqa: E402
 from shardtrain.trainer.checkpoint.contents import trainer_parts  # noqa: E402
-from shardtrain.trainer.checkpoint.sharded import ShardedDirectory, ShardedSaver  # noqa: E402
+from shardtrain.trainer.checkpoint.sharded import ShardedDirectory  # noqa: E402
+from shardtrain.trainer.checkpoint.sharded_saver import ShardedSaver  # noqa: E402
 from shardtrain.trainer.checkpoint.single_file import SingleFile  # noqa: E402
 from shardtrain.trainer.launch.start import make_context  # noqa: E402
 from shardtrain.trainer.loop import Run  # noqa: E402

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_op
 from shardtrain.core.fileio import atomic_open
 from shardtrain.trainer.checkpoint.async_staging import RunStager, on_host
 from shardtrain.trainer.checkpoint.checksums import dcp_writer
-from shardtrain.trainer.checkpoint.sharded import EXTRA, FORMAT, ShardedSaver, make_partial, publish
+from shardtrain.trainer.checkpoint.sharded_saver import EXTRA, FORMAT, ShardedSaver, make_partial, publish
 from shardtrain.trainer.launch import ranks
 
 

@@ -60,7 +60,7 @@ MUTANTS = [
            "NO_OPTIMIZER_STATE: True}, parts",
            ("tests/trainer/checkpoint/test_no_save_optimizer_state.py",)),
     Mutant("sharded_rename_before_complete", "a directory appears under its name only when COMPLETE is written",
-           T + "checkpoint/sharded.py",
+           T + "checkpoint/sharded_saver.py",
            "    atomic_write_bytes(os.path.join(partial, COMPLETE), complete)\n"
            "    fsync_dir(partial)\n    replace_dir(partial, final)\n",
            "    replace_dir(partial, final)\n"

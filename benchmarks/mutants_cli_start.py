@@ -104,7 +104,7 @@ MUTANTS = [
            "                and now - self.last_line_at >= self.every_s:",
            (ST + "test_start_watch_says_what_it_waits_for",)),
     Mutant("start_watch_not_polled", "a piped multi-rank start says what it waits for",
-           "shardtrain/trainer/launch/start.py", "        if watching:\n            watch.poll()\n", "",
+           "shardtrain/trainer/launch/supervise.py", "        if watching:\n            watch.poll()\n", "",
            (ST + "test_a_piped_two_rank_run_says_what_it_waits_for",)),
     Mutant("update_epoch_batch_itr_takes_no_value", "--update-epoch-batch-itr takes fairseq's value",
            "shardtrain/config/fairseq_flags.py", "    accept_only(\"--update-epoch-batch-itr\", (\"False\", \"false\", \"0\"),",

@@ -65,7 +65,7 @@ MUTANTS = [
            T + "checkpoint/zip_checksums.py", "    if zlib.crc32(data) != info.CRC:\n", "    if False:\n",
            (FLIPS,)),
     Mutant("manifest_without_shards", "every file a sharded checkpoint writes has its checksum recorded",
-           T + "checkpoint/sharded.py", "    files = {**written, EXTRA: hashing.entry(),",
+           T + "checkpoint/sharded_saver.py", "    files = {**written, EXTRA: hashing.entry(),",
            "    files = {EXTRA: hashing.entry(),",
            (SUMS + "::test_intact_checkpoints_verify_and_the_message_lists_earlier_ones",)),
     Mutant("fsync_hash_misses_buffered_tail", "shard files are hashed while DCP fsyncs them, every byte",
@@ -73,7 +73,7 @@ MUTANTS = [
            "        self._size = self._stream.tell()\n",
            ("tests/core/test_torch_private.py",)),
     Mutant("async_failure_leaves_partial", "a failed --async-save leaves no partial directory",
-           T + "checkpoint/sharded.py", "        except BaseException as e:  # noqa: BLE001 - reported by wait() on the "
+           T + "checkpoint/sharded_saver.py", "        except BaseException as e:  # noqa: BLE001 - reported by wait() on the "
            "training thread\n            discard()\n",
            "        except BaseException as e:  # noqa: BLE001 - reported by wait() on the training thread\n",
            (FULL_DISK_ASYNC,)),

@@ -44,10 +44,10 @@ MUTANTS = [
            (SIGNALS + "test_cpu_ranks_far_beyond_the_cores_are_warned_before_any_starts",
             SIGNALS + "test_the_oversubscription_rule")),
     Mutant("lost_peer_blamed", "a failed run names the rank that stopped first, not the one that lost it",
-           T + "launch/start.py", "    if causes or silent:  # the lost peers are their consequence\n"
+           T + "launch/supervise.py", "    if causes or silent:  # the lost peers are their consequence\n"
            "        raised = causes\n", "", (DECISIONS + "test_a_lost_peer_is_never_blamed_over_the_rank_that_stopped",)),
     Mutant("lost_peer_no_grace", "the rank that stopped first is awaited a moment after a lost peer",
-           T + "launch/start.py", "multiprocessing.connection.wait([p.sentinel for p in running], timeout=grace_s)",
+           T + "launch/supervise.py", "multiprocessing.connection.wait([p.sentinel for p in running], timeout=grace_s)",
            "multiprocessing.connection.wait([p.sentinel for p in running], timeout=0)",
            (DECISIONS + "test_a_lost_peer_waits_a_moment_for_the_rank_that_stopped",)),
     Mutant("one_rank_group_dir_left", "a one-process fully_sharded run leaves no temporary directory",

@@ -14,7 +14,7 @@ MUTANTS = [
            "shardtrain/trainer/loop.py", "    if itr.n == 0:\n        # An epoch's record", "    if True:\n"
            "        # An epoch's record", (REC + "test_train_records_after_every_kind_of_resume",)),
     Mutant("tensorboard_steps_written_twice", "TensorBoard steps are not written twice after a resume",
-           "shardtrain/trainer/metrics/progress.py", "purge_step=self._purge_step)", "purge_step=None)",
+           "shardtrain/trainer/metrics/tensorboard.py", "purge_step=self._purge_step)", "purge_step=None)",
            (REC + "test_train_records_after_every_kind_of_resume",)),
     Mutant("tqdm_log_file_without_interval_records", "the --log-file holds train_inner records under tqdm",
            "shardtrain/trainer/metrics/progress.py",

@@ -32,7 +32,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_data import random_data_bin  # noqa: E402
 
-from shardtrain.trainer.checkpoint.sharded import COMPLETE, load_extra  # noqa: E402
+from shardtrain.trainer.checkpoint.sharded import load_extra  # noqa: E402
+from shardtrain.trainer.checkpoint.sharded_saver import COMPLETE  # noqa: E402
 
 
 def train_cmd(data_bin: str, save_dir: str, log: str, args) -> list:

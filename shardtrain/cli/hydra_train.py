@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from shardtrain.core import plugins
 from shardtrain.cli import train
 from shardtrain.cli.errors import cli_entry
-from shardtrain.config import hydra_keys, hydra_store
+from shardtrain.config import hydra_files, hydra_keys, hydra_store
 from shardtrain.config.run_config import from_dict, import_user_dir
 from shardtrain.config.checks import check_config
 from shardtrain.config.fairseq_compat import print_notices
@@ -66,7 +66,7 @@ def parse_command_line(argv: List[str]) -> argparse.Namespace:
                              "into shardtrain)")
     parser.add_argument("--config-name", "-cn", default=None,
                         help="primary config, a file CONFIG_NAME.yaml in --config-dir, or one of the configs built into "
-                             f"shardtrain: {', '.join(hydra_store.builtin_config_names())} (default: shardtrain's "
+                             f"shardtrain: {', '.join(hydra_files.builtin_config_names())} (default: shardtrain's "
                              "base config, so everything comes from overrides)")
     parser.add_argument("--user-dir", default=None,
                         help="plugin package to import before the config groups are built (the same as the "
@@ -80,14 +80,14 @@ def parse_command_line(argv: List[str]) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> DictConfig:
     """The typed run config, exactly as ``parse_train_args`` builds it from flags."""
-    config_dir = hydra_store.config_dir_for(args.config_dir, args.config_name)
+    config_dir = hydra_files.config_dir_for(args.config_dir, args.config_name)
     if args.config_name:
-        path = hydra_store.config_path(config_dir, args.config_name)
+        path = hydra_files.config_path(config_dir, args.config_name)
         name, source = os.path.basename(path)[:-len(".yaml")], f"the config {path}"
     else:
-        path, name, source = None, hydra_store.BASE_CONFIG, "shardtrain's base config"
-        hydra_store.check_config_dir(config_dir)
-    hydra_store.check_base_not_hidden(config_dir)
+        path, name, source = None, hydra_files.BASE_CONFIG, "shardtrain's base config"
+        hydra_files.check_config_dir(config_dir)
+    hydra_files.check_base_not_hidden(config_dir)
     overrides = list(args.overrides) + ([f"common.user_dir={quote(args.user_dir)}"] if args.user_dir else [])
     check_config_tree(config_dir, path, overrides)  # alias bombs, before anything loads a file
     user_dir = prescan_user_dir(path, overrides)

@@ -19,19 +19,8 @@ of three ways:
   chunk's gradient is copied to the CPU, stepped, and copied back, overlapped
   with the stepping (pinned double buffers: :mod:`shardtrain.optim.chunk_pipe`).
 
-``--fp16-adam-stats`` stores ``exp_avg`` and ``sqrt(exp_avg_sq)``, each times
-``_FP16_STATS_SCALE``, in fp16 under the state keys ``exp_avg_fp16`` and
-``sqrt_exp_avg_sq_fp16`` (4 bytes/param instead of 8). ``exp_avg_sq`` itself
-would underflow fp16 (a gradient of 1e-4 squares to 1e-8); its square root
-scaled by 2**10 has the gradient's magnitude and keeps full fp16 precision for
-|grad| in [6e-8, 64], with values beyond saturating rather than becoming inf.
-Measured against fp32 state (grad magnitudes 1e-7..1, betas (0.9, 0.999)):
-the parameters' total displacement differs by ~0.07% after 100 steps (per
-element: median 0.05%, 99th percentile ~2%), ~0.4% after 1000 and ~1.5% after
-3000, nearly all from rounding the slow ``exp_avg_sq`` average (its per-step
-change is below fp16's resolution). Without the scale, or storing
-``exp_avg_sq`` itself (even times 2**16), the displacement of parameters whose
-gradients are below 1e-5 was off by more than 100%.
+``--fp16-adam-stats`` keeps the moments in fp16 (:mod:`shardtrain.optim.fp16_adam_stats`); such
+parameters take the chunked path, which converts each chunk's moments to fp32 and back.
 """
 import dataclasses
 import itertools
@@ -43,6 +32,7 @@ from torch.optim.adam import adam as functional_adam
 
 from shardtrain.core.fields import field
 from shardtrain.core.errors import CheckpointError, ConfigError
+from shardtrain.optim import fp16_adam_stats
 from shardtrain.optim.chunk_pipe import ChunkPipe
 from shardtrain.optim.optim_config import AdamConfig, check_non_negative, parse_betas
 from shardtrain.optim.registry import OptimizerSpec, register_optimizer
@@ -51,11 +41,7 @@ from shardtrain.optim.registry import OptimizerSpec, register_optimizer
 # the upcast through the kernel to the write-back; measured 1.5-1.8x faster than
 # 16M-element chunks on the fp16-stats and bf16-parameter paths.
 _CHUNK_NUMEL = 1 << 20
-_FP16_STATS_SCALE = 2.0 ** 10
-_FP16_MAX = torch.finfo(torch.float16).max
-_FP32_KEYS = ("exp_avg", "exp_avg_sq")
-_FP16_KEYS = ("exp_avg_fp16", "sqrt_exp_avg_sq_fp16")
-_TENSOR_KEYS = _FP32_KEYS + _FP16_KEYS + ("master_param",)
+_TENSOR_KEYS = fp16_adam_stats.FP32_KEYS + fp16_adam_stats.FP16_KEYS + ("master_param",)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -113,7 +99,7 @@ class CPUAdam(torch.optim.Optimizer):
         master = self._uses_master_copy(p)
         if master and "master_param" not in state:
             state["master_param"] = _local(p).detach().to("cpu", torch.float32, copy=True).contiguous()
-        keys, dtype = (_FP16_KEYS, torch.float16) if group["fp16_adam_stats"] else (_FP32_KEYS, torch.float32)
+        keys, dtype = fp16_adam_stats.moment_keys(group["fp16_adam_stats"])
         for key in keys:
             if key not in state:
                 # Master-copy state is one plain CPU tensor; otherwise the state is
@@ -231,7 +217,7 @@ class CPUAdam(torch.optim.Optimizer):
         master = state.get("master_param")
         target = _local(p)
         param = master if master is not None else target
-        moments = [_local(state[k]) for k in (_FP16_KEYS if fp16 else _FP32_KEYS)]
+        moments = [_local(state[k]) for k in fp16_adam_stats.moment_keys(fp16)[0]]
         tensors = [param, _local(p.grad), *moments]
         numel = target.numel()
         # A non-contiguous tensor has no flat view to chunk: step it whole.
@@ -256,13 +242,11 @@ class CPUAdam(torch.optim.Optimizer):
             if multiplier != 1.0:
                 bufs[1].mul_(multiplier)
             if fp16:
-                bufs[2].mul_(1 / _FP16_STATS_SCALE)
-                bufs[3].mul_(1 / _FP16_STATS_SCALE).square_()
+                fp16_adam_stats.unpack(bufs[2], bufs[3])
             step.copy_(state["step"])  # the functional API advances it once per call
             _adam(group, [bufs[0]], [bufs[1]], [bufs[2]], [bufs[3]], [step])
             if fp16:
-                views[2].copy_(bufs[2].mul_(_FP16_STATS_SCALE).clamp_(-_FP16_MAX, _FP16_MAX))
-                views[3].copy_(bufs[3].sqrt_().mul_(_FP16_STATS_SCALE).clamp_(max=_FP16_MAX))
+                fp16_adam_stats.pack(bufs[2], bufs[3], views[2], views[3])
             if master is not None:
                 pipe.put(i, views[4], bufs[0])
             elif bufs[0] is not views[0]:
@@ -291,7 +275,7 @@ class CPUAdam(torch.optim.Optimizer):
             state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).detach().to("cpu", copy=True)
         master = self._uses_master_copy(p)
         shape = _local(p).shape if master else p.shape
-        moments = _convert_moments(saved, group["fp16_adam_stats"])
+        moments = fp16_adam_stats.convert_moments(saved, group["fp16_adam_stats"])
         if master and "master_param" in saved:
             moments["master_param"] = saved["master_param"].to(torch.float32)
         for key, value in moments.items():
@@ -302,23 +286,6 @@ class CPUAdam(torch.optim.Optimizer):
                     "sharding. Resume from a checkpoint of this model, or pass --reset-optimizer to start the "
                     "optimizer afresh.")
             state[key] = value.to("cpu").contiguous()
-
-
-def _convert_moments(saved: Dict, fp16: bool) -> Dict[str, torch.Tensor]:
-    """The saved moments in this run's storage (fp32, or scaled fp16)."""
-    scale = _FP16_STATS_SCALE
-    if all(k in saved for k in _FP16_KEYS):
-        m, s = (saved[k] for k in _FP16_KEYS)
-        if fp16:
-            return {_FP16_KEYS[0]: m.to(torch.float16), _FP16_KEYS[1]: s.to(torch.float16)}
-        return {"exp_avg": m.float() / scale, "exp_avg_sq": (s.float() / scale).square()}
-    if all(k in saved for k in _FP32_KEYS):
-        m, v = (saved[k] for k in _FP32_KEYS)
-        if not fp16:
-            return {"exp_avg": m.to(torch.float32), "exp_avg_sq": v.to(torch.float32)}
-        return {_FP16_KEYS[0]: (m.float() * scale).clamp(-_FP16_MAX, _FP16_MAX).half(),
-                _FP16_KEYS[1]: (v.float().sqrt() * scale).clamp(max=_FP16_MAX).half()}
-    return {}
 
 
 def _adam(group, params, grads, exp_avgs, exp_avg_sqs, steps, grad_scale=None) -> None:

@@ -25,6 +25,8 @@ import dataclasses
 import os
 from typing import List, Optional, Tuple
 
+from shardtrain.trainer.metrics.process_memory import proc_bytes  # imports no torch (cli/memory_floor.py)
+
 GIB = 2 ** 30
 NO_LIMIT = 1 << 60  # v1's "unlimited" (and any limit this large) is no limit
 # (cgroup version, directory under <root>/sys/fs/cgroup, limit file, usage file, reclaimable line of memory.stat)
@@ -40,9 +42,6 @@ class HostMemory:
 
 def host_memory(root: str = "/") -> HostMemory:
     """The bytes this process may still allocate on the host, and which limit says so."""
-    # Imported here: meters imports torch, and the console scripts read cgroup_headrooms before torch.
-    from shardtrain.trainer.metrics.meters import proc_bytes
-
     meminfo = proc_bytes(os.path.join(root, "proc/meminfo"), "MemAvailable")
     if meminfo is None:  # not Linux: the physical memory is the best guess
         meminfo = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

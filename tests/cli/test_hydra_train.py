@@ -10,12 +10,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from shardtrain.cli import hydra_train, train
-from shardtrain.config import hydra_keys, hydra_store
+from shardtrain.config import hydra_files, hydra_keys, hydra_store
 from shardtrain.config.run_config import from_dict, parse_train_args, to_dict
 from shardtrain.core.errors import ConfigError
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
-EXAMPLES = hydra_store.RECIPES_DIR  # the example configs, shipped in the package
+EXAMPLES = hydra_files.RECIPES_DIR  # the example configs, shipped in the package
 TOY_PLUGIN = os.path.join(os.path.dirname(__file__), "..", "core", "toy_plugin")
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| INFO \| \S+ \| ")  # shardtrain's format
 
@@ -298,7 +298,7 @@ def test_example_configs_train(name, data_bin, tmp_path, monkeypatch):
 
 def test_builtin_config_names_and_their_precedence(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert hydra_store.builtin_config_names() == ["lm_fully_sharded", "lm_legacy_ddp", "lm_pytorch_ddp"]
+    assert hydra_files.builtin_config_names() == ["lm_fully_sharded", "lm_legacy_ddp", "lm_pytorch_ddp"]
     assert hydra_config("--config-name", "lm_legacy_ddp", "task.data=d").distributed.ddp_backend == "legacy_ddp"
     # A file of the same name in the working directory is the user's and wins over the built-in one.
     (tmp_path / "lm_legacy_ddp.yaml").write_text("defaults:\n  - shardtrain\n  - _self_\noptimization:\n  lr: 0.5\n")

@@ -6,11 +6,11 @@ import os
 import pytest
 
 from shardtrain.cli import hydra_train
-from shardtrain.config import hydra_store
+from shardtrain.config import hydra_files
 from shardtrain.core.errors import ConfigError
 from st_testutils import json_records, make_space_data_bin
 
-RECIPE = os.path.join(hydra_store.RECIPES_DIR, "lm_fully_sharded.yaml")
+RECIPE = os.path.join(hydra_files.RECIPES_DIR, "lm_fully_sharded.yaml")
 
 
 def hydra_config(*argv):

@@ -24,7 +24,7 @@ from exact_resume import DETERMINISTIC, HALF, MOVING_LR, assert_resumed_exactly,
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run
-from shardtrain.trainer.checkpoint.sharded import ShardedSaver
+from shardtrain.trainer.checkpoint.sharded_saver import ShardedSaver
 
 OFFLOAD = {"on_gpu": [], "cpu_offload": ["--cpu-offload"]}
 

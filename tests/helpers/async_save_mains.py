@@ -9,7 +9,8 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_op
 
 from shardtrain.trainer.checkpoint.async_staging import HostMemory
 from shardtrain.trainer.loop import Run, train
-from shardtrain.trainer.checkpoint.sharded import ShardedSaver, load_sharded_into
+from shardtrain.trainer.checkpoint.sharded import load_sharded_into
+from shardtrain.trainer.checkpoint.sharded_saver import ShardedSaver
 
 WRITE_DELAY = 1.0  # seconds every shard write is held back, so the next step surely comes first
 

@@ -6,7 +6,8 @@ from equivalence_mains import train_and_record  # noqa: F401 - an entry for run_
 from shardtrain.trainer import build
 from shardtrain.trainer.resolved import Components
 from shardtrain.trainer.loop import Run, train
-from shardtrain.trainer.checkpoint.sharded import ShardedSaver, load_sharded_into
+from shardtrain.trainer.checkpoint.sharded import load_sharded_into
+from shardtrain.trainer.checkpoint.sharded_saver import ShardedSaver
 
 
 def run_each(jobs, cfg, ctx):

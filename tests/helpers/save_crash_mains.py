@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import CheckpointError
 from shardtrain.trainer.checkpoint import single_file as checkpoints
-from shardtrain.trainer.checkpoint import sharded as sharded_checkpoints
+from shardtrain.trainer.checkpoint import sharded_saver
 from shardtrain.trainer.checkpoint.contents import trainer_parts
 from shardtrain.trainer.checkpoint.choose import format_of
 from shardtrain.trainer.launch.start import call_main
@@ -59,12 +59,12 @@ class TornFile:
         self.f.flush()
 
 
-def torn_extra(real_open=sharded_checkpoints.atomic_open):
+def torn_extra(real_open=sharded_saver.atomic_open):
     @contextlib.contextmanager
     def atomic_open(path):
         with real_open(path) as f:
-            yield TornFile(f) if os.path.basename(path) == sharded_checkpoints.EXTRA else f
-    sharded_checkpoints.atomic_open = atomic_open
+            yield TornFile(f) if os.path.basename(path) == sharded_saver.EXTRA else f
+    sharded_saver.atomic_open = atomic_open
 
 
 def shards_written(real=dcp.FileSystemWriter.write_data):
@@ -88,9 +88,9 @@ FILE_PHASES = {
 SHARDED_PHASES = {
     "shards": shards_written,
     "extra": torn_extra,
-    "complete": lambda: die_when(sharded_checkpoints, "atomic_write_bytes", lambda *_: True),
-    "rename": lambda: die_when(sharded_checkpoints, "replace_dir", lambda *_: True),
-    "alias": lambda: die_when(sharded_checkpoints, "_point", lambda *_: True),
+    "complete": lambda: die_when(sharded_saver, "atomic_write_bytes", lambda *_: True),
+    "rename": lambda: die_when(sharded_saver, "replace_dir", lambda *_: True),
+    "alias": lambda: die_when(sharded_saver, "_point", lambda *_: True),
     "prune": lambda: die_when(shutil, "rmtree", named(FIRST), after=True),  # after deleting a directory
 }
 
@@ -150,7 +150,7 @@ def _resume(cfg, ctx, report: str) -> None:
                 except Exception as e:  # noqa: BLE001 - any failure is a torn checkpoint
                     found["torn"][name] = f"{type(e).__name__}: {e}"
             elif name.startswith(".") and os.path.isdir(path) and not os.path.exists(
-                    os.path.join(path, sharded_checkpoints.COMPLETE)):
+                    os.path.join(path, sharded_saver.COMPLETE)):
                 cfg.checkpoint.restore_file = path  # named explicitly, as a user could
                 try:
                     run.resume()

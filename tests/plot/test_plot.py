@@ -9,7 +9,8 @@ from shardtrain.plot import axes
 from shardtrain.plot.records import read_run
 from svg_panels import read_panels
 from shardtrain.trainer.metrics.logging_setup import setup_logging, teardown_logging
-from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
+from shardtrain.trainer.metrics.progress import build_progress_bar
+from shardtrain.trainer.metrics.tensorboard import TensorboardWriter
 
 # Two epochs of a resumed run as the trainer logs them: interval records, then validation summaries.
 TRAIN = [{"loss": 9.5 - u / 10, "ppl": 2 ** (9.5 - u / 10), "lr": 1e-3 * u, "gnorm": 1.0 + u / 100,

@@ -19,7 +19,8 @@ from shardtrain.core.fileio import atomic_open, atomic_write_bytes, probe_writab
 from shardtrain.trainer.checkpoint.async_staging import on_host
 from shardtrain.trainer.checkpoint.checksums import shard_writer
 from shardtrain.trainer.checkpoint.contents import TENSOR_PARTS
-from shardtrain.trainer.checkpoint.sharded import COMPLETE, FORMAT, ShardedDirectory, finalize
+from shardtrain.trainer.checkpoint.sharded import ShardedDirectory
+from shardtrain.trainer.checkpoint.sharded_saver import COMPLETE, FORMAT, finalize
 from shardtrain.trainer.checkpoint.single_file import SingleFile
 
 MODEL_ONLY_KEYS = ("version", "cfg", "task_fingerprint", HEADER_KEY)  # the header (contents.header)

@@ -22,7 +22,7 @@ from shardtrain.trainer.checkpoint.contents import ModelPart
 from shardtrain.trainer.checkpoint.fit import check_fingerprint
 from shardtrain.trainer.checkpoint.choose import format_of
 from shardtrain.trainer.checkpoint.formats import resolve_checkpoint_path
-from shardtrain.trainer.metrics.meters import proc_bytes
+from shardtrain.trainer.metrics.process_memory import proc_bytes
 from shardtrain.trainer.metrics.run_metrics import log_throughput
 from shardtrain.trainer.resolved import Components, build_model, build_task
 

@@ -10,30 +10,29 @@ fairseq's ``call_main``, on torch.distributed's own launch conventions:
    through a file in a fresh temporary directory (no TCP port to collide on);
 4. world size 1: no process group; main runs in this process (a backend that needs
    a group even there, FSDP2's mesh, gets a 1-rank one: ``one_rank_group``).
+
+Watching the spawned ranks, stopping them and choosing the error to raise: ``supervise.py``.
 """
 import dataclasses
 import logging
-import multiprocessing.connection
 import os
-import pickle
-import signal
 import tempfile
 import time
-import traceback
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardtrain.core.errors import ConfigError, ShardtrainError
-from shardtrain.core.fileio import atomic_write_bytes, remove_quietly
+from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.launch import rendezvous
+from shardtrain.trainer.launch import supervise
 from shardtrain.trainer.launch import threads
 from shardtrain.trainer.launch import peer_lost
 from shardtrain.trainer.launch import waiting
 from shardtrain.trainer.metrics.logging_setup import setup_logging
 from shardtrain.trainer.launch.preemption import StoppedWhileStarting, answer_signal, forwarding_signals
+from shardtrain.trainer.launch.supervise import RankFailedError  # noqa: F401 - what call_main raises for a rank's bug
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +49,6 @@ class DistributedContext:
     @property
     def is_master(self) -> bool:
         return self.rank == 0
-
-
-class RankFailedError(RuntimeError):
-    """A spawned rank raised an exception that is not a user error: a bug, so its traceback is kept."""
-
-    def __init__(self, message: str, rank: int):
-        super().__init__(message)
-        self.rank = rank
 
 
 def call_main(cfg, main: Callable[[Any, DistributedContext], Any]) -> Any:
@@ -204,8 +195,9 @@ def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
                 context = mp.start_processes(_spawned_rank, args=(cfg, main, plan), nprocs=world_size,
                                              join=False, start_method="spawn")
                 processes.extend(context.processes)
-                _supervise(context, run_dir, watch, first=lambda: (signals.check(), watch.begin(init_method)))
-            return _read_result(run_dir)
+                supervise.supervise(context, run_dir, watch,
+                                    first=lambda: (signals.check(), watch.begin(init_method)))
+            return supervise.read_result(run_dir)
     except StoppedWhileStarting as stopped:  # the ranks are stopped, the handlers are the command's again
         answer_signal(stopped.signum)
 
@@ -219,181 +211,8 @@ def _spawned_rank(rank: int, cfg, main, plan: _SpawnPlan) -> None:
         ctx = make_context(rank, rank, plan.world_size, plan.use_cuda, plan.backend)
         result = _run_rank(cfg, main, ctx, plan.init_method, launcher=None, spawned_ranks=plan.world_size,
                            on_joined=lambda: waiting.mark(plan.run_dir, "joined", rank))
-        # Every rank marks that main returned: a rank that exits 0 without it was
-        # cut short (torch.multiprocessing turns Ctrl-C into exit code 0).
-        atomic_write_bytes(_result_path(plan.run_dir, rank), pickle.dumps(result if rank == 0 else None))
+        supervise.write_result(plan.run_dir, rank, result)  # every rank's: the mark that main returned
     except Exception as e:
-        _report_failure(plan.run_dir, rank, e)
+        supervise.report_failure(plan.run_dir, rank, e)
         raise  # torch.multiprocessing then exits non-zero
 
-
-def _report_failure(run_dir: str, rank: int, error: Exception) -> None:
-    error_class = None
-    if isinstance(error, ShardtrainError):
-        try:
-            error_class = pickle.dumps(type(error))  # bytes: the parent may fail to import the class
-        except Exception:  # noqa: BLE001 - a class pickle cannot find by name; the base class will do
-            error_class = pickle.dumps(ShardtrainError)
-    report = {"time": time.time(), "error_class": error_class, "message": str(error),
-              "traceback": traceback.format_exc(), "peer_lost": isinstance(error, peer_lost.PeerLostError)}
-    atomic_write_bytes(_report_path(run_dir, rank), pickle.dumps(report))
-
-
-def _supervise(context, run_dir: str, watch: Optional[waiting.StartWatch] = None,
-               first: Callable[[], Any] = lambda: None) -> None:
-    """Wait for every rank; on the first failure stop the others and raise that failure. ``first`` runs
-    before the wait, where an exception it raises (a signal's StoppedWhileStarting) stops the ranks too."""
-    try:
-        first()
-        failed = _wait_until_failure_or_done(context.processes, run_dir, watch)
-        if failed and all((_read_report(run_dir, rank) or {}).get("peer_lost") for rank in failed):
-            failed = _after_lost_peers(context.processes, run_dir, failed)
-    finally:
-        # After a failure the others may wait in a collective for the failed rank,
-        # and after Ctrl-C here nobody would end them: never leave ranks behind.
-        _stop(context.processes)
-        for path in context.error_files:  # torch.multiprocessing's tracebacks; ours are in run_dir
-            remove_quietly(path)
-    if failed:
-        raise _failure(run_dir, context.processes, failed)
-
-
-def _wait_until_failure_or_done(processes, run_dir: str, watch: Optional[waiting.StartWatch] = None) -> List[int]:
-    """Indices of the ranks that failed on their own, before any rank was stopped by us. ``watch`` is
-    polled every second until every rank has joined."""
-    while True:
-        codes = [p.exitcode for p in processes]  # read once: a rank may exit while we look
-        failed = _failed(codes, run_dir)
-        running = [p for p, code in zip(processes, codes) if code is None]
-        if failed or not running:
-            return failed
-        watching = watch is not None and not watch.done
-        ready = multiprocessing.connection.wait([p.sentinel for p in running], timeout=1.0 if watching else None)
-        if watching:
-            watch.poll()
-        for process in running:
-            if process.sentinel in ready:  # it closed its end of the pipe: it is exiting; reap it
-                process.join()
-
-
-def _after_lost_peers(processes, run_dir: str, failed: List[int], grace_s: float = 10.0) -> List[int]:
-    """Ranks that only lost their peer are not the cause: the rank that stopped first may still be on its
-    way out (its report unwritten, under load); give the others ``grace_s`` to end before stopping them."""
-    running = [p for p in processes if p.exitcode is None]
-    if running:
-        multiprocessing.connection.wait([p.sentinel for p in running], timeout=grace_s)
-        time.sleep(0.5)  # the others of the same failure
-    for process in running:
-        process.join(timeout=0)
-    return sorted(set(failed) | set(_failed([p.exitcode for p in processes], run_dir)))
-
-
-def _failed(codes: List[Optional[int]], run_dir: str) -> List[int]:
-    """The ranks that ended by themselves without main returning (exit code 0 from Ctrl-C included)."""
-    return [rank for rank, code in enumerate(codes)
-            if code is not None and (code != 0 or not os.path.exists(_result_path(run_dir, rank)))]
-
-
-def _failure(run_dir: str, processes, failed: List[int]) -> Exception:
-    """The error to raise for the root cause among ranks that failed at about the same time.
-
-    A rank that dies takes its peers' collectives down with it, so several ranks
-    may have failed before we looked: prefer a user error, then a rank that died
-    without a Python exception, then the earliest exception. A rank that lost its peer
-    (PeerLostError) says only that another rank stopped: it is the cause only when nothing else is.
-    """
-    reports = {rank: _read_report(run_dir, rank) for rank in failed}
-    raised = sorted((r["time"], rank) for rank, r in reports.items() if r is not None)
-    silent = [rank for rank in failed if reports[rank] is None]
-    causes = [(t, rank) for t, rank in raised if not reports[rank].get("peer_lost")]
-    if causes or silent:  # the lost peers are their consequence
-        raised = causes
-    user_errors = [rank for _, rank in raised if reports[rank]["error_class"] is not None]
-    if user_errors:
-        return _user_error(user_errors[0], reports[user_errors[0]])
-    if silent:
-        rank = silent[0]
-        return ShardtrainError(
-            f"rank {rank} (pid {processes[rank].pid}) stopped without raising an exception: "
-            f"{describe_exit(processes[rank].exitcode)}. The other ranks were stopped. Look for the cause in "
-            f"rank {rank}'s output above{likely_cause(processes[rank].exitcode)}")
-    rank = raised[0][1]
-    return RankFailedError(f"rank {rank} failed; the other ranks were stopped. Its traceback:\n\n"
-                           f"{reports[rank]['traceback']}", rank)
-
-
-def _user_error(rank: int, report: dict) -> ShardtrainError:
-    message = f"rank {rank}: {report['message']}"
-    try:
-        error = pickle.loads(report["error_class"])(message)
-    except Exception:  # noqa: BLE001 - a class the parent cannot import, or another constructor
-        error = ShardtrainError(message)
-    return error if isinstance(error, ShardtrainError) else ShardtrainError(message)
-
-
-def likely_cause(exitcode: int) -> str:
-    """What a rank's silent death by this exit code usually means (the end of the message)."""
-    if exitcode == -signal.SIGKILL:
-        return ("; SIGKILL usually means the system ran out of memory (lower --batch-size/--max-tokens or "
-                "--distributed-world-size).")
-    if exitcode == -signal.SIGABRT:
-        # NCCL's watchdog aborts the process when a collective times out: Python never sees an
-        # exception, so this is where the user learns about the hung peer.
-        return ("; on GPUs SIGABRT usually means NCCL's watchdog ended the rank because a collective waited "
-                "more than --heartbeat-timeout for another rank (a hung, suspended or lost rank: the job was "
-                "stopped and its checkpoints are intact, so relaunching the same command resumes; raise "
-                "--heartbeat-timeout if the ranks are only slow), otherwise a CUDA or C++ error the output names.")
-    return "."
-
-
-def describe_exit(exitcode: int) -> str:
-    if exitcode == 0:
-        return "exit code 0 before its main returned (sys.exit(0), os._exit(0) or Ctrl-C in that process)"
-    if exitcode < 0:
-        try:
-            return f"killed by signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode} (os._exit or sys.exit, a crash in native code, or a failure while starting)"
-
-
-def _stop(processes, grace_s: float = 30.0) -> None:
-    """SIGTERM (a rank blocked in a collective dies at once), then SIGKILL after a grace period.
-
-    SIGCONT follows the SIGTERM: a stopped rank (SIGSTOP, Ctrl-Z, a debugger,
-    a cluster's suspend) would otherwise hold its SIGTERM pending until the
-    grace period ran out."""
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-            try:
-                os.kill(process.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
-
-
-def _read_result(run_dir: str) -> Any:
-    with open(_result_path(run_dir, 0), "rb") as f:  # present: _supervise checked every rank's
-        return pickle.load(f)
-
-
-def _read_report(run_dir: str, rank: int) -> Optional[dict]:
-    try:
-        with open(_report_path(run_dir, rank), "rb") as f:
-            return pickle.load(f)
-    except FileNotFoundError:
-        return None
-
-
-def _result_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"result-rank{rank}.pkl")
-
-
-def _report_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"failure-rank{rank}.pkl")

@@ -10,8 +10,6 @@ accumulated on their own device and only turned into Python numbers by
 force a GPU sync; reading the values (every ``--log-interval`` updates) does.
 """
 import math
-import os
-import sys
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -127,37 +125,6 @@ def perplexity(loss: Optional[float], base: float = 2.0) -> float:
         return base**loss
     except OverflowError:
         return math.inf
-
-
-def proc_bytes(path: str, key: str) -> Optional[int]:
-    """The ``key:`` line of a Linux /proc file given in kB (``/proc/self/status``'s RssAnon,
-    ``/proc/meminfo``'s MemAvailable), in bytes; None where there is no such file or line."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def resident_memory_gb() -> float:
-    """This process's resident memory in GiB (for CPU runs).
-
-    Reads /proc/self/statm on Linux; elsewhere falls back to the peak RSS from
-    ``resource`` (the only figure it has).
-    """
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 1024**3
-    except (OSError, ValueError, IndexError):
-        import resource  # Unix only, hence not at the top
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        # ru_maxrss is in bytes on macOS and in KiB on Linux/BSD.
-        return peak / 1024**3 if sys.platform == "darwin" else peak / 1024**2
 
 
 # --- meters -----------------------------------------------------------------

@@ -7,7 +7,8 @@ import torch
 from shardtrain.trainer.metrics.flops import Utilisation
 from shardtrain.trainer.metrics.device_memory import ROUND, MemoryCalls, PeakWindows, accelerator_memory
 from shardtrain.trainer.metrics.state_memory import state_gb
-from shardtrain.trainer.metrics.meters import MetricsLogger, resident_memory_gb
+from shardtrain.trainer.metrics.meters import MetricsLogger
+from shardtrain.trainer.metrics.process_memory import resident_memory_gb
 
 # Each tag's device-memory peak is over the window since that tag's previous record;
 # "run" is never recorded: the whole run's peak, for run_peak_alloc_bytes().

@@ -23,7 +23,7 @@ from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.parallel.fsdp_wrap import (
     apply_fsdp, build_mesh, offload_policy, reshards_after_forward, return_transient_buffers_to_the_os,
 )
-from shardtrain.trainer.metrics.meters import resident_memory_gb
+from shardtrain.trainer.metrics.process_memory import resident_memory_gb
 
 logger = logging.getLogger(__name__)
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

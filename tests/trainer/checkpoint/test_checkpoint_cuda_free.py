@@ -15,7 +15,8 @@ from cuda_stand_in import CudaRecorder, GpuHostMemory
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer import loop
 from shardtrain.trainer.checkpoint.consolidate import file_to_sharded, read_sharded
-from shardtrain.trainer.checkpoint.sharded import ShardedSaver, load_sharded_into
+from shardtrain.trainer.checkpoint.sharded import load_sharded_into
+from shardtrain.trainer.checkpoint.sharded_saver import ShardedSaver
 from shardtrain.trainer.launch.start import call_main
 from st_testutils import make_space_data_bin, tiny_model_flags
 

@@ -112,7 +112,7 @@ def test_a_path_planted_where_the_save_writes_is_named(data_bin, tmp_path, capsy
 @pytest.mark.slow
 def test_gloo_out_of_descriptors_is_a_paragraph_not_a_traceback(data_bin, tmp_path, capsys, monkeypatch):
     """gloo cannot open the socket of the group a save gathers checksums on (seen with `ulimit -n` just short)."""
-    from shardtrain.trainer.checkpoint.sharded import ShardedSaver
+    from shardtrain.trainer.checkpoint.sharded_saver import ShardedSaver
 
     def fail(self):
         raise RuntimeError("[enforce fail at third_party/gloo/gloo/transport/tcp/device.cc:186] rv != -1. -1 vs -1. "

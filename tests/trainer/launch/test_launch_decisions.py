@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from shardtrain.core.errors import ConfigError, DataError, ShardtrainError
-from shardtrain.trainer.launch import start as launch
-from shardtrain.trainer.launch.start import (DistributedContext, RankFailedError, describe_exit, make_context,
-                                       resolve_world_size)
+from shardtrain.trainer.launch import supervise
+from shardtrain.trainer.launch.start import DistributedContext, make_context, resolve_world_size
+from shardtrain.trainer.launch.supervise import RankFailedError, describe_exit
 from shardtrain.trainer.launch.peer_lost import PeerLostError
 from shardtrain.trainer.launch.rendezvous import as_timeout_error, process_group_timeout, resolve_backend
 from st_testutils import scaled
@@ -93,7 +93,7 @@ def test_a_silent_death_names_its_likely_cause(tmp_path):
     """SIGKILL: the out-of-memory killer; SIGABRT: NCCL's watchdog after a collective timeout (on
     a GPU the hung-rank case ends this way, never as Python's CollectiveTimeoutError)."""
     def message(code):
-        return str(launch._failure(str(tmp_path), _processes(0, code), [1]))
+        return str(supervise._failure(str(tmp_path), _processes(0, code), [1]))
 
     assert "ran out of memory" in message(-9) and "heartbeat" not in message(-9)
     aborted = message(-6)
@@ -105,8 +105,8 @@ def test_a_silent_death_names_its_likely_cause(tmp_path):
 def _report(run_dir, rank, error):
     try:
         raise error
-    except Exception as e:  # noqa: BLE001 - _report_failure records the exception being handled
-        launch._report_failure(run_dir, rank, e)
+    except Exception as e:  # noqa: BLE001 - report_failure records the exception being handled
+        supervise.report_failure(run_dir, rank, e)
     time.sleep(0.01)  # reports are ordered by time
 
 
@@ -117,13 +117,13 @@ def _processes(*exitcodes):
 def test_user_error_wins_over_the_collective_error_it_caused(tmp_path):
     _report(str(tmp_path), 0, RuntimeError("gloo: connection closed by peer"))  # even when reported first
     _report(str(tmp_path), 1, DataError("bad shard"))
-    error = launch._failure(str(tmp_path), _processes(1, 1), failed=[0, 1])
+    error = supervise._failure(str(tmp_path), _processes(1, 1), failed=[0, 1])
     assert type(error) is DataError and str(error) == "rank 1: bad shard"
 
 
 def test_silent_death_wins_over_the_collective_error_it_caused(tmp_path):
     _report(str(tmp_path), 0, RuntimeError("gloo: connection closed by peer"))
-    error = launch._failure(str(tmp_path), _processes(1, -9), failed=[0, 1])
+    error = supervise._failure(str(tmp_path), _processes(1, -9), failed=[0, 1])
     assert type(error) is ShardtrainError
     assert str(error).startswith("rank 1 (pid 101) stopped without raising an exception: killed by signal SIGKILL")
 
@@ -131,7 +131,7 @@ def test_silent_death_wins_over_the_collective_error_it_caused(tmp_path):
 def test_earliest_bug_is_reported_with_its_traceback(tmp_path):
     _report(str(tmp_path), 1, KeyError("first"))
     _report(str(tmp_path), 0, RuntimeError("second"))
-    error = launch._failure(str(tmp_path), _processes(1, 1), failed=[0, 1])
+    error = supervise._failure(str(tmp_path), _processes(1, 1), failed=[0, 1])
     assert isinstance(error, RankFailedError) and error.rank == 1
     assert "KeyError: 'first'" in str(error) and "second" not in str(error)
 
@@ -143,20 +143,20 @@ class _TwoArgumentError(ShardtrainError):
 
 def test_user_error_with_another_constructor_falls_back_to_the_base_class(tmp_path):
     _report(str(tmp_path), 1, _TwoArgumentError("data/train.bin", "truncated"))
-    error = launch._failure(str(tmp_path), _processes(1, 1), failed=[1])
+    error = supervise._failure(str(tmp_path), _processes(1, 1), failed=[1])
     assert type(error) is ShardtrainError and str(error) == "rank 1: data/train.bin: truncated"
 
 
 def test_clean_exit_counts_only_after_main_returned(tmp_path):
     run_dir = str(tmp_path)
     for rank in (0, 1):
-        launch.atomic_write_bytes(launch._result_path(run_dir, rank), b"")
-    assert launch._wait_until_failure_or_done(_processes(0, 0), run_dir) == []
+        supervise.atomic_write_bytes(supervise._result_path(run_dir, rank), b"")
+    assert supervise._wait_until_failure_or_done(_processes(0, 0), run_dir) == []
     # rank 2 exited 0 without marking that main returned (sys.exit(0), or Ctrl-C swallowed by
     # torch.multiprocessing): a failure, or rank 0 and 1 would wait for it until the timeout
-    assert launch._wait_until_failure_or_done(_processes(0, 0, 0), run_dir) == [2]
-    assert launch._wait_until_failure_or_done(_processes(0, 3, 0), run_dir) == [1, 2]
-    error = launch._failure(run_dir, _processes(0, 0, 0), failed=[2])
+    assert supervise._wait_until_failure_or_done(_processes(0, 0, 0), run_dir) == [2]
+    assert supervise._wait_until_failure_or_done(_processes(0, 3, 0), run_dir) == [1, 2]
+    error = supervise._failure(run_dir, _processes(0, 0, 0), failed=[2])
     assert str(error).startswith("rank 2 (pid 102) stopped without raising an exception: exit code 0 before")
 
 
@@ -193,7 +193,7 @@ def test_a_rank_exiting_while_we_look_is_not_missed(tmp_path):
     timer.start()
     try:
         start = time.monotonic()
-        assert launch._wait_until_failure_or_done([exiting, blocked], str(tmp_path)) == [0]
+        assert supervise._wait_until_failure_or_done([exiting, blocked], str(tmp_path)) == [0]
         assert time.monotonic() - start < 5  # not stuck waiting for the healthy rank
     finally:
         timer.cancel()
@@ -213,11 +213,11 @@ def test_a_lost_peer_is_never_blamed_over_the_rank_that_stopped(tmp_path):
         os.makedirs(run_dir)
         _report(run_dir, 0, PeerLostError(LOST))  # reported first, as a loaded machine may order them
     _report(bug, 1, KeyError("the cause"))
-    error = launch._failure(bug, _processes(2, 1), failed=[0, 1])
-    assert isinstance(error, launch.RankFailedError) and error.rank == 1 and "KeyError: 'the cause'" in str(error)
-    assert str(launch._failure(killed, _processes(2, -9), failed=[0, 1])).startswith(
+    error = supervise._failure(bug, _processes(2, 1), failed=[0, 1])
+    assert isinstance(error, supervise.RankFailedError) and error.rank == 1 and "KeyError: 'the cause'" in str(error)
+    assert str(supervise._failure(killed, _processes(2, -9), failed=[0, 1])).startswith(
         "rank 1 (pid 101) stopped without raising an exception: killed by signal SIGKILL")
-    alone = launch._failure(killed, _processes(2, None), failed=[0])  # nothing else known: the lost peer it is
+    alone = supervise._failure(killed, _processes(2, None), failed=[0])  # nothing else known: the lost peer it is
     assert isinstance(alone, PeerLostError) and str(alone) == f"rank 0: {LOST}"
 
 
@@ -229,8 +229,8 @@ def test_a_lost_peer_waits_a_moment_for_the_rank_that_stopped(tmp_path):
     sentinel = os.pidfd_open(dying.pid)  # readable once it has ended, as a process's sentinel
     try:
         processes = [types.SimpleNamespace(pid=1, exitcode=2), _Polled(dying, sentinel)]
-        assert launch._after_lost_peers(processes, run_dir, [0], grace_s=scaled(30)) == [0, 1]
-        assert str(launch._failure(run_dir, processes, [0, 1])).startswith(f"rank 1 (pid {dying.pid}) stopped "
+        assert supervise._after_lost_peers(processes, run_dir, [0], grace_s=scaled(30)) == [0, 1]
+        assert str(supervise._failure(run_dir, processes, [0, 1])).startswith(f"rank 1 (pid {dying.pid}) stopped "
                                                                            "without raising an exception")
     finally:
         os.close(sentinel)

@@ -7,8 +7,8 @@ import torch.distributed as dist
 from hypothesis import given, strategies as st
 
 from shardtrain.core.errors import ConfigError
-from shardtrain.trainer.launch.rendezvous import (LaunchedRank, as_rendezvous_error, expand_hostlist, from_environment,
-                                          slurm_hostnames)
+from shardtrain.trainer.launch.rendezvous import LaunchedRank, as_rendezvous_error, from_environment
+from shardtrain.trainer.launch.slurm_hostlist import expand_hostlist, slurm_hostnames
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 SLURM = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]",

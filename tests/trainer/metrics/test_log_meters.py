@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from shardtrain.trainer.metrics.meters import MetricsLogger, perplexity, resident_memory_gb
+from shardtrain.trainer.metrics.meters import MetricsLogger, perplexity
+from shardtrain.trainer.metrics.process_memory import resident_memory_gb
 
 
 class FakeClock:

@@ -4,7 +4,8 @@ import os
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from shardtrain.trainer.metrics.progress import TensorboardWriter, build_progress_bar
+from shardtrain.trainer.metrics.progress import build_progress_bar
+from shardtrain.trainer.metrics.tensorboard import TensorboardWriter
 
 
 def _scalars(logdir, tag, key):

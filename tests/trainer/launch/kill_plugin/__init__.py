@@ -12,7 +12,7 @@ import time
 from shardtrain.core.fields import field
 from shardtrain.tasks import register_task
 from shardtrain.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
-from shardtrain.trainer.checkpoint import sharded
+from shardtrain.trainer.checkpoint import sharded_saver
 
 FIRST_ATTEMPT = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 RANK = int(os.environ.get("RANK", "0"))
@@ -33,13 +33,13 @@ class KilledOnceTask(LanguageModelingTask):
     def __init__(self, cfg, *args, **kwargs):
         super().__init__(cfg, *args, **kwargs)
         if cfg.slow_finalize_s and FIRST_ATTEMPT:
-            real = sharded.finalize
+            real = sharded_saver.finalize
 
             def slow_finalize(*a, **k):
                 time.sleep(cfg.slow_finalize_s)
                 return real(*a, **k)
 
-            sharded.finalize = slow_finalize
+            sharded_saver.finalize = slow_finalize
 
     def collater(self, samples):
         KilledOnceTask.collated += 1
