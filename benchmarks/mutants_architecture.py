@@ -84,8 +84,8 @@ MUTANTS = [
            ("tests/architecture/test_mutants_apply.py::test_every_mutants_text_is_in_its_file_exactly_once",)),
     Mutant("a_room_names_a_precision_by_its_module", "a new precision is its file and one import line in its "
            "chooser (no other room imports a precision's module)", "shardtrain/plan/options.py",
-           "from shardtrain.trainer.parallel.choose import backend_class\n",
-           "from shardtrain.trainer.parallel.choose import backend_class\n"
+           "from shardtrain.trainer.parallel.choose import backend_class, distinct_backends\n",
+           "from shardtrain.trainer.parallel.choose import backend_class, distinct_backends\n"
            "from shardtrain.trainer.precision import bf16  # noqa: F401\n",
            ("tests/architecture/test_component_files.py::test_each_built_in_is_its_file_and_one_import_line_in_its_chooser",)),
     Mutant("a_chooser_imports_a_backend_twice", "each built-in backend is one import line in its chooser",

@@ -73,8 +73,8 @@ def _precision_rows() -> List[Tuple[Callable, str]]:
     for kind in kinds_with("stores_in_compute"):
         flag, dtype = flag_for(kind.name), str(kind.compute).replace("torch.", "")
         plain = " or ".join(flag_for(name) for name in kind.implies) or "fp32"
-        optimizers = ", ".join(e.name for e in OPTIMIZER_REGISTRY.entries()
-                               if getattr(e.obj, "supports_memory_efficient_fp16", False))
+        optimizers = ", ".join(sorted(e.name for e in OPTIMIZER_REGISTRY.entries()
+                                      if getattr(e.obj, "supports_memory_efficient_fp16", False)))
         rows.append((lambda c, k=kind: _precision(c) is k and not _keeps_fp32_state(c.components.optimizer),
                      f"{flag} stores the parameters in {dtype} and needs an optimizer that keeps fp32 state for "
                      f"them and steps in fp32 (as fairseq's supports_memory_efficient_fp16): --optimizer {optimizers}. "

@@ -110,9 +110,9 @@ CASES = {
     "zero update freq": (lambda b, t: [b, "--update-freq", "0"], ["--update-freq"]),
     "cpu offload without fully_sharded": (lambda b, t: [b, "--cpu-offload"],
                                           ["--cpu-offload", "--ddp-backend fully_sharded"]),
-    "fp16 with bf16": (lambda b, t: [b, "--fp16", "--bf16"], ["--fp16 (or --memory-efficient-fp16) and --bf16"]),
+    "fp16 with bf16": (lambda b, t: [b, "--fp16", "--bf16"], ["--bf16 and --fp16 both pick the precision, and differently (bf16 vs fp16). Use one"]),
     "memory-efficient fp16 with sgd": (lambda b, t: [b, "--memory-efficient-fp16", "--optimizer", "sgd"],
-                                       ["--memory-efficient-fp16", "--optimizer adam, cpu_adam"]),
+                                       ["--memory-efficient-fp16 stores the parameters in float16", "--optimizer adafactor, adam, cpu_adam."]),
     "memory-efficient fp16 with fully_sharded": (
         lambda b, t: [b, "--memory-efficient-fp16", "--optimizer", "cpu_adam", "--ddp-backend", "fully_sharded"],
         ["--memory-efficient-fp16", "Use --fp16 with fully_sharded"]),
