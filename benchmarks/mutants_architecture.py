@@ -32,7 +32,7 @@ MUTANTS = [
            "    needs_process_group = True  # the mesh lives on a group, even a 1-rank one\n", "",
            (GROUP + "test_fully_sharded_gets_a_one_rank_gloo_group_for_the_run_only",)),
     Mutant("failed_start_leaves_the_group", "a run that fails to start leaves no process group",
-           T + "loop.py", "        except BaseException:\n            self._close_group()\n            raise\n",
+           T + "run.py", "        except BaseException:\n            self._close_group()\n            raise\n",
            "        except BaseException:\n            raise\n",
            (GROUP + "test_a_run_that_fails_to_start_ends_its_group",)),
     # the fast tier's guard (tests/tier_guard.py, tests/conftest.py)

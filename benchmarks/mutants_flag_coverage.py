@@ -11,6 +11,7 @@ COMMON = "tests/trainer/test_common_flag_effects.py::"
 DIST = "tests/trainer/parallel/test_distributed_flag_effects.py::"
 CHOICE = "tests/trainer/test_component_choice_effects.py::"
 LOOP = "shardtrain/trainer/loop.py"
+RUN = "shardtrain/trainer/run.py"
 VALIDATION = "shardtrain/trainer/validation.py"
 
 MUTANTS = [
@@ -27,16 +28,16 @@ MUTANTS = [
            (COVERAGE + "test_fairseq_flag_states_are_the_written_down_ones",
             TABLE + "test_refused_flags_exit_2_with_their_paragraph")),
     Mutant("batch_size_multiple_ignored", "--required-batch-size-multiple rounds the batches",
-           LOOP, "required_batch_size_multiple=d.required_batch_size_multiple,", "required_batch_size_multiple=1,",
+           RUN, "required_batch_size_multiple=d.required_batch_size_multiple,", "required_batch_size_multiple=1,",
            (BATCHING + "test_max_tokens_and_the_batch_size_multiple_set_the_training_batches",)),
     Mutant("max_tokens_valid_ignored", "--max-tokens-valid limits validation batches",
-           LOOP, "max_tokens=(d.max_tokens_valid or max_tokens) if valid else max_tokens", "max_tokens=max_tokens",
+           RUN, "max_tokens=(d.max_tokens_valid or max_tokens) if valid else max_tokens", "max_tokens=max_tokens",
            (BATCHING + "test_validation_batches_have_their_own_limits",)),
     Mutant("batch_size_valid_ignored", "--batch-size-valid limits validation batches",
-           LOOP, "max_sentences=(d.batch_size_valid or d.batch_size) if valid else d.batch_size",
+           RUN, "max_sentences=(d.batch_size_valid or d.batch_size) if valid else d.batch_size",
            "max_sentences=d.batch_size", (BATCHING + "test_validation_batches_have_their_own_limits",)),
     Mutant("train_subset_ignored", "--train-subset names the split trained on",
-           LOOP, "return self.batch_iterator(self.cfg.dataset.train_subset, epoch=epoch, shuffle=True)",
+           RUN, "return self.batch_iterator(self.cfg.dataset.train_subset, epoch=epoch, shuffle=True)",
            'return self.batch_iterator("train", epoch=epoch, shuffle=True)',
            (BATCHING + "test_the_subsets_name_the_splits_trained_and_validated_on",)),
     Mutant("valid_subset_ignored", "--valid-subset names the splits validated on",
@@ -55,7 +56,7 @@ MUTANTS = [
     Mutant("threshold_loss_scale_ignored", "--threshold-loss-scale bounds the scale from below",
            "shardtrain/trainer/precision/fp16.py", "threshold=common.threshold_loss_scale,", "threshold=None,",
            (COMMON + "test_tolerance_and_threshold_flags_reach_the_loss_scale",)),
-    Mutant("no_progress_bar_ignored", "--no-progress-bar logs simple lines", LOOP,
+    Mutant("no_progress_bar_ignored", "--no-progress-bar logs simple lines", RUN,
            '("simple" if common.no_progress_bar else common.log_format)', "common.log_format",
            (COMMON + "test_no_progress_bar_logs_simple_lines_whatever_the_format",)),
     Mutant("bucket_cap_ignored", "--bucket-cap-mb sizes DDP's buckets", "shardtrain/trainer/parallel/ddp.py",

@@ -12,6 +12,7 @@ EVERY2 = KEEP + "test_save_interval_saves_every_second_epoch"
 PATIENCE = SCHEDULE + "test_patience_stop_is_saved_and_a_relaunch_trains_no_more"
 SUBSETS = SCHEDULE + "test_every_valid_subset_is_validated_in_batches_of_its_size"
 LOOP, MANAGER = "shardtrain/trainer/loop.py", "shardtrain/trainer/checkpoint/manager.py"
+RUN = "shardtrain/trainer/run.py"
 VALIDATION = "shardtrain/trainer/validation.py"
 DUE = "tests/trainer/test_loop_steps.py::test_due_validates_and_saves_where_fairseq_does"
 SINGLE, SHARDED = "shardtrain/trainer/checkpoint/single_file.py", "shardtrain/trainer/checkpoint/sharded.py"
@@ -66,10 +67,10 @@ MUTANTS = [
            VALIDATION, "on_valid_interval = ds.validate_interval_updates > 0 and", "on_valid_interval = False and",
            (SCHEDULE + "test_validate_after_updates_holds_back_every_validation", DUE)),
     Mutant("max_tokens_valid_ignored_in_a_schedule", "--max-tokens-valid caps the tokens of a validation batch",
-           LOOP, "max_tokens=(d.max_tokens_valid or max_tokens) if valid else max_tokens", "max_tokens=max_tokens",
+           RUN, "max_tokens=(d.max_tokens_valid or max_tokens) if valid else max_tokens", "max_tokens=max_tokens",
            (SCHEDULE + "test_validate_after_updates_holds_back_every_validation",)),
     Mutant("batch_size_valid_ignored_per_subset", "--batch-size-valid caps the sequences of a validation batch",
-           LOOP, "max_sentences=(d.batch_size_valid or d.batch_size) if valid else d.batch_size",
+           RUN, "max_sentences=(d.batch_size_valid or d.batch_size) if valid else d.batch_size",
            "max_sentences=d.batch_size", (SUBSETS,)),
     Mutant("valid_subset_first_only", "every --valid-subset is validated",
            VALIDATION, 'for subset in run.cfg.dataset.valid_subset.split(","):',

@@ -27,7 +27,7 @@ MUTANTS = [
            "if max_update > 0 and run.trainer.num_updates > max_update:",
            ("tests/cli/test_fail_early.py::test_rerunning_a_finished_run_changes_nothing",)),
     Mutant("data_sharded_alike_on_every_rank", "every backend computes the training of the global batch",
-           T + "loop.py", "num_shards=self.backend.world_size, shard_id=self.backend.rank,",
+           T + "run.py", "num_shards=self.backend.world_size, shard_id=self.backend.rank,",
            "num_shards=self.backend.world_size, shard_id=0,",
            (EQUIVALENCE,)),
     Mutant("activation_checkpointing_not_wired", "--checkpoint-activations is applied by the training run",

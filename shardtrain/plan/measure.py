@@ -16,6 +16,7 @@ import torch.distributed as dist
 from shardtrain.core.errors import ConfigError
 from shardtrain.plan.estimate import Estimate, Machine
 from shardtrain.trainer import loop
+from shardtrain.trainer import run as run_module
 from shardtrain.trainer.parallel import fsdp_wrap
 
 
@@ -60,18 +61,18 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
     watch = PeakWatch(ctx.device)
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:  # the measurer's allocator setting, not fully_sharded's own
         fsdp_wrap.MMAP_THRESHOLD = int(os.environ["MALLOC_MMAP_THRESHOLD_"])
-    real_prepare = loop.prepare_run_model
+    real_prepare = run_module.prepare_run_model
 
     def prepare_watched(*args, **kwargs):
         watch.start()
         return real_prepare(*args, **kwargs)
 
-    loop.prepare_run_model = prepare_watched
+    run_module.prepare_run_model = prepare_watched
     times, splits = [], []
     try:
-        run = loop.Run(cfg, ctx)
+        run = run_module.Run(cfg, ctx)
     finally:
-        loop.prepare_run_model = real_prepare
+        run_module.prepare_run_model = real_prepare
     step = run.trainer.train_step
 
     def timed_step(samples):

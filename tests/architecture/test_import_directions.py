@@ -18,7 +18,8 @@ GROUP_CALLS = ("init_process_group", "new_group", "destroy_process_group")
 # Loading a checkpoint for inference, and the commands that do it.
 INFERENCE = ("shardtrain.trainer.checkpoint.inference", "shardtrain.cli.validate", "shardtrain.cli.generate",
              "shardtrain.cli.eval_lm", "shardtrain.cli.interactive")
-TRAINING_ONLY = ("shardtrain.trainer.build", "shardtrain.trainer.trainer", "shardtrain.trainer.loop")
+TRAINING_ONLY = ("shardtrain.trainer.build", "shardtrain.trainer.trainer", "shardtrain.trainer.run",
+                 "shardtrain.trainer.loop")
 
 
 class Import(NamedTuple):
