@@ -9,6 +9,8 @@ ASYNC = "tests/trainer/test_async_save_memory.py::test_shard_plan_counts_the_asy
 WORLD = "tests/plan/test_plan_world_size.py::"
 VERIFY = "tests/plan/test_plan_verify.py::"
 PROGRESS = "tests/plan/test_plan_progress.py::"
+HYBRID_MEASURED = ("tests/plan/test_plan_hybrid_measured.py::"
+                   "test_the_hybrid_alternative_within_fifteen_percent_of_a_run_on_two_nodes_of_two")
 
 MUTANTS = [
     Mutant("plan_ddp_buckets_dropped", "DDP's buckets are a second copy of the gradients",
@@ -78,13 +80,20 @@ MUTANTS = [
            (PROGRESS + "test_each_phase_and_each_configuration_traced_says_so_with_its_seconds",)),
     Mutant("plan_hybrid_trace_groups_every_rank", "a hybrid trace's mesh shards within a node's ranks, as the run",
            "shardtrain/plan/many_ranks.py", "    group = shards if hybrid else requested\n", "    group = requested\n",
-           (WORLD + "test_hybrid_shard_without_a_group_size_shards_within_a_node_in_the_trace_as_in_the_estimate",)),
+           (WORLD + "test_hybrid_shard_without_a_group_size_shards_within_a_node_in_the_trace_as_in_the_estimate",
+            HYBRID_MEASURED)),
     Mutant("plan_hybrid_shards_over_the_world", "the trace's shards are the backend's (a node's ranks for hybrid)",
            "shardtrain/plan/many_ranks.py", "parameter_shards(distributed, world_size, ranks_per_node)",
            "parameter_shards(distributed, world_size, world_size)",
-           (WORLD + "test_hybrid_shard_without_a_group_size_shards_within_a_node_in_the_trace_as_in_the_estimate",)),
+           (WORLD + "test_hybrid_shard_without_a_group_size_shards_within_a_node_in_the_trace_as_in_the_estimate",
+            HYBRID_MEASURED)),
     Mutant("plan_traces_on_one_node", "the planner traces with the machine's ranks per node",
            "shardtrain/plan/planner.py", "traced_peak(variant, task, machine.world_size, machine.ranks_per_node)",
            "traced_peak(variant, task, machine.world_size)",
            (WORLD + "test_the_planner_traces_hybrid_shard_within_a_node",)),
+    Mutant("plan_trace_keeps_the_first_updates_peak", "the trace keeps the second update's peak, not the first's",
+           "shardtrain/plan/trace.py", "                reset_tracker_peak(tracker)  #",
+           "                (lambda tracker: None)(tracker)  #",
+           (DECISIONS + "test_the_trace_keeps_the_second_updates_peak_as_a_second_trace_of_the_same_shapes",
+            HYBRID_MEASURED)),
 ]

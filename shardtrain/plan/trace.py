@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from torch.distributed.fsdp import FSDPModule
 
 from shardtrain.core.torch_private import (
-    fake_tensor_mode, init_fake_process_group, memory_tracker, outside_fake_tensor_mode,
+    fake_tensor_mode, init_fake_process_group, memory_tracker, outside_fake_tensor_mode, reset_tracker_peak,
 )
 from shardtrain.models.capabilities import repeated_layers_field
 from shardtrain.plan import many_ranks
@@ -155,6 +155,7 @@ def _peak_of_two_updates(model, optimizer, criterion, precision, sample) -> Dict
             optimizer.zero_grad(set_to_none=True)
             if update == 0:
                 tracker.reset_mod_stats()
+                reset_tracker_peak(tracker)  # the second update's peak: the first's sets up what it reuses
     return tracker.get_tracker_snapshot("peak").get(CPU, {})
 
 
