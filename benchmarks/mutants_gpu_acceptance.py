@@ -66,7 +66,7 @@ MUTANTS = [
            SCENARIOS, '"--lr-scheduler", "fixed", "--warmup-updates", "5", ', "",
            (P + "test_the_headline_lr_is_real_within_its_30_updates",)),
     Mutant("gpu_headline_mem_available", "the headline is sized by the cgroup-aware host memory",
-           SCENARIOS, "from shardtrain.trainer.memory_fit import host_available_bytes",
+           SCENARIOS, "from shardtrain.trainer.memory.fit import host_available_bytes",
            "host_available_bytes = lambda: int(open('/proc/meminfo').read().split('MemAvailable:')[1].split()[0])"
            " * 1024", (P + "test_the_host_memory_and_the_peak_are_shardtrains",)),
     Mutant("gpu_scenario_peak_fp32", "the MFU scenario is against the bf16 data-sheet peak",

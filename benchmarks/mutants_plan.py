@@ -4,11 +4,15 @@ from mutant_spec import Mutant
 
 DECISIONS = "tests/plan/test_plan_decisions.py::"
 EST = "shardtrain/plan/estimate.py"
+RANK, FACTS = "shardtrain/trainer/memory/rank_memory.py", "shardtrain/trainer/memory/facts.py"
+LAYERS = "shardtrain/trainer/memory/layers.py"
 MEASURE = "shardtrain/plan/measure.py"
 ASYNC = "tests/trainer/test_async_save_memory.py::test_shard_plan_counts_the_async_save_host_copy"
 WORLD = "tests/plan/test_plan_world_size.py::"
 VERIFY = "tests/plan/test_plan_verify.py::"
 PROGRESS = "tests/plan/test_plan_progress.py::"
+HYBRID_MEASURED = ("tests/plan/test_plan_hybrid_measured.py::"
+                   "test_the_hybrid_alternative_within_fifteen_percent_of_a_run_on_two_nodes_of_two")
 
 MUTANTS = [
     Mutant("plan_ddp_buckets_dropped", "DDP's buckets are a second copy of the gradients",
@@ -16,14 +20,14 @@ MUTANTS = [
            'GradientCopies(during_backward=0)',
            (DECISIONS + "test_ddp_buckets_are_a_second_copy_of_the_gradients",)),
     Mutant("plan_zero_not_divided", "ZeRO divides the optimizer state over the ranks",
-           EST, 'optimizer, master = optimizer // facts.zero_shards, master // facts.zero_shards',
+           RANK, 'optimizer, master = optimizer // facts.zero_shards, master // facts.zero_shards',
            'optimizer, master = optimizer, master',
            (DECISIONS + "test_zero_divides_the_optimizer_state_over_the_ranks",)),
     Mutant("plan_update_freq_grads_dropped", "--update-freq keeps the first micro-batches' gradients",
-           EST, "peak += max(0, grads - kinds[\"grads\"])", "peak += 0",
+           RANK, "grads_at_peak += max(0, grads - kinds[\"grads\"])", "grads_at_peak += 0",
            (DECISIONS + "test_update_freq_keeps_the_first_micro_batches_gradients",)),
     Mutant("plan_offload_stays_on_gpu", "--cpu-offload keeps the parameter and gradient shards in host memory",
-           "shardtrain/trainer/rank_memory.py", '"params": state_on_host, "grads": state_on_host,',
+           RANK, '"params": state_on_host, "grads": state_on_host,',
            '"params": False, "grads": False,',
            (DECISIONS + "test_a_gpu_run_keeps_offloaded_shards_and_cpu_optimizer_state_on_the_host",)),
     Mutant("plan_fsdp_gathers_once", "resharding after forward gathers the parameters again in backward",
@@ -31,7 +35,7 @@ MUTANTS = [
            'gathers = 1',
            (DECISIONS + "test_bytes_communicated_per_update",)),
     Mutant("plan_runtime_dropped", "the plan counts the kernels' own buffers",
-           EST, "peak += extra + runtime", "peak += extra", (DECISIONS + "test_the_kernels_own_buffers_are_counted",)),
+           EST, "runtime=RUNTIME_BYTES[", "runtime=0 * RUNTIME_BYTES[", (DECISIONS + "test_the_kernels_own_buffers_are_counted",)),
     Mutant("plan_recommends_slowest", "the recommendation is the fastest that fits",
            "shardtrain/plan/planner.py", "min(fitting, key=lambda p: p.estimate.seconds)",
            "max(fitting, key=lambda p: p.estimate.seconds)", (DECISIONS + "test_the_recommendation_is_the_fastest_that_fits",)),
@@ -45,17 +49,19 @@ MUTANTS = [
            (DECISIONS + "test_the_trace_shards_checkpoints_and_extrapolates",)),
     Mutant("plan_trace_not_checkpointed", "the trace applies activation checkpointing",
            "shardtrain/plan/trace.py", "model = prepare_run_model(cfg, build_on_meta,",
-           "model = prepare_run_model(_variant(cfg, {\"distributed.checkpoint_activations\": False}), build_on_meta,",
+           "model = prepare_run_model(with_overrides(cfg, {\"distributed.checkpoint_activations\": False}), "
+           "build_on_meta,",
            (DECISIONS + "test_the_trace_shards_checkpoints_and_extrapolates",)),
     Mutant("plan_extrapolation_off_by_one", "one- and two-layer traces extrapolate to the model's depth",
-           "shardtrain/plan/trace.py", "one[k] + (layers - 1) * (two[k] - one[k])", "one[k] + layers * (two[k] - one[k])",
+           LAYERS, "rest[key] + layers * per_layer[key]", "rest[key] + (layers + 1) * per_layer[key]",
            (DECISIONS + "test_the_trace_shards_checkpoints_and_extrapolates",)),
     # issue 37
     Mutant("plan_async_staging_not_counted", "shard-plan counts --async-save's host copy of the state",
-           EST, '    host = (peak if machine.device == "cpu" else host) + staged\n',
-           '    host = peak if machine.device == "cpu" else host\n', (ASYNC,)),
+           RANK, '        out["host"] += self.staged\n', '',
+           (ASYNC, "tests/trainer/test_async_save_memory.py::"
+                   "test_the_memory_check_counts_the_async_save_host_copy_on_every_rank_of_the_node")),
     Mutant("plan_async_staging_without_sharded_checkpoints", "only a backend writing sharded checkpoints saves "
-           "in the background", "shardtrain/trainer/rank_memory.py",
+           "in the background", FACTS,
            "    if not (c.async_save and backend.sharded_checkpoints) or c.no_save:",
            "    if not c.async_save or c.no_save:", (ASYNC,)),
     Mutant("plan_shard_grad_op_in_groups", "shard_grad_op shards over every rank whatever --shard-group-size",
@@ -63,7 +69,7 @@ MUTANTS = [
            'if strategy == "full_shard":',
            (WORLD + "test_shard_grad_op_shards_over_every_rank_whatever_the_shard_group_size",)),
     Mutant("plan_verify_resumes_the_users_run", "--verify measures in a scratch save dir, never resuming a run",
-           MEASURE, '            run.checkpoint.save_dir = os.path.join(tmp, "checkpoints")\n', "",
+           MEASURE, '"checkpoint.save_dir": os.path.join(tmp, "checkpoints"),', "",
            (VERIFY + "test_verify_measures_in_scratch_beside_a_finished_run_and_leaves_it_alone",)),
     Mutant("plan_verify_median_of_nothing", "a measuring run without step times is one paragraph",
            MEASURE, "    return sorted(later)[len(later) // 2] if later else None\n",
@@ -78,13 +84,20 @@ MUTANTS = [
            (PROGRESS + "test_each_phase_and_each_configuration_traced_says_so_with_its_seconds",)),
     Mutant("plan_hybrid_trace_groups_every_rank", "a hybrid trace's mesh shards within a node's ranks, as the run",
            "shardtrain/plan/many_ranks.py", "    group = shards if hybrid else requested\n", "    group = requested\n",
-           (WORLD + "test_hybrid_shard_without_a_group_size_shards_within_a_node_in_the_trace_as_in_the_estimate",)),
+           (WORLD + "test_hybrid_shard_without_a_group_size_shards_within_a_node_in_the_trace_as_in_the_estimate",
+            HYBRID_MEASURED)),
     Mutant("plan_hybrid_shards_over_the_world", "the trace's shards are the backend's (a node's ranks for hybrid)",
            "shardtrain/plan/many_ranks.py", "parameter_shards(distributed, world_size, ranks_per_node)",
            "parameter_shards(distributed, world_size, world_size)",
-           (WORLD + "test_hybrid_shard_without_a_group_size_shards_within_a_node_in_the_trace_as_in_the_estimate",)),
+           (WORLD + "test_hybrid_shard_without_a_group_size_shards_within_a_node_in_the_trace_as_in_the_estimate",
+            HYBRID_MEASURED)),
     Mutant("plan_traces_on_one_node", "the planner traces with the machine's ranks per node",
            "shardtrain/plan/planner.py", "traced_peak(variant, task, machine.world_size, machine.ranks_per_node)",
            "traced_peak(variant, task, machine.world_size)",
            (WORLD + "test_the_planner_traces_hybrid_shard_within_a_node",)),
+    Mutant("plan_trace_keeps_the_first_updates_peak", "the trace keeps the second update's peak, not the first's",
+           "shardtrain/plan/trace.py", "                reset_tracker_peak(tracker)  #",
+           "                (lambda tracker: None)(tracker)  #",
+           (DECISIONS + "test_the_trace_keeps_the_second_updates_peak_as_a_second_trace_of_the_same_shapes",
+            HYBRID_MEASURED)),
 ]

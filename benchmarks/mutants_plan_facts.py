@@ -7,19 +7,20 @@ PLUGIN = ("tests/core/test_plugin_backend_optimizer.py::"
           "test_a_plugin_backend_and_optimizer_train_and_are_planned_from_their_own_facts")
 LEGACY = "tests/plan/test_plan_decisions.py::test_legacy_ddp_flat_buffer_counts_when_it_is_the_peak"
 EST = "shardtrain/plan/estimate.py"
+RANK = "shardtrain/trainer/memory/rank_memory.py"
 
 MUTANTS = [
     Mutant("plan_optimizer_placed_by_name", "an optimizer that steps in CPU memory keeps its state in host memory",
-           "shardtrain/trainer/rank_memory.py", "        return self.state_on_host or self.spec.steps_on_cpu\n",
+           "shardtrain/trainer/memory/facts.py", "        return self.state_on_host or self.spec.steps_on_cpu\n",
            "        return self.state_on_host or self.spec.cls.__name__ == \"CPUAdam\"\n", (PLUGIN,)),
-    Mutant("plan_gradient_copies_by_name", "a backend's own gradient copies are counted from its class", EST,
-           "    extra = gradient_copy_bytes(facts, grads, params + optimizer + master + kinds[\"buffers\"] + grads, peak)\n",
-           "    extra = grads if machine.world_size > 1 and cfg.distributed.ddp_backend in (\"pytorch_ddp\", \"c10d\") "
-           "and not cfg.distributed.gradient_as_bucket_view else 0\n", (PLUGIN, LEGACY)),
+    Mutant("plan_gradient_copies_by_name", "a backend's own gradient copies are counted from its class", RANK,
+           "    extra = gradient_copy_bytes(facts, grads, params + optimizer + master + buffers + grads, peak)\n",
+           "    extra = grads if facts.world_size > 1 and facts.distributed.ddp_backend in (\"pytorch_ddp\", \"c10d\") "
+           "and not facts.distributed.gradient_as_bucket_view else 0\n", (PLUGIN, LEGACY)),
     Mutant("fit_state_bytes_by_name", "the memory check counts the optimizer state its spec says",
-           "shardtrain/trainer/memory_fit.py", "    state = spec.state_bytes + spec.master_bytes(param_bytes)\n",
-           "    state = {\"adam\": 8, \"adamw\": 8, \"cpu_adam\": 8, \"sgd\": 4}.get(cfg.components.optimizer, 0) + "
-           "spec.master_bytes(param_bytes)\n", (PLUGIN,)),
+           RANK, "    state = facts.spec.state_bytes + facts.spec.master_bytes(facts.param_bytes)\n",
+           "    state = {\"Adam\": 8, \"AdamW\": 8, \"CPUAdam\": 8, \"SGD\": 4}.get(facts.spec.cls.__name__, 0) + "
+           "facts.spec.master_bytes(facts.param_bytes)\n", (PLUGIN,)),
     Mutant("plan_comm_by_name", "the bytes a backend communicates come from its class", EST,
            "    total = facts.backend.bytes_communicated(cfg.distributed, world, count, facts.dtypes,\n",
            "    total = (facts.backend if facts.backend.shards_parameters else backend_class(\"pytorch_ddp\"))"

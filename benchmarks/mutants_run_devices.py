@@ -8,7 +8,8 @@ HOST = "tests/trainer/test_host_memory.py::"
 SNAP = "tests/trainer/test_spike_snapshot_memory.py::"
 ASYNC = "tests/trainer/test_async_save_memory.py::"
 LOOP, START, HM = "shardtrain/trainer/loop.py", "shardtrain/trainer/launch/start.py", "shardtrain/trainer/host_memory.py"
-FIT, EST = "shardtrain/trainer/memory_fit.py", "shardtrain/plan/estimate.py"
+FIT, EST = "shardtrain/trainer/memory/fit.py", "shardtrain/plan/estimate.py"
+RANK, FACTS = "shardtrain/trainer/memory/rank_memory.py", "shardtrain/trainer/memory/facts.py"
 VALIDATION = "shardtrain/trainer/validation.py"
 DROPOUT = DEV + "test_a_fixed_validation_seed_leaves_training_gpu_dropout_stream_alone"
 ONE_GPU = (DEV + "test_a_one_gpu_run_without_a_process_group_sets_its_device_before_main",
@@ -49,46 +50,37 @@ MUTANTS = [
            "        available, host_source = {\"host\": host.available}, \"MemAvailable\"",
            (HOST + "test_the_refusal_names_the_cgroup_limit_when_it_binds",)),
     Mutant("snapshot_not_checked", "the memory check counts --spike-rollback's snapshot",
-           FIT, "                    snapshots=1 if cfg.optimization.spike_rollback else 0,",
-           "                    snapshots=0,", (COUNTED,)),
+           FACTS, "first(cfg.optimization.update_freq), bool(cfg.optimization.spike_rollback))",
+           "first(cfg.optimization.update_freq), False)", (COUNTED,)),
     Mutant("offloaded_snapshot_on_the_gpu", "under --cpu-offload the snapshot of the state is in host memory",
-           "shardtrain/trainer/rank_memory.py", '        out[where] += copies * size\n',
+           RANK, '        out[where] += copies * size\n',
            '        out[where] += size\n        out["host" if device_type == "cpu" else "device"] += (copies - 1) * size\n',
-           (COUNTED,)),
+           (COUNTED, SNAP + "test_shard_plan_keeps_an_offloaded_runs_snapshot_of_the_state_in_host_memory")),
     Mutant("snapshot_buffers_follow_the_state", "the snapshot of the buffers stays on the GPU under --cpu-offload",
-           "shardtrain/trainer/rank_memory.py", '               "optimizer": optimizer_on_host, "master": optimizer_on_host}\n',
-           '               "optimizer": optimizer_on_host, "master": optimizer_on_host, "buffers": state_on_host}\n',
+           RANK, '"optimizer": optimizer_on_host, "master": optimizer_on_host}',
+           '"optimizer": optimizer_on_host, "master": optimizer_on_host, "buffers": state_on_host}',
            (COUNTED,)),
     Mutant("snapshot_once_per_host", "each rank on a host holds its own snapshot",
-           FIT, '    needs["host"] = (needs["host"] + est.staged) * ranks_on_host\n',
-           '    needs["host"] = (needs["host"] + est.staged) * ranks_on_host - (ranks_on_host - 1) * '
-           '(est.snapshot + est.snapshot_buffers)\n',
+           FIT, '    needs["host"] *= ranks_on_host\n',
+           '    needs["host"] = needs["host"] * ranks_on_host - (ranks_on_host - 1) * est.snapshot\n',
            (COUNTED,)),
     Mutant("plan_snapshot_not_counted", "shard-plan counts --spike-rollback's snapshot at the peak",
-           EST, "    peak += extra + runtime + snapshot", "    peak += extra + runtime",
+           RANK, "snapshots=1 if facts.snapshot else 0", "snapshots=0",
            tuple(SNAP + f"test_shard_plan_counts_the_snapshot[{d}]" for d in ("cpu", "cuda"))),
     Mutant("plan_snapshot_without_buffers", "shard-plan's snapshot copies the buffers too",
-           EST, 'snapshot = params + optimizer + master + kinds["buffers"] if', "snapshot = params + optimizer + master if",
+           RANK, 'SNAPSHOT_KINDS = ("params", "optimizer", "master", "buffers")',
+           'SNAPSHOT_KINDS = ("params", "optimizer", "master")',
            (SNAP + "test_shard_plan_counts_the_snapshot[cpu]",)),
-    Mutant("plan_offloaded_snapshot_on_the_gpu", "shard-plan keeps an offloaded run's snapshot of the state on the host",
-           EST, 'host = place(state, machine.device, facts.state_on_host, facts.optimizer_on_host, bool(snapshot))["host"]',
-           'host = place(state, machine.device, facts.state_on_host, facts.optimizer_on_host, False)["host"]',
-           (SNAP + "test_shard_plan_keeps_an_offloaded_runs_snapshot_of_the_state_in_host_memory",)),
     # issue 37, item 1: --async-save's pinned host copy of the state on the GPU, in the memory check
-    Mutant("fit_async_staging_not_counted", "the memory check counts --async-save's host copy of the state",
-           FIT, '    needs["host"] = (needs["host"] + est.staged) * ranks_on_host\n',
-           '    needs["host"] = needs["host"] * ranks_on_host\n',
-           (ASYNC + "test_the_memory_check_counts_the_async_save_host_copy_on_every_rank_of_the_node",)),
     Mutant("fit_async_staging_once_per_node", "every rank of a node keeps its own --async-save host copy",
-           FIT, '    needs["host"] = (needs["host"] + est.staged) * ranks_on_host\n',
-           '    needs["host"] = needs["host"] * ranks_on_host + est.staged\n',
+           FIT, '    needs["host"] *= ranks_on_host\n',
+           '    needs["host"] = (needs["host"] - est.staged) * ranks_on_host + est.staged\n',
            (ASYNC + "test_the_memory_check_counts_the_async_save_host_copy_on_every_rank_of_the_node",)),
     Mutant("fit_async_staging_not_estimated", "the run's estimate holds what --async-save stages",
-           FIT, '    est.staged = staged_bytes(facts, {"params": est.params, "optimizer": est.optimizer, "master": 0}, '
-           'device_type)\n', '    est.staged = 0\n',
+           RANK, "staged=staged, device_type=device_type,", "staged=0, device_type=device_type,",
            (ASYNC + "test_the_memory_check_counts_the_async_save_host_copy_on_every_rank_of_the_node",)),
     Mutant("async_staging_copies_host_state", "state in host memory is written live by --async-save, never copied",
-           "shardtrain/trainer/rank_memory.py",
+           RANK,
            '    return place(saved, device_type, facts.state_on_host, facts.optimizer_on_host, snapshot=False)["device"]\n',
            '    return sum(saved.values())\n', (ASYNC + "test_state_in_host_memory_is_written_live_so_nothing_is_staged",)),
 ]

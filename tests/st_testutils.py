@@ -264,3 +264,20 @@ def train_both_forms(data_bin: str, root, *flags: str) -> dict:
         train.main([data_bin, *tiny_model_flags(), "--cpu", "--ddp-backend", backend, "--save-dir", out[backend],
                     "--log-format", "none", *flags])
     return out
+
+
+def fit_estimate(cfg, task=None, shards: int = 1, device: str = "cpu", on_host: bool = False,
+                 activations: bool = False):
+    """The fit check's estimate (trainer/memory/fit.estimate) of one rank of ``cfg`` with each parameter split over
+    ``shards`` ranks, on a ``device`` device, its state and optimizer state in host memory when ``on_host``
+    (--cpu-offload's placement); ``task``: built from ``cfg`` when None."""
+    import dataclasses
+
+    from shardtrain.trainer.memory.facts import run_facts
+    from shardtrain.trainer.memory.fit import estimate
+    from shardtrain.trainer.resolved import Components, build_task
+
+    components = Components.of(cfg)
+    facts = dataclasses.replace(run_facts(cfg, components, 1, 1), shards=shards)
+    est = estimate(cfg, components, task or build_task(cfg, components), facts, device, activations=activations)
+    return dataclasses.replace(est, state_on_host=on_host, optimizer_on_host=on_host)

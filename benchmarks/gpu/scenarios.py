@@ -7,7 +7,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 from runs import train
-from shardtrain.trainer.memory_fit import host_available_bytes
+from shardtrain.trainer.memory.fit import host_available_bytes
 from shardtrain.trainer.metrics.flops import gpu_peak_tflops
 
 Result = Tuple[str, float, str]  # name, value, target ("<=1.10", ">=0.40", "": a figure, no target)

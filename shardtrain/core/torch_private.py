@@ -74,6 +74,24 @@ def memory_tracker(model, optimizer, fsdp: bool):
     return tracker
 
 
+def reset_tracker_peak(tracker) -> None:
+    """Make the peak of a ``memory_tracker`` (entered) what is live now: a later ``get_tracker_snapshot("peak")``
+    holds only what came after. shard-plan keeps a step's second update: the first also sets up what the second
+    reuses (on FSDP2's shards of fake tensors, its optimizer step held ten times the parameters' bytes as
+    optimizer state at once, measured with torch 2.13; the second step of the same shapes, two).
+
+    Why private: torch's trackers reset their peak only when entered (``MemTracker.__enter__``), and leaving and
+    entering again would drop the hooks that tell parameters, gradients and optimizer state apart."""
+    try:
+        from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+    except ImportError:
+        raise _moved("torch.distributed._tools.mem_tracker._TOTAL_KEY", "to plan memory (shard-plan)") from None
+    if not (hasattr(tracker, "_peak_mem") and hasattr(tracker, "_peak_mem_snap")):
+        raise _moved("MemTracker._peak_mem and _peak_mem_snap", "to plan memory (shard-plan)")
+    tracker._peak_mem_snap = tracker.get_tracker_snapshot()
+    tracker._peak_mem = {dev: snap[_TOTAL_KEY] for dev, snap in tracker._peak_mem_snap.items()}
+
+
 def init_fake_process_group(world_size: int, rank: int = 0) -> None:
     """This process as ``rank`` of ``world_size`` on torch's fake process group: collectives return
     at once with outputs of the right shapes, so FSDP2 can be set up for any world size here.

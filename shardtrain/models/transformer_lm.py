@@ -68,7 +68,7 @@ class TransformerLanguageModel(nn.Module):
     key), so pad-key masking is dropped in exchange for ``is_causal`` kernels.
     """
 
-    #: the config field that counts the identical blocks (memory_fit extrapolates from one and two)
+    #: the config field that counts the identical blocks (trainer/memory/layers.py extrapolates from one and two)
     repeated_layers_field = "decoder_layers"
 
     def __init__(self, cfg, vocab_size: int, padding_idx: int, max_positions: int):

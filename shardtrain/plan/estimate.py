@@ -1,16 +1,11 @@
 """From a traced step to one rank's memory on each device, bytes communicated and seconds per
 update.
 
-Memory: the trace's peak by kind (shardtrain.plan.trace), plus what the tracker cannot see, each
-from the run's classes (trainer/rank_memory.py, which the pre-launch fit check shares): the
-backend's own gradient copies (DDP's buckets unless --gradient-as-bucket-view, legacy_ddp's flat
-all-reduce buffer), the gradients --update-freq keeps between micro-batches, and ZeRO's division of
-the optimizer state. On a GPU run each kind is placed where the run keeps it: the optimizer state
-(and fp32 master copies) in host memory where the optimizer steps there (cpu_adam) or the backend
-offloads it (--cpu-offload), the parameter and gradient shards too where the backend offloads; the
-rest on the GPU. --spike-rollback's snapshot (trainer/spike.py: a copy of the parameters, buffers
-and optimizer state, held through every step) lies beside what it copies. --async-save's stager keeps a
-pinned host copy of the state the rank holds on its GPU for the whole run (rank_memory.staged_bytes).
+Memory is the pre-launch fit check's estimator (trainer/memory/rank_memory.py) fed the trace's peak by kind
+(shardtrain.plan.trace) instead of a count: what the tracker cannot see (the backend's gradient copies, the
+gradients --update-freq keeps, ZeRO's division of the optimizer state, --spike-rollback's snapshot, --async-save's
+host copy) and where each kind lives are added there, from the run's classes, plus the kernels' own buffers
+(RUNTIME_BYTES). This module prices the time of an update on top of it.
 
 Time, with no overlap assumed (an upper bound where the backend overlaps communication with
 compute), each piece priced on the device that runs it: the model's FLOPs at the matmul speed
@@ -31,7 +26,8 @@ import torch
 
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.parallel.choose import backend_class
-from shardtrain.trainer.rank_memory import RunFacts, gradient_copy_bytes, place, run_facts, staged_bytes
+from shardtrain.trainer.memory.facts import RunFacts, run_facts
+from shardtrain.trainer.memory.rank_memory import RankMemory, rank_memory
 from shardtrain.trainer.resolved import Components
 
 MIB = 2 ** 20
@@ -71,23 +67,33 @@ class Machine:
 
 @dataclasses.dataclass
 class Estimate:
-    """One rank of one configuration."""
-    params: int
-    grads: int
-    optimizer: int
-    master: int
-    activations: int
-    fsdp_buffers: int
-    temporaries: int
-    extra: int  # DDP buckets, legacy_ddp's flat buffer
-    runtime: int  # kernels' own buffers (RUNTIME_BYTES)
-    snapshot: int  # --spike-rollback's copy of the parameters, buffers and optimizer state (0 without it)
-    staged: int  # --async-save's host copy of the state on the GPU, held for the run (0 without it)
-    gpu_peak: Optional[int]
-    host_peak: int  # this rank's; the node holds ranks_per_node of them
+    """One rank of one configuration: its memory (the one estimator's, trainer/memory) and its time, built on it."""
+    memory: RankMemory
     comm_bytes: int
     offload_bytes: int
     step_seconds: Dict[str, float]
+
+    # The memory figures as the printout names them.
+    params = property(lambda self: self.memory.params)
+    grads = property(lambda self: self.memory.grads)
+    optimizer = property(lambda self: self.memory.optimizer)
+    master = property(lambda self: self.memory.master)
+    activations = property(lambda self: self.memory.activations)
+    fsdp_buffers = property(lambda self: self.memory.gathered)
+    temporaries = property(lambda self: self.memory.temporaries)
+    extra = property(lambda self: self.memory.extra)  # DDP buckets, legacy_ddp's flat buffer
+    runtime = property(lambda self: self.memory.runtime)  # kernels' own buffers (RUNTIME_BYTES)
+    snapshot = property(lambda self: self.memory.snapshot)  # --spike-rollback's copy (0 without it)
+    staged = property(lambda self: self.memory.staged)  # --async-save's host copy of the state on the GPU
+
+    @property
+    def gpu_peak(self) -> Optional[int]:
+        return None if self.memory.device_type == "cpu" else self.memory.placed()["device"]
+
+    @property
+    def host_peak(self) -> int:
+        """This rank's; the node holds ranks_per_node of them."""
+        return self.memory.placed()["host"]
 
     @property
     def seconds(self) -> float:
@@ -109,35 +115,15 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
              machine: Machine, block_share: float = 1.0) -> Estimate:
     """``kinds``: the traced peak (traced_peak); ``count``: the model's parameters;
     ``flops_per_token``: its training FLOPs per token; ``tokens``: a micro-batch's; ``block_share``: the share
-    of the parameters in the model's repeated blocks (memory_fit.block_share)."""
+    of the parameters in the model's repeated blocks (trainer/memory/model_sizes.block_share)."""
     facts = run_facts(cfg, Components.of(cfg), machine.world_size, machine.ranks_per_node)  # an option's own
-    dtypes, shard = facts.dtypes, facts.shards
-    params = kinds["params"]
-    grads = count * facts.param_bytes // shard
-    master = min(kinds["optimizer"], count * facts.spec.master_bytes(facts.param_bytes) // shard)  # traced in it
-    optimizer = kinds["optimizer"] - master
-    optimizer, master = optimizer // facts.zero_shards, master // facts.zero_shards  # ZeRO: the trace's is whole
-    peak = sum(kinds.values()) - (kinds["optimizer"] - optimizer - master)
-    if facts.update_freq > 1:  # the first micro-batches' gradients stay through the last
-        peak += max(0, grads - kinds["grads"])
-    extra = gradient_copy_bytes(facts, grads, params + optimizer + master + kinds["buffers"] + grads, peak)
-    runtime = RUNTIME_BYTES[(machine.device, dtypes.compute is not None)]
-    snapshot = params + optimizer + master + kinds["buffers"] if cfg.optimization.spike_rollback else 0
-    peak += extra + runtime + snapshot
-    state = {"params": params, "grads": grads, "optimizer": optimizer, "master": master}
-    host = place(state, machine.device, facts.state_on_host, facts.optimizer_on_host, bool(snapshot))["host"]
-    gpu_peak = None if machine.device == "cpu" else peak - host
-    staged = staged_bytes(facts, state, machine.device)
-    host = (peak if machine.device == "cpu" else host) + staged
+    memory = rank_memory(facts, count, kinds, machine.device,
+                         runtime=RUNTIME_BYTES[(machine.device, facts.dtypes.compute is not None)])
     comm, offload = _comm_bytes(cfg, count, facts, machine), _offload_bytes(cfg, count, facts, machine)
     return Estimate(
-        params=params, grads=grads, optimizer=optimizer, master=master, activations=kinds["activations"],
-        fsdp_buffers=kinds["gathered_params"] + kinds["gathered_grads"] + kinds["comm_buffers"],
-        temporaries=kinds["temporaries"], extra=extra, runtime=runtime, snapshot=snapshot, staged=staged,
-        gpu_peak=gpu_peak, host_peak=host,
-        comm_bytes=comm, offload_bytes=offload,
-        step_seconds=_seconds(cfg, facts.update_freq, count, flops_per_token * tokens, dtypes, machine, comm, offload,
-                              shard * facts.zero_shards,
+        memory=memory, comm_bytes=comm, offload_bytes=offload,
+        step_seconds=_seconds(cfg, facts.update_freq, count, flops_per_token * tokens, facts.dtypes, machine, comm,
+                              offload, facts.shards * facts.zero_shards,
                               block_share if steps_during_backward(cfg, facts, machine) else None))
 
 

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from shardtrain.config.overridden import with_overrides
 from shardtrain.core.errors import ConfigError
 from shardtrain.plan.estimate import Estimate, Machine
 from shardtrain.trainer import loop
@@ -136,19 +137,14 @@ def measure_in_subprocess(cfgs: List, updates: int = 4, timeout: float = 1800) -
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
         for i, cfg in enumerate(cfgs):
-            run = cfg.copy()
-            OmegaConf.set_readonly(run, False)
-            run.optimization.max_update = updates
             # A scratch save dir (removed with ``tmp``) and the default restore file in it: a user's checkpoints
             # (``checkpoints/`` in the cwd, by default) are never resumed, nor their run's lock taken. Resuming one
-            # trained 0 updates and measured nothing.
-            run.checkpoint.save_dir = os.path.join(tmp, "checkpoints")
-            run.checkpoint.restore_file = "checkpoint_last.pt"
-            run.checkpoint.no_save = True
-            run.common.tensorboard_logdir = None  # nor a user's logs written to
-            run.common.log_file = None
-            run.dataset.disable_validation = True
-            run.common.log_format = "none"
+            # trained 0 updates and measured nothing. Nor are a user's logs written to.
+            run = with_overrides(cfg, {
+                "optimization.max_update": updates, "checkpoint.save_dir": os.path.join(tmp, "checkpoints"),
+                "checkpoint.restore_file": "checkpoint_last.pt", "checkpoint.no_save": True,
+                "common.tensorboard_logdir": None, "common.log_file": None, "dataset.disable_validation": True,
+                "common.log_format": "none"})
             paths.append(os.path.join(tmp, f"config{i}.yaml"))
             OmegaConf.save(run, paths[-1])
         done = subprocess.run([sys.executable, "-m", "shardtrain.plan.measure", *paths], capture_output=True,

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Tuple
 
 from omegaconf import OmegaConf
 
+from shardtrain.config.overridden import with_overrides
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.parallel.choose import backend_class, distinct_backends
 from shardtrain.trainer.precision.choose import DEFAULT, all_flags, chosen, kinds_with
@@ -35,11 +36,7 @@ class Option:
     overrides: Tuple[Tuple[str, Any], ...]
 
     def apply(self, cfg):
-        cfg = cfg.copy()
-        OmegaConf.set_readonly(cfg, False)
-        for key, value in self.overrides:
-            OmegaConf.update(cfg, key, value, merge=False)
-        return cfg
+        return with_overrides(cfg, dict(self.overrides))
 
 
 def as_given() -> Option:

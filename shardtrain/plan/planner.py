@@ -5,14 +5,14 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-from omegaconf import OmegaConf
 
 from shardtrain.core.errors import ConfigError
-from shardtrain.models.capabilities import repeated_layers_field
 from shardtrain.plan.estimate import GPU_MEMORY_GBPS, Estimate, Machine, estimate
 from shardtrain.plan.options import Option, alternatives, as_given, trace_key
 from shardtrain.plan.trace import batch_shape, traced_peak
-from shardtrain.trainer.memory_fit import block_share, host_available_bytes, model_sizes
+from shardtrain.trainer.memory.fit import host_available_bytes
+from shardtrain.trainer.memory.layers import extrapolated
+from shardtrain.trainer.memory.model_sizes import block_share, model_sizes
 from shardtrain.trainer.metrics.flops import measured_peak_tflops, model_flops_per_token
 from shardtrain.trainer.resolved import Components, build_model, build_task
 
@@ -165,21 +165,11 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
 def _flops_per_token(cfg, components: Components, task, length: int) -> float:
     """The model's own count, from meta builds with one and two layers (extrapolated, as deep
     models take long to build even on meta)."""
-    layers_field = repeated_layers_field(components.model)
-
-    def count(layers: Optional[int]) -> float:
-        variant = cfg.copy()
-        if layers is not None:
-            OmegaConf.set_readonly(variant, False)
-            variant.model[layers_field] = layers
+    def count(variant) -> Dict[str, float]:
         with torch.device("meta"):
-            return model_flops_per_token(build_model(variant, components, task), length)
+            return {"flops": model_flops_per_token(build_model(variant, components, task), length)}
 
-    layers = cfg.model[layers_field] if layers_field else None
-    if not layers or layers <= 2:
-        return count(None)
-    one, two = count(1), count(2)
-    return one + (layers - 1) * (two - one)
+    return extrapolated(cfg, components, count, whole_up_to=2)["flops"]
 
 
 def fits(est: Estimate, machine: Machine, headroom: float) -> bool:

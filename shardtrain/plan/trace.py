@@ -12,10 +12,10 @@ runs one micro-batch; the gradients that --update-freq keeps between micro-batch
 estimate. Nothing is allocated, so a 13B model on 64 ranks is planned on a laptop.
 
 What the tracker cannot see is added by ``shardtrain.plan.estimate`` from the classes' own facts
-(trainer/rank_memory.py): a backend's gradient copies (DDP's buckets, legacy_ddp's flat buffer), the
+(trainer/memory/rank_memory.py): a backend's gradient copies (DDP's buckets, legacy_ddp's flat buffer), the
 gradients kept between micro-batches, ZeRO's sharding of the optimizer state, and which device each
 kind lives on. Models with many identical blocks are traced with one and two blocks and extrapolated
-(as memory_fit does): a deep model's trace would otherwise take minutes.
+(trainer/memory/layers.py, as the fit check is): a deep model's trace would otherwise take minutes.
 """
 import contextlib
 import logging
@@ -23,16 +23,16 @@ from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 from torch.distributed.fsdp import FSDPModule
 
 from shardtrain.core.torch_private import (
-    fake_tensor_mode, init_fake_process_group, memory_tracker, outside_fake_tensor_mode,
+    fake_tensor_mode, init_fake_process_group, memory_tracker, outside_fake_tensor_mode, reset_tracker_peak,
 )
-from shardtrain.models.capabilities import repeated_layers_field
+from shardtrain.config.overridden import with_overrides
 from shardtrain.plan import many_ranks
 from shardtrain.trainer import build
 from shardtrain.trainer.launch.start import DistributedContext
+from shardtrain.trainer.memory.layers import extrapolated
 from shardtrain.trainer.parallel.choose import backend_class, build_backend
 from shardtrain.trainer.parallel.prepare import prepare_run_model
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
@@ -55,22 +55,13 @@ def traced_peak(cfg, task, world_size: int, ranks_per_node: Optional[int] = None
     """Bytes by kind at one rank's peak of a training step of ``cfg`` on ``world_size`` ranks,
     ``ranks_per_node`` a node (default: all on one)."""
     ranks_per_node = ranks_per_node or world_size
-    layers_field = repeated_layers_field(Components.of(cfg).model)
-    layers = cfg.model[layers_field] if layers_field else None
-    checkpoints_some = (checkpoint_every(cfg.distributed) or 1) > 1
-    if not layers or layers <= 2 or checkpoints_some:
-        return _traced(cfg, task, world_size, ranks_per_node)
-    one, two = (_traced(_variant(cfg, {f"model.{layers_field}": n}), task, world_size, ranks_per_node)
-                for n in (1, 2))
-    return {k: max(0, one[k] + (layers - 1) * (two[k] - one[k])) for k in one}
 
+    def trace(variant) -> Dict[str, int]:
+        return _traced(variant, task, world_size, ranks_per_node)
 
-def _variant(cfg, overrides: Dict[str, object]):
-    cfg = cfg.copy()
-    OmegaConf.set_readonly(cfg, False)
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value, merge=False)
-    return cfg
+    if (checkpoint_every(cfg.distributed) or 1) > 1:  # checkpointing every few layers: not a straight line
+        return trace(cfg)
+    return {k: max(0, v) for k, v in extrapolated(cfg, Components.of(cfg), trace, whole_up_to=2).items()}
 
 
 def batch_shape(cfg, task):
@@ -109,7 +100,7 @@ def _trace(cfg, task, world_size: int, ranks_per_node: int) -> Dict[str, int]:
 def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
     """The kinds at one rank's peak on ``sizes.world`` fake ranks, and the parameters' shard_rows. The
     optimizer is the plain one: ZeRO's sharding of its state is applied by estimate."""
-    cfg = _variant(cfg, {"distributed.shard_group_size": sizes.group, "distributed.zero_sharding": "none"})
+    cfg = with_overrides(cfg, {"distributed.shard_group_size": sizes.group, "distributed.zero_sharding": "none"})
     components, dtypes = Components.of(cfg), run_dtypes(cfg)
     criterion = build_criterion(cfg, components, task)
     rows = []
@@ -155,6 +146,7 @@ def _peak_of_two_updates(model, optimizer, criterion, precision, sample) -> Dict
             optimizer.zero_grad(set_to_none=True)
             if update == 0:
                 tracker.reset_mod_stats()
+                reset_tracker_peak(tracker)  # the second update's peak: the first's sets up what it reuses
     return tracker.get_tracker_snapshot("peak").get(CPU, {})
 
 

@@ -11,7 +11,7 @@ import torch
 
 from shardtrain.config.epoch_lists import first
 from shardtrain.trainer import build
-from shardtrain.trainer.memory_fit import one_layer_config
+from shardtrain.trainer.memory.layers import one_layer_config
 from shardtrain.trainer.metrics.tensorboard import TensorboardWriter
 from shardtrain.trainer.resolved import Components, build_criterion, build_task
 

@@ -23,7 +23,7 @@ from shardtrain.trainer.launch.preemption import PreemptionWatcher
 from shardtrain.trainer.metrics.progress import build_progress_bar
 from shardtrain.trainer.metrics.tensorboard import TensorboardWriter
 from shardtrain.trainer.checkpoint.resume import restore
-from shardtrain.trainer.memory_fit import check_run_fits
+from shardtrain.trainer.memory.fit import check_run_fits
 from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token, peak_tflops
 from shardtrain.trainer.metrics.run_metrics import RunMetrics
 from shardtrain.trainer.parallel.base import unwrap

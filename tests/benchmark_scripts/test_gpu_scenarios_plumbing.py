@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from shardtrain.config.run_config import parse_train_args
-from shardtrain.trainer import memory_fit
+from shardtrain.trainer.memory import fit as memory_fit
 from shardtrain.trainer.build import build_lr_scheduler
 from shardtrain.trainer.resolved import Components
 

@@ -28,7 +28,8 @@ SCRIPT = """
 import json, sys
 from shardtrain.cli import plan, train
 from shardtrain.config.run_config import parse_train_args
-from shardtrain.trainer.memory_fit import estimate
+from shardtrain.trainer.memory.facts import run_facts
+from shardtrain.trainer.memory.fit import estimate
 from shardtrain.trainer.resolved import Components, build_task
 
 flags, save_dir = sys.argv[1:-1], sys.argv[-1]
@@ -36,7 +37,8 @@ train.main(flags + ["--batch-size", "4", "--max-update", "3", "--no-save", "--di
                     "--log-format", "none", "--save-dir", save_dir])
 used = dict(sys.modules["facts_plugin"].USED)
 cfg = parse_train_args(flags)
-fit = estimate(cfg, Components.of(cfg), build_task(cfg, Components.of(cfg)), param_bytes=4, shards=1, optimizer_shards=1)
+components = Components.of(cfg)
+fit = estimate(cfg, components, build_task(cfg, components), run_facts(cfg, components, 1, 1), "cpu", activations=False)
 planned = plan.main(flags + ["--distributed-world-size", "2", "--gpu-memory", "80", "--peak-tflops", "100",
                              "--host-memory", "100"])
 gpu = planned.given.estimate

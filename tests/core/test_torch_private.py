@@ -89,6 +89,20 @@ def test_the_memory_tracker_sees_fake_tensors_by_kind():
     assert peak["Parameter"] == weight and peak["Optstate"] >= 2 * weight
 
 
+def test_a_trackers_peak_starts_again_from_what_is_live():
+    tracker = torch_private.memory_tracker(torch.nn.Linear(2, 2), None, fsdp=False)
+    cpu = torch.device("cpu")
+    with tracker:
+        big = torch.ones(2 ** 20)  # 4 MiB, freed before the reset
+        del big
+        torch_private.reset_tracker_peak(tracker)
+        small = torch.ones(1024)
+        assert tracker.get_tracker_snapshot("peak")[cpu]["Total"] < 2 ** 20
+        del small
+    with pytest.raises(RuntimeError, match="no longer provides MemTracker._peak_mem"):
+        torch_private.reset_tracker_peak(object())
+
+
 def test_a_fake_process_group_of_any_size():
     import torch.distributed as dist
 

@@ -23,10 +23,9 @@ import gpu_runs
 from conftest import needs_gpus
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer import loop, validation
-from shardtrain.trainer.resolved import Components, build_task
 from shardtrain.trainer.launch.start import make_context
-from shardtrain.trainer.memory_fit import estimate, host_available_bytes
-from st_testutils import json_records
+from shardtrain.trainer.memory.fit import host_available_bytes
+from st_testutils import fit_estimate, json_records
 
 DEVICE_MESH_WARNING = "did not set/select the default device"
 
@@ -127,10 +126,10 @@ def test_the_snapshot_lies_where_the_memory_check_counts_it(data, tmp_path, offl
     flags = ["--ddp-backend", "fully_sharded", "--cpu-offload"] if offload else []
     cfg = parse_train_args([data, *gpu_runs.MODEL, "--optimizer", "adam", "--spike-rollback", "--no-save",
                             "--save-dir", str(tmp_path / "ck"), "--max-update", "1", *flags])
-    est = estimate(cfg, Components.of(cfg), build_task(cfg, Components.of(cfg)), param_bytes=4, shards=1, optimizer_shards=1)
-    assert est.snapshot > 0 and est.snapshot_buffers > 0
-    expected = ({"cpu": est.snapshot, "cuda": est.snapshot_buffers} if offload
-                else {"cpu": 0, "cuda": est.snapshot + est.snapshot_buffers})
+    est = fit_estimate(cfg)
+    assert est.snapshot_state > 0 and est.snapshot_buffers > 0
+    expected = ({"cpu": est.snapshot_state, "cuda": est.snapshot_buffers} if offload
+                else {"cpu": 0, "cuda": est.snapshot_state + est.snapshot_buffers})
     assert _snapshot_bytes_by_device(cfg) == expected
 
 

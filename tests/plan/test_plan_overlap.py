@@ -7,7 +7,8 @@ import torch
 from shardtrain.plan import measure
 from shardtrain.plan.estimate import Estimate, Machine, estimate
 from shardtrain.trainer.launch.start import call_main
-from shardtrain.trainer.memory_fit import block_share
+from shardtrain.trainer.memory.model_sizes import block_share
+from shardtrain.trainer.memory.rank_memory import RankMemory
 from shardtrain.trainer.resolved import Components, build_model, build_task
 from st_testutils import make_space_data_bin, tiny_plan_cfg
 
@@ -92,10 +93,10 @@ def test_the_blocks_share_of_the_parameters(data):
 
 
 def test_verify_prints_each_field_measured_beside_predicted(monkeypatch):
-    planned = Estimate(params=0, grads=0, optimizer=0, master=0, activations=0, fsdp_buffers=0, temporaries=0,
-                       extra=0, runtime=0, snapshot=0, staged=0, gpu_peak=None, host_peak=2 ** 30, comm_bytes=0,
-                       offload_bytes=0, step_seconds={"compute": 0.5, "communication": 0.0, "optimizer": 2.0,
-                                                      "offload": 0.0, "hidden": -0.25})
+    memory = RankMemory(params=2 ** 30, grads=0, optimizer=0, master=0, buffers=0, activations=0, grads_at_peak=0)
+    planned = Estimate(memory=memory, comm_bytes=0, offload_bytes=0,
+                       step_seconds={"compute": 0.5, "communication": 0.0, "optimizer": 2.0, "offload": 0.0,
+                                     "hidden": -0.25})
     measured = {"offload_fwd_bwd": 0.75, "offload_upload": 0.125, "offload_grad_wait": 0.0625,
                 "offload_cpu_step": 2.5, "offload_step_exposed": 2.0, "offload_hidden": 20.0}
     monkeypatch.setattr(measure, "measure_in_subprocess", lambda cfgs: [
@@ -152,7 +153,7 @@ def test_the_printout_says_how_much_of_the_cpu_step_hides(data, capsys, monkeypa
 @pytest.mark.parametrize("update_freq", [[3], 3, [3, 1]])  # as parsed, as a program sets it, per epoch
 def test_the_run_facts_read_the_first_epochs_update_freq_in_any_form(data, update_freq):
     from omegaconf import OmegaConf
-    from shardtrain.trainer.rank_memory import run_facts
+    from shardtrain.trainer.memory.facts import run_facts
     cfg = tiny_plan_cfg(data)
     OmegaConf.set_readonly(cfg, False)
     cfg.optimization.update_freq = update_freq

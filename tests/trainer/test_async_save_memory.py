@@ -17,8 +17,8 @@ from shardtrain.plan.estimate import Machine
 from shardtrain.plan.estimate import estimate as plan_estimate
 from shardtrain.plan.options import Option
 from shardtrain.plan.planner import fits
-from shardtrain.trainer.memory_fit import check_fits, memory_needs, run_estimate
-from shardtrain.trainer.rank_memory import run_facts
+from shardtrain.trainer.memory.facts import run_facts
+from shardtrain.trainer.memory.fit import check_fits, estimate, memory_needs
 from shardtrain.trainer.resolved import Components, build_task
 from st_testutils import make_space_data_bin
 
@@ -39,12 +39,12 @@ def _fit_estimate(data, *flags, device="cuda"):
     cfg = parse_train_args([data, *MODEL, *flags])
     components = Components.of(cfg)
     facts = run_facts(cfg, components, 2, 2)
-    return run_estimate(cfg, components, build_task(cfg, components), facts, device), facts
+    return estimate(cfg, components, build_task(cfg, components), facts, device), facts
 
 
 def _host(data, *flags, device=CUDA):
     est, facts = _fit_estimate(data, *flags, device=device.type)
-    return memory_needs(est, device, 2, facts.state_on_host, facts.optimizer_on_host)
+    return memory_needs(est, 2)
 
 
 def test_the_memory_check_counts_the_async_save_host_copy_on_every_rank_of_the_node(data):
@@ -54,8 +54,7 @@ def test_the_memory_check_counts_the_async_save_host_copy_on_every_rank_of_the_n
     assert staged["host"] - plain["host"] == 2 * STAGED == 10_272  # both ranks' copies, in the node's memory
     assert staged["device"] == plain["device"]  # the GPU keeps what it had
     with pytest.raises(ConfigError, match=r"--async-save's host copy of the state .*leave out --async-save"):
-        check_fits(est, CUDA, 2, state_on_host=False, available={"host": plain["host"] + STAGED,
-                                                                 "device": 2 ** 40})
+        check_fits(est, 2, available={"host": plain["host"] + STAGED, "device": 2 ** 40})
 
 
 def test_state_in_host_memory_is_written_live_so_nothing_is_staged(data):

@@ -5,12 +5,12 @@ numbers written down."""
 import types
 
 import pytest
-import torch
 
 from shardtrain.core.errors import ConfigError
-from shardtrain.trainer import memory_fit
+from shardtrain.trainer.memory import fit as memory_fit
 from shardtrain.trainer.host_memory import host_memory
-from shardtrain.trainer.memory_fit import Estimate, check_fits, host_available_bytes
+from shardtrain.trainer.memory.fit import check_fits, host_available_bytes
+from shardtrain.trainer.memory.rank_memory import RankMemory
 
 GIB = 2 ** 30
 V1_UNLIMITED = 9223372036854771712  # what cgroup v1 reads without a limit (on 4 KiB pages)
@@ -96,12 +96,13 @@ def test_the_refusal_names_the_cgroup_limit_when_it_binds(tmp_path, monkeypatch)
     root = tree(tmp_path, cgroup=["0::/job"],
                 files={"job/memory.max": str(8 * GIB), "job/memory.current": str(2 * GIB)})
     monkeypatch.setattr(memory_fit, "host_memory", lambda *args: host_memory(root))
-    est = Estimate(params=4 * GIB, grads=2 * GIB, optimizer=4 * GIB, buffers=0, bookkeeping=0)
+    est = RankMemory(params=4 * GIB, grads=2 * GIB, optimizer=4 * GIB, master=0, buffers=0, activations=0,
+                     grads_at_peak=2 * GIB)
     with pytest.raises(ConfigError, match=r"host memory available \(the cgroup memory limit: memory.max 8.0 GiB "
                                           r"in .*job, 2.0 GiB of it in use; MemAvailable 16.0 GiB\) is 6.0 GiB"):
-        check_fits(est, torch.device("cpu"), 1, state_on_host=False)
+        check_fits(est, 1)
     with pytest.raises(ConfigError, match=r"host memory available \(MemAvailable\) is 9.0 GiB"):
-        check_fits(est, torch.device("cpu"), 1, state_on_host=False, available={"host": 9 * GIB})
+        check_fits(est, 1, available={"host": 9 * GIB})
 
 
 def test_shard_plan_defaults_to_the_cgroup_limited_host_memory(tmp_path, monkeypatch):

@@ -7,7 +7,9 @@ from shardtrain.config.run_config import parse_train_args
 from shardtrain.config.components import resolve
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.resolved import Components, build_model, build_task
-from shardtrain.trainer.memory_fit import _meta_sizes, check_fits, estimate, model_sizes
+from shardtrain.trainer.memory.fit import check_fits
+from shardtrain.trainer.memory.model_sizes import _meta_sizes, model_sizes
+from st_testutils import fit_estimate
 
 GIB = 2 ** 30
 SMALL = ["--arch", "transformer_lm", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
@@ -38,30 +40,30 @@ def test_the_largest_model_recipe_fits_24_gib(gpt2_vocab):
     cpu_adam with fp16 moments, --bf16: accepted on 24 GiB; the same on 12 GiB is refused."""
     cfg, task = config_and_task(gpt2_vocab, "--arch", "transformer_lm_gpt3_xl", "--tokens-per-sample", "512",
                                 "--optimizer", "cpu_adam", "--fp16-adam-stats", "--bf16")
-    est = estimate(cfg, Components.of(cfg), task, param_bytes=4, shards=2, optimizer_shards=2)
+    est = fit_estimate(cfg, task, shards=2, on_host=True)
     assert 1.2e9 < est.params / 2 < 1.4e9  # fp32 parameters, halved by the sharding
-    check_fits(est, torch.device("cpu"), 2, state_on_host=True, available={"host": 24 * GIB})
+    check_fits(est, 2, available={"host": 24 * GIB})
     with pytest.raises(ConfigError, match=r"per rank, 2 ranks on this machine"):
-        check_fits(est, torch.device("cpu"), 2, state_on_host=True, available={"host": 12 * GIB})
+        check_fits(est, 2, available={"host": 12 * GIB})
 
 
 def test_many_small_blocks_count_their_tensors(gpt2_vocab):
     """The red team's --decoder-layers 100000 at width 32: 12.7 GiB of numbers, yet it grew past
     22 GB resident here: 1.2M parameter tensors cost more than their data."""
     cfg, task = config_and_task(gpt2_vocab, *SMALL, "--decoder-layers", "100000", "--optimizer", "adam")
-    est = estimate(cfg, Components.of(cfg), task, param_bytes=4, shards=1, optimizer_shards=1)
+    est = fit_estimate(cfg, task)
     assert est.state < 16 * GIB
     with pytest.raises(ConfigError, match=r"tensor bookkeeping \d"):
-        check_fits(est, torch.device("cpu"), 1, state_on_host=False, available={"host": 16 * GIB})
+        check_fits(est, 1, available={"host": 16 * GIB})
 
 
 def test_on_a_gpu_the_state_goes_where_the_flags_put_it(gpt2_vocab):
     cfg, task = config_and_task(gpt2_vocab, "--arch", "transformer_lm_gpt3_xl", "--tokens-per-sample", "512")
-    est = estimate(cfg, Components.of(cfg), task, param_bytes=4, shards=1, optimizer_shards=1)  # ~21 GB with Adam
-    cuda = torch.device("cuda", 0)
+    est = fit_estimate(cfg, task, device="cuda")  # ~21 GB with Adam
     with pytest.raises(ConfigError, match="free memory of the device"):
-        check_fits(est, cuda, 1, state_on_host=False, available={"host": 100 * GIB, "device": 16 * GIB})
-    check_fits(est, cuda, 1, state_on_host=True, available={"host": 100 * GIB, "device": 16 * GIB})  # offloaded
+        check_fits(est, 1, available={"host": 100 * GIB, "device": 16 * GIB})
+    offloaded = fit_estimate(cfg, task, device="cuda", on_host=True)
+    check_fits(offloaded, 1, available={"host": 100 * GIB, "device": 16 * GIB})
 
 
 def _real_saved_bytes(model, length: int) -> int:
@@ -89,7 +91,7 @@ def test_activations_of_one_sequence_are_a_close_lower_bound(gpt2_vocab, flags):
     leaves the RNG as it was (a run's random numbers do not depend on it)."""
     cfg, task = config_and_task(gpt2_vocab, *SMALL, "--tokens-per-sample", "256", *flags)
     state = torch.get_rng_state()
-    est = estimate(cfg, Components.of(cfg), task, param_bytes=4, shards=1, optimizer_shards=1, activations=True)
+    est = fit_estimate(cfg, task, activations=True)
     assert torch.equal(torch.get_rng_state(), state)
     real = _real_saved_bytes(build_model(cfg, Components.of(cfg), task), 256)
     assert 0.8 * real <= est.activations <= real
@@ -99,9 +101,9 @@ def test_activations_refuse_the_red_teams_hundred_thousand_layers(gpt2_vocab):
     """--decoder-layers 100000 at width 32 has 18.5 GiB of state and bookkeeping, which a 21 GiB machine
     accepted before the activations were counted; one sequence's activations alone are over 100 GiB."""
     cfg, task = config_and_task(gpt2_vocab, *SMALL, "--decoder-layers", "100000", "--optimizer", "adam")
-    est = estimate(cfg, Components.of(cfg), task, param_bytes=4, shards=1, optimizer_shards=1, activations=True)
+    est = fit_estimate(cfg, task, activations=True)
     assert est.state + est.bookkeeping < 21 * GIB < est.activations
     with pytest.raises(ConfigError, match=r"activations of one sequence \d+\.\d GiB.*--checkpoint-activations"):
-        check_fits(est, torch.device("cpu"), 1, state_on_host=False, available={"host": 21 * GIB})
+        check_fits(est, 1, available={"host": 21 * GIB})
     cfg, task = config_and_task(gpt2_vocab, *SMALL, "--decoder-layers", "100000", "--checkpoint-activations")
-    assert estimate(cfg, Components.of(cfg), task, 4, 1, 1, activations=True).activations == 0
+    assert fit_estimate(cfg, task, activations=True).activations == 0

@@ -16,11 +16,10 @@ from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.plan.estimate import Machine
 from shardtrain.plan.estimate import estimate as plan_estimate
-from shardtrain.trainer.resolved import Components, build_task
 from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.loop import Run, train
-from shardtrain.trainer.memory_fit import check_fits, estimate, memory_needs
-from st_testutils import make_space_data_bin
+from shardtrain.trainer.memory.fit import check_fits, memory_needs
+from st_testutils import fit_estimate, make_space_data_bin
 
 MODEL = ["--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "8",
          "--decoder-ffn-embed-dim", "16", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
@@ -35,21 +34,22 @@ def data(tmp_path_factory):
     return make_space_data_bin(str(tmp_path_factory.mktemp("snapshot")), n_words=8, train_tokens=2000)
 
 
-def _estimate(data, *flags, shards=1):
-    cfg = parse_train_args([data, *MODEL, *flags])
-    return estimate(cfg, Components.of(cfg), build_task(cfg, Components.of(cfg)), param_bytes=4, shards=shards, optimizer_shards=shards)
+def _estimate(data, *flags, shards=1, device=CPU, state_on_host=False):
+    return fit_estimate(parse_train_args([data, *MODEL, *flags]), shards=shards, device=device.type,
+                        on_host=state_on_host)
 
 
 def _added(data, device, state_on_host, ranks=1, shards=1):
     """What --spike-rollback adds to each place's need."""
-    plain, spiked = (memory_needs(_estimate(data, *flags, shards=shards), device, ranks, state_on_host)
+    plain, spiked = (memory_needs(_estimate(data, *flags, shards=shards, device=device, state_on_host=state_on_host),
+                                  ranks)
                      for flags in ([], SPIKE))
     return {where: spiked[where] - plain[where] for where in plain}
 
 
 def test_the_memory_check_counts_the_snapshot_where_it_lives(data):
-    assert _estimate(data).snapshot == 0 and _estimate(data).snapshot_buffers == 0
-    assert (_estimate(data, *SPIKE).snapshot, _estimate(data, *SPIKE).snapshot_buffers) == (STATE, BUFFERS)
+    assert _estimate(data).snapshot_state == 0 and _estimate(data).snapshot_buffers == 0
+    assert (_estimate(data, *SPIKE).snapshot_state, _estimate(data, *SPIKE).snapshot_buffers) == (STATE, BUFFERS)
     assert _added(data, CPU, state_on_host=False) == {"host": STATE + BUFFERS}
     assert _added(data, CUDA, state_on_host=False) == {"host": 0, "device": STATE + BUFFERS}
     assert _added(data, CUDA, state_on_host=True) == {"host": STATE, "device": BUFFERS}  # --cpu-offload
@@ -58,9 +58,9 @@ def test_the_memory_check_counts_the_snapshot_where_it_lives(data):
 
 
 def test_a_refusal_names_the_snapshot_and_how_to_drop_it(data):
-    est = _estimate(data, *SPIKE)
+    est = _estimate(data, *SPIKE, device=CUDA)
     with pytest.raises(ConfigError, match=r"--spike-rollback's snapshot 0\.0.*or leave out --spike-rollback"):
-        check_fits(est, CUDA, 1, state_on_host=False, available={"host": 2 ** 40, "device": 1000})
+        check_fits(est, 1, available={"host": 2 ** 40, "device": 1000})
 
 
 @pytest.mark.slow

@@ -1,16 +1,11 @@
-"""One rank's memory on each device, from its bytes by kind: the accounting that shard-plan
-(``shardtrain.plan.estimate``, from a traced step) and the pre-launch fit check (``memory_fit``, from a
-meta build) share, so the two cannot disagree on where a run keeps what.
-
-Every fact comes from the run's own classes, never from a name: how many ranks a parameter is split
-over, whether its state is offloaded and which gradient copies a backend keeps (the Backend class), how
-many bytes of state the optimizer keeps per parameter and whether it steps in CPU memory (its
-OptimizerSpec), the dtypes (the precision's ``run_dtypes``), whether --async-save stages its saves
-(the backend writes sharded checkpoints).
+"""What a run's classes say about one rank's memory, asked once (``run_facts``): how many ranks a parameter is
+split over, whether its state is offloaded and which gradient copies a backend keeps (the Backend class), how many
+bytes of state the optimizer keeps per parameter and whether it steps in CPU memory (its OptimizerSpec), the dtypes
+(the precision's ``run_dtypes``), whether --async-save stages its saves (the backend writes sharded checkpoints) and
+whether --spike-rollback keeps a snapshot. Every fact comes from the run's own classes, never from a name.
 """
 import dataclasses
 import types
-from typing import Dict
 
 import torch
 
@@ -23,8 +18,6 @@ from shardtrain.trainer.precision.choose import run_dtypes
 from shardtrain.trainer.precision.registry import Dtypes
 from shardtrain.trainer.resolved import Components
 
-# Kinds a snapshot (--spike-rollback, trainer/spike.py) copies; each copy lies beside its original.
-SNAPSHOT_KINDS = ("params", "optimizer", "master", "buffers")
 # Kinds a checkpoint holds, which --async-save's stager (checkpoint/async_staging.py) copies to host memory
 # where they are on the GPU (the model's buffers in it are the non-persistent positions: not saved).
 SAVED_KINDS = ("params", "optimizer", "master")
@@ -41,6 +34,7 @@ class RunFacts:
     distributed: object  # the config's distributed section, which the backend's facts read
     staged_kinds: tuple = ()  # what --async-save copies at each save (SAVED_KINDS, or less): none without it
     update_freq: int = 1  # micro-batches an update (--update-freq, its first epoch's; a list or one number)
+    snapshot: bool = False  # --spike-rollback keeps a copy of the state beside it (trainer/spike.py)
 
     @property
     def param_bytes(self) -> int:
@@ -73,7 +67,7 @@ def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int,
     spec = optimizer_spec(cfg, components, torch.device("cpu"))
     shards = backend.parameter_shards(cfg.distributed, world_size, ranks_per_node)
     return RunFacts(backend, spec, run_dtypes(cfg), world_size, shards, cfg.distributed, _staged_kinds(cfg, backend),
-                    first(cfg.optimization.update_freq))
+                    first(cfg.optimization.update_freq), bool(cfg.optimization.spike_rollback))
 
 
 def _staged_kinds(cfg, backend: type) -> tuple:
@@ -84,41 +78,3 @@ def _staged_kinds(cfg, backend: type) -> tuple:
     if not (c.async_save and backend.sharded_checkpoints) or c.no_save:
         return ()
     return ("params",) if c.no_save_optimizer_state else SAVED_KINDS
-
-
-def staged_bytes(facts: RunFacts, kinds: Dict[str, int], device_type: str) -> int:
-    """Host bytes --async-save's stager keeps for the whole run (allocated at the first save, pinned, refilled
-    at every later one, freed when the run ends): a copy of each saved kind the rank keeps on its GPU. State in
-    host memory (a CPU run's, --cpu-offload's, cpu_adam's) is written from the live tensors, never copied."""
-    saved = {kind: kinds[kind] for kind in facts.staged_kinds}
-    return place(saved, device_type, facts.state_on_host, facts.optimizer_on_host, snapshot=False)["device"]
-
-
-def gradient_copy_bytes(facts: RunFacts, grads: int, after_backward: int, peak: int) -> int:
-    """Bytes the backend's own gradient copies add to a step whose peak is ``peak``: those held through
-    backward add to it; one made after backward, beside ``after_backward`` bytes then live, only as far as
-    it passes the peak."""
-    if facts.world_size == 1:
-        return 0
-    copies = facts.backend.gradient_copies(facts.distributed)
-    extra = copies.during_backward * grads
-    if copies.after_backward:
-        extra += max(0, after_backward + copies.after_backward * grads - peak)
-    return extra
-
-
-def place(kinds: Dict[str, int], device_type: str, state_on_host: bool, optimizer_on_host: bool,
-          snapshot: bool) -> Dict[str, int]:
-    """{"host": bytes, "device": bytes} of one rank holding ``kinds`` ("params", "grads", "optimizer",
-    "master", "buffers", "bookkeeping" (host memory of the tensor objects), any other kind: the compute
-    device's), the parameters and gradients in host memory when ``state_on_host``, the optimizer's state
-    and master copies when ``optimizer_on_host`` (RunFacts says both); with a --spike-rollback
-    ``snapshot``, a copy of SNAPSHOT_KINDS beside each original. A CPU run holds everything in host memory."""
-    on_host = {"bookkeeping": True, "params": state_on_host, "grads": state_on_host,
-               "optimizer": optimizer_on_host, "master": optimizer_on_host}
-    out = {"host": 0, "device": 0}
-    for kind, size in kinds.items():
-        copies = 2 if snapshot and kind in SNAPSHOT_KINDS else 1
-        where = "host" if device_type == "cpu" or on_host.get(kind, False) else "device"
-        out[where] += copies * size
-    return out
