@@ -131,7 +131,7 @@ MUTANTS = [
            ("tests/trainer/checkpoint/test_best_checkpoint_metric.py::test_a_plugin_that_declares_nothing_is_trusted_with_a_warning",)),
     # -- issue 16, red-team item 8: sizes that cannot fit are refused before allocating ----------------
     Mutant("memory_not_checked", "a size that cannot fit this machine is refused before anything is allocated",
-           T + "run.py", "        check_run_fits(cfg, components, self.task, self.backend, dtypes)  # before anything is allocated\n",
+           T + "run.py", "        check_run_fits(cfg, components, self.task, self.backend, facts)  # before anything is allocated\n",
            "", ("tests/cli/test_bad_input.py::test_bad_train_input[a billion positions]",)),
     Mutant("memory_estimate_unsharded", "sharded backends divide the estimate by the ranks (what fits is accepted)",
            T + "memory/rank_memory.py",

@@ -4,7 +4,7 @@ from mutant_spec import Mutant
 
 DECISIONS = "tests/plan/test_plan_decisions.py::"
 EST = "shardtrain/plan/estimate.py"
-RANK, FACTS = "shardtrain/trainer/memory/rank_memory.py", "shardtrain/trainer/memory/facts.py"
+RANK, FACTS = "shardtrain/trainer/memory/rank_memory.py", "shardtrain/trainer/run_facts.py"
 LAYERS = "shardtrain/trainer/memory/layers.py"
 MEASURE = "shardtrain/plan/measure.py"
 ASYNC = "tests/trainer/test_async_save_memory.py::test_shard_plan_counts_the_async_save_host_copy"

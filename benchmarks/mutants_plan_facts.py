@@ -11,7 +11,7 @@ RANK = "shardtrain/trainer/memory/rank_memory.py"
 
 MUTANTS = [
     Mutant("plan_optimizer_placed_by_name", "an optimizer that steps in CPU memory keeps its state in host memory",
-           "shardtrain/trainer/memory/facts.py", "        return self.state_on_host or self.spec.steps_on_cpu\n",
+           "shardtrain/trainer/run_facts.py", "        return self.state_on_host or self.spec.steps_on_cpu\n",
            "        return self.state_on_host or self.spec.cls.__name__ == \"CPUAdam\"\n", (PLUGIN,)),
     Mutant("plan_gradient_copies_by_name", "a backend's own gradient copies are counted from its class", RANK,
            "    extra = gradient_copy_bytes(facts, grads, params + optimizer + master + buffers + grads, peak)\n",

@@ -79,7 +79,7 @@ MUTANTS = [
            EST, "(when == \"auto\" and machine.device != \"cpu\")", "(when == \"auto\")",
            (OVERLAP + "test_a_cpu_run_steps_after_backward_unless_told_otherwise",)),
     Mutant("run_facts_update_freq_as_a_list_only", "--update-freq may be a number as well as a per-epoch list",
-           "shardtrain/trainer/memory/facts.py", "first(cfg.optimization.update_freq), ",
+           "shardtrain/trainer/run_facts.py", "first(cfg.optimization.update_freq), ",
            "cfg.optimization.update_freq[0], ",
            (OVERLAP + "test_the_run_facts_read_the_first_epochs_update_freq_in_any_form",
             "tests/trainer/parallel/test_collective_counts.py::test_every_variant_trains_the_same")),

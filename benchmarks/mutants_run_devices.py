@@ -9,7 +9,7 @@ SNAP = "tests/trainer/test_spike_snapshot_memory.py::"
 ASYNC = "tests/trainer/test_async_save_memory.py::"
 LOOP, START, HM = "shardtrain/trainer/loop.py", "shardtrain/trainer/launch/start.py", "shardtrain/trainer/host_memory.py"
 FIT, EST = "shardtrain/trainer/memory/fit.py", "shardtrain/plan/estimate.py"
-RANK, FACTS = "shardtrain/trainer/memory/rank_memory.py", "shardtrain/trainer/memory/facts.py"
+RANK, FACTS = "shardtrain/trainer/memory/rank_memory.py", "shardtrain/trainer/run_facts.py"
 VALIDATION = "shardtrain/trainer/validation.py"
 DROPOUT = DEV + "test_a_fixed_validation_seed_leaves_training_gpu_dropout_stream_alone"
 ONE_GPU = (DEV + "test_a_one_gpu_run_without_a_process_group_sets_its_device_before_main",
@@ -50,8 +50,8 @@ MUTANTS = [
            "        available, host_source = {\"host\": host.available}, \"MemAvailable\"",
            (HOST + "test_the_refusal_names_the_cgroup_limit_when_it_binds",)),
     Mutant("snapshot_not_checked", "the memory check counts --spike-rollback's snapshot",
-           FACTS, "first(cfg.optimization.update_freq), bool(cfg.optimization.spike_rollback))",
-           "first(cfg.optimization.update_freq), False)", (COUNTED,)),
+           FACTS, "first(cfg.optimization.update_freq), bool(cfg.optimization.spike_rollback), ",
+           "first(cfg.optimization.update_freq), False, ", (COUNTED,)),
     Mutant("offloaded_snapshot_on_the_gpu", "under --cpu-offload the snapshot of the state is in host memory",
            RANK, '        out[where] += copies * size\n',
            '        out[where] += size\n        out["host" if device_type == "cpu" else "device"] += (copies - 1) * size\n',

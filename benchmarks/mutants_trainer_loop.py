@@ -31,8 +31,7 @@ MUTANTS = [
            "num_shards=self.backend.world_size, shard_id=0,",
            (EQUIVALENCE,)),
     Mutant("activation_checkpointing_not_wired", "--checkpoint-activations is applied by the training run",
-           T + "parallel/prepare.py", "checkpoint_activations_every=checkpoint_every(d),",
-           "checkpoint_activations_every=None,",
+           T + "run.py", "precision.param_dtype, facts.checkpoint_every,", "precision.param_dtype, None,",
            ("tests/trainer/parallel/test_activation_checkpointing.py::test_training_run_and_checkpoint_are_identical",)),
     Mutant("checkpoint_every_k_ignored", "--checkpoint-activations-every K: only every K-th block",
            T + "parallel/activation_checkpointing.py", "return distributed.checkpoint_activations_every if on else None",
@@ -80,4 +79,17 @@ MUTANTS = [
     Mutant("training_time_not_restored", "--stop-time-hours counts the time of the runs a checkpoint resumes",
            T + "train_state.py", "        self.previous = seconds\n", "        pass\n",
            ("tests/trainer/checkpoint/test_resume_contents.py",)),
+    # -- issue 40: the run's facts, decided once --------------------------------------------------------------
+    Mutant("run_facts_checkpointing_lost", "the run's facts say whether (and every how many blocks) it checkpoints",
+           "shardtrain/trainer/run_facts.py", "ranks_per_node, checkpoint_every(cfg.distributed))",
+           "ranks_per_node, None)", ("tests/trainer/test_run_facts.py",)),
+    Mutant("run_facts_precision_not_the_chosen", "the run's facts hold the precision the flags pick",
+           "shardtrain/trainer/run_facts.py", "bool(cfg.optimization.spike_rollback), chosen(cfg.common),",
+           "bool(cfg.optimization.spike_rollback), chosen(types.SimpleNamespace()),",
+           ("tests/trainer/test_run_facts.py",)),
+    Mutant("run_facts_ranks_per_node_ignored", "a hybrid shard group is a node's ranks, from the launcher's count",
+           "shardtrain/trainer/run_facts.py", "    shards = backend.parameter_shards(cfg.distributed, world_size, ranks_per_node)",
+           "    shards = backend.parameter_shards(cfg.distributed, world_size, world_size)",
+           ("tests/trainer/test_run_facts.py",)),
 ]
+

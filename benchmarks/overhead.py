@@ -36,6 +36,7 @@ from shardtrain.trainer.resolved import Components, build_criterion, build_model
 from shardtrain.trainer.parallel.choose import build_backend  # noqa: E402
 from shardtrain.trainer.launch.start import call_main, make_context  # noqa: E402
 from shardtrain.trainer.precision.choose import build_precision, run_dtypes  # noqa: E402
+from shardtrain.trainer.run_facts import run_facts  # noqa: E402
 from shardtrain.trainer.metrics.run_metrics import RunMetrics  # noqa: E402
 from shardtrain.trainer.trainer import Trainer  # noqa: E402
 
@@ -59,7 +60,8 @@ class Ours:
         backend = build_backend(cfg, make_context(0, 0, 1, use_cuda=False, backend=None), run_dtypes(cfg))
         # The benchmark's own model as built (not prepare_model's seeded init): the one process's wrap only.
         precision = build_precision(cfg, backend, run_dtypes(cfg))
-        self.trainer = Trainer(cfg, Components.of(cfg), task, backend.wrap(model), criterion, backend, precision)
+        self.trainer = Trainer(cfg, Components.of(cfg), task, backend.wrap(model), criterion, backend, precision,
+                               run_facts(cfg, Components.of(cfg), 1, 1, type(backend)))
         self.metrics = RunMetrics(torch.device("cpu"))
 
     def step(self, batch):

@@ -273,7 +273,7 @@ def fit_estimate(cfg, task=None, shards: int = 1, device: str = "cpu", on_host: 
     (--cpu-offload's placement); ``task``: built from ``cfg`` when None."""
     import dataclasses
 
-    from shardtrain.trainer.memory.facts import run_facts
+    from shardtrain.trainer.run_facts import run_facts
     from shardtrain.trainer.memory.fit import estimate
     from shardtrain.trainer.resolved import Components, build_task
 

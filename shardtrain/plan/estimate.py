@@ -24,9 +24,8 @@ from typing import Dict, Optional
 
 import torch
 
-from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.parallel.choose import backend_class
-from shardtrain.trainer.memory.facts import RunFacts, run_facts
+from shardtrain.trainer.run_facts import RunFacts, run_facts
 from shardtrain.trainer.memory.rank_memory import RankMemory, rank_memory
 from shardtrain.trainer.resolved import Components
 
@@ -122,8 +121,7 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
     comm, offload = _comm_bytes(cfg, count, facts, machine), _offload_bytes(cfg, count, facts, machine)
     return Estimate(
         memory=memory, comm_bytes=comm, offload_bytes=offload,
-        step_seconds=_seconds(cfg, facts.update_freq, count, flops_per_token * tokens, facts.dtypes, machine, comm,
-                              offload, facts.shards * facts.zero_shards,
+        step_seconds=_seconds(cfg, facts, count, flops_per_token * tokens, machine, comm, offload,
                               block_share if steps_during_backward(cfg, facts, machine) else None))
 
 
@@ -171,12 +169,12 @@ def steps_during_backward(cfg, facts: RunFacts, machine: Machine) -> bool:
                 and facts.param_bytes == 4 and not getattr(cfg.optimizer, "fp16_adam_stats", False) and chosen)
 
 
-def _seconds(cfg, update_freq: int, count: int, micro_batch_flops: float, dtypes, machine: Machine, comm: int,
-             offload: int, optimizer_shards: int, block_share: Optional[float]) -> Dict[str, float]:
+def _seconds(cfg, facts: RunFacts, count: int, micro_batch_flops: float, machine: Machine, comm: int,
+             offload: int, block_share: Optional[float]) -> Dict[str, float]:
     """``block_share``: where the optimizer steps during backward, the share of its work that may (the blocks'
     shards: the root's step after backward); None where it steps after backward."""
-    d = cfg.distributed
-    checkpointed = checkpoint_every(d) is not None
+    update_freq, dtypes, checkpointed = facts.update_freq, facts.dtypes, facts.checkpointed
+    optimizer_shards = facts.shards * facts.zero_shards
     recompute = 4 / 3 if checkpointed else 1.0  # forward is 2 of 6
     flops = micro_batch_flops * update_freq * recompute
     seconds = {"compute": flops / (machine.matmul_tflops[dtypes.compute or torch.float32] * 1e12),

@@ -33,11 +33,12 @@ from shardtrain.plan import many_ranks
 from shardtrain.trainer import build
 from shardtrain.trainer.launch.start import DistributedContext
 from shardtrain.trainer.memory.layers import extrapolated
-from shardtrain.trainer.parallel.choose import backend_class, build_backend
+from shardtrain.trainer.parallel.choose import backend_class, build_backend, chosen_backend_class
 from shardtrain.trainer.parallel.prepare import prepare_run_model
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
-from shardtrain.trainer.precision.choose import build_precision, run_dtypes
+from shardtrain.trainer.precision.choose import build_precision
 from shardtrain.trainer.resolved import Components, build_criterion, build_model
+from shardtrain.trainer.run_facts import run_facts
 
 CPU = torch.device("cpu")
 # torch's tracker kinds -> ours
@@ -101,7 +102,10 @@ def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
     """The kinds at one rank's peak on ``sizes.world`` fake ranks, and the parameters' shard_rows. The
     optimizer is the plain one: ZeRO's sharding of its state is applied by estimate."""
     cfg = with_overrides(cfg, {"distributed.shard_group_size": sizes.group, "distributed.zero_sharding": "none"})
-    components, dtypes = Components.of(cfg), run_dtypes(cfg)
+    components = Components.of(cfg)
+    ctx = DistributedContext(0, 0, sizes.world, CPU, "fake")
+    # the facts of the run traced, as Run decides them: its backend class, dtypes and checkpointing
+    facts = run_facts(cfg, components, sizes.world, sizes.world, backend=chosen_backend_class(cfg, ctx))
     criterion = build_criterion(cfg, components, task)
     rows = []
 
@@ -114,12 +118,13 @@ def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
 
     fake = fake_tensor_mode()
     with _fake_group(sizes.world), torch.random.fork_rng(devices=[]):
-        backend = build_backend(cfg, DistributedContext(0, 0, sizes.world, CPU, "fake"), dtypes)  # mesh: real
-        precision = build_precision(cfg, backend, dtypes)
+        backend = build_backend(cfg, ctx, facts.dtypes, facts.backend)  # mesh: real
+        precision = build_precision(cfg, backend, facts.dtypes)
         # A backend that materialises the model does so on fake tensors; the others prepare it on meta (torch
         # cannot move or cast a module's fake parameters), given fake tensors after.
         with fake if backend.init_on_meta else contextlib.nullcontext():
-            model = prepare_run_model(cfg, build_on_meta, backend, precision.param_dtype, compile_blocks=False)
+            model = prepare_run_model(cfg, build_on_meta, backend, precision.param_dtype, facts.checkpoint_every,
+                                      compile_blocks=False)
         with fake:
             if any(p.is_meta for p in model.parameters()):
                 model.to_empty(device=backend.device)

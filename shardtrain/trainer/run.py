@@ -17,7 +17,7 @@ from shardtrain.trainer.parallel.choose import build_backend, chosen_backend_cla
 from shardtrain.trainer.parallel.prepare import prepare_run_model
 from shardtrain.trainer.checkpoint.contents import header, stateful_parts
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
-from shardtrain.trainer.precision.choose import build_precision, run_dtypes
+from shardtrain.trainer.precision.choose import build_precision
 from shardtrain.core.host_oom import host_memory_for
 from shardtrain.trainer.launch.preemption import PreemptionWatcher
 from shardtrain.trainer.metrics.progress import build_progress_bar
@@ -28,6 +28,7 @@ from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token,
 from shardtrain.trainer.metrics.run_metrics import RunMetrics
 from shardtrain.trainer.parallel.base import unwrap
 from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task
+from shardtrain.trainer.run_facts import RunFacts, ranks_on_this_host, run_facts
 from shardtrain.trainer.spike import SpikeGuard
 from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
@@ -42,11 +43,14 @@ class Run:
     def __init__(self, cfg, ctx):
         self.cfg = cfg  # --threads is applied by launch, for every launcher
         torch.manual_seed(cfg.common.seed)
-        dtypes = run_dtypes(cfg)  # decided once: the backend and the precision receive them
+        components = Components.of(cfg)  # the one look-up of the components' names
+        # decided once: the backend, the fit check, the precision and the trainer read them
+        self.facts = facts = run_facts(cfg, components, ctx.world_size, ranks_on_this_host(ctx.world_size),
+                                       backend=chosen_backend_class(cfg, ctx))
         # One process has no group from the launcher; a backend that needs one anyway (FSDP2's mesh) gets it here.
-        self.group = OneRankGroup(ctx.device) if chosen_backend_class(cfg, ctx).needs_process_group else None
+        self.group = OneRankGroup(ctx.device) if facts.backend.needs_process_group else None
         try:
-            self.backend = build_backend(cfg, ctx, dtypes)
+            self.backend = build_backend(cfg, ctx, facts.dtypes, facts.backend)
         except BaseException:
             self._close_group()
             raise
@@ -55,25 +59,26 @@ class Run:
         try:
             self.checkpoints.check_writable()
             self.checkpoints.lock_save_dir()  # before the model is built: a second run is refused at once
-            self._build(cfg, ctx, dtypes, Components.of(cfg))  # the one look-up of the components' names
+            self._build(cfg, ctx, facts, components)
         except BaseException:
             self.checkpoints.close()  # a run that failed to start leaves no save dir behind
             self.backend.close()
             self._close_group()  # nor a process group
             raise
 
-    def _build(self, cfg, ctx, dtypes, components: Components) -> None:
+    def _build(self, cfg, ctx, facts: RunFacts, components: Components) -> None:
         self.task = build_task(cfg, components)
         criterion = build_criterion(cfg, components, self.task)
         if not cfg.dataset.disable_validation:
             build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, self.task, criterion)
-        check_run_fits(cfg, components, self.task, self.backend, dtypes)  # before anything is allocated
-        precision = build_precision(cfg, self.backend, dtypes)
+        check_run_fits(cfg, components, self.task, self.backend, facts)  # before anything is allocated
+        precision = build_precision(cfg, self.backend, facts.dtypes)
         with host_memory_for("building the model"):  # a paragraph naming the size, not the allocator's traceback
             model = prepare_run_model(cfg, lambda: build_model(cfg, components, self.task), self.backend,
-                                      precision.param_dtype, compile_blocks=cfg.distributed.compile)
-        self.trainer = Trainer(cfg, components, self.task, model, criterion, self.backend, precision)
-        self.metrics = RunMetrics(ctx.device, self.trainer, utilisation=self._utilisation(cfg, model, dtypes))
+                                      precision.param_dtype, facts.checkpoint_every,
+                                      compile_blocks=cfg.distributed.compile)
+        self.trainer = Trainer(cfg, components, self.task, model, criterion, self.backend, precision, facts)
+        self.metrics = RunMetrics(ctx.device, self.trainer, utilisation=self._utilisation(cfg, model, facts.dtypes))
         logger.info(f"rank {ctx.rank} holds {self.metrics.state_memory()} (parameters, gradients, optimizer state) "
                     f"with --ddp-backend {cfg.distributed.ddp_backend}")
         tb_dir = cfg.common.tensorboard_logdir

@@ -18,13 +18,16 @@ from shardtrain.trainer.parallel.step_in_backward import build_step_in_backward
 from shardtrain.trainer.precision.component import Precision  # noqa: F401 (re-exported)
 from shardtrain.trainer.precision.diverged import TrainingDivergedError  # noqa: F401 (re-exported)
 from shardtrain.trainer.resolved import Components
+from shardtrain.trainer.run_facts import RunFacts
 from shardtrain.trainer.train_state import TrainState
 
 
 class Trainer:
-    def __init__(self, cfg, components: Components, task, model, criterion, backend: Backend, precision: Precision):
+    def __init__(self, cfg, components: Components, task, model, criterion, backend: Backend, precision: Precision,
+                 facts: RunFacts):
         """``model``: as ``prepare_model`` returns it (initialised, cast and wrapped by ``backend``);
-        ``components``: the run's resolved classes, for the optimizer and lr scheduler."""
+        ``components``: the run's resolved classes, for the optimizer and lr scheduler; ``facts``: the run's
+        (run_facts.py), which it reads rather than work out again."""
         self.cfg = cfg
         self.task = task
         self.criterion = criterion
@@ -39,8 +42,8 @@ class Trainer:
         self.state = TrainState()
         # Where the optimizer steps in host memory beside sharded parameters: each record splits the update's time
         # (trainer/offload_times.py); None elsewhere.
-        on_host = backend.shards_parameters and getattr(self.optimizer, "steps_on_host", False)
-        clock = StepClock() if on_host or cfg.distributed.cpu_offload else None
+        on_host = facts.backend.shards_parameters and getattr(self.optimizer, "steps_on_host", False)
+        clock = StepClock() if on_host or facts.state_on_host else None
         self.times = OffloadTimes(model, clock) if clock is not None else None
         # None, or the optimizer stepping each shard during the last backward (offload: see its module)
         self.step_in_backward = build_step_in_backward(cfg, backend, self.optimizer, self.params, precision, clock,

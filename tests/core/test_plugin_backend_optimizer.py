@@ -28,7 +28,7 @@ SCRIPT = """
 import json, sys
 from shardtrain.cli import plan, train
 from shardtrain.config.run_config import parse_train_args
-from shardtrain.trainer.memory.facts import run_facts
+from shardtrain.trainer.run_facts import run_facts
 from shardtrain.trainer.memory.fit import estimate
 from shardtrain.trainer.resolved import Components, build_task
 

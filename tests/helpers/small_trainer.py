@@ -10,6 +10,7 @@ from shardtrain.trainer.parallel.prepare import prepare_model
 from shardtrain.trainer.precision.choose import build_precision, run_dtypes
 from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task
 from shardtrain.trainer.trainer import Trainer
+from shardtrain.trainer.run_facts import run_facts
 from st_testutils import make_space_data_bin
 
 
@@ -30,7 +31,8 @@ def make_trainer(data_bin, *extra):
     precision = build_precision(cfg, backend, run_dtypes(cfg))
     model = prepare_model(lambda: build_model(cfg, components, task), backend, seed=cfg.common.seed,
                           param_dtype=precision.param_dtype)
-    trainer = Trainer(cfg, components, task, model, build_criterion(cfg, components, task), backend, precision)
+    trainer = Trainer(cfg, components, task, model, build_criterion(cfg, components, task), backend, precision,
+                      run_facts(cfg, components, 1, 1, type(backend)))
     return trainer, task
 
 

@@ -153,7 +153,7 @@ def test_the_printout_says_how_much_of_the_cpu_step_hides(data, capsys, monkeypa
 @pytest.mark.parametrize("update_freq", [[3], 3, [3, 1]])  # as parsed, as a program sets it, per epoch
 def test_the_run_facts_read_the_first_epochs_update_freq_in_any_form(data, update_freq):
     from omegaconf import OmegaConf
-    from shardtrain.trainer.memory.facts import run_facts
+    from shardtrain.trainer.run_facts import run_facts
     cfg = tiny_plan_cfg(data)
     OmegaConf.set_readonly(cfg, False)
     cfg.optimization.update_freq = update_freq

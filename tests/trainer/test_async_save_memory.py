@@ -17,7 +17,7 @@ from shardtrain.plan.estimate import Machine
 from shardtrain.plan.estimate import estimate as plan_estimate
 from shardtrain.plan.options import Option
 from shardtrain.plan.planner import fits
-from shardtrain.trainer.memory.facts import run_facts
+from shardtrain.trainer.run_facts import run_facts
 from shardtrain.trainer.memory.fit import check_fits, estimate, memory_needs
 from shardtrain.trainer.resolved import Components, build_task
 from st_testutils import make_space_data_bin

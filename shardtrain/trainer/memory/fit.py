@@ -19,18 +19,15 @@ none under --checkpoint-activations, and an optimizer whose spec does not say it
 state bytes (OptimizerSpec.state_bytes) counts none.
 """
 import logging
-import os
 from typing import Dict, Optional
 
 import torch
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.host_memory import host_memory
-from shardtrain.trainer.launch.threads import local_ranks
-from shardtrain.trainer.memory.facts import RunFacts, run_facts
+from shardtrain.trainer.run_facts import RunFacts
 from shardtrain.trainer.memory.model_sizes import model_sizes
 from shardtrain.trainer.memory.rank_memory import RankMemory, counted_kinds, rank_memory
-from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.resolved import Components
 
 logger = logging.getLogger(__name__)
@@ -46,8 +43,7 @@ def estimate(cfg, components: Components, task, facts: RunFacts, device_type: st
     """One rank's memory in the run ``facts`` describe, on a ``device_type`` device (rank_memory), its kinds counted
     from the model built on the meta device; with ``activations``, those of one sequence in ``compute_bytes`` per
     value (none are counted under --checkpoint-activations: what it keeps depends on where it cuts)."""
-    count, buffers, tensors, saved = model_sizes(
-        cfg, components, task, activations and checkpoint_every(cfg.distributed) is None)
+    count, buffers, tensors, saved = model_sizes(cfg, components, task, activations and not facts.checkpointed)
     kinds = counted_kinds(facts, count, buffers, saved * compute_bytes // 4)
     return rank_memory(facts, count, kinds, device_type, bookkeeping=tensors * BYTES_PER_TENSOR)
 
@@ -83,27 +79,16 @@ def check_fits(est: RankMemory, ranks_on_host: int, available: Optional[Dict[str
             raise ConfigError(_message(est, where, need, available[where], ranks_on_host, host_source))
 
 
-def check_run_fits(cfg, components: Components, task, backend, dtypes) -> None:
-    """The run's estimate (see ``estimate``), checked against this machine; ``dtypes``: the run's
-    (precision.run_dtypes), as the backend received them."""
-    ranks = ranks_on_this_host(backend.world_size)
-    facts = run_facts(cfg, components, backend.world_size, ranks, backend=type(backend))
+def check_run_fits(cfg, components: Components, task, backend, facts: RunFacts) -> None:
+    """The run's estimate (see ``estimate``) from its ``facts`` (the ones ``Run`` built), checked against this
+    machine, whose memory ``facts.ranks_per_node`` ranks share."""
     try:
         est = estimate(cfg, components, task, facts, backend.device.type,
-                       compute_bytes=dtypes.compute.itemsize if dtypes.compute else 4)
+                       compute_bytes=facts.dtypes.compute.itemsize if facts.dtypes.compute else 4)
     except (RuntimeError, NotImplementedError) as e:  # a plugin's model that cannot be built on meta
         logger.info(f"memory not estimated: the model could not be built on the meta device ({e})")
         return
-    check_fits(est, ranks, device=backend.device)
-
-
-def ranks_on_this_host(world_size: int) -> int:
-    """Ranks sharing this machine's memory: torchrun's and SLURM's count, else all (spawned here)."""
-    if "LOCAL_WORLD_SIZE" in os.environ:
-        return local_ranks(os.environ, "torchrun")
-    if "SLURM_PROCID" in os.environ:
-        return local_ranks(os.environ, "slurm")
-    return world_size
+    check_fits(est, facts.ranks_per_node, device=backend.device)
 
 
 def _message(est: RankMemory, where: str, need: int, free: int, ranks: int, host_source: str) -> str:

@@ -14,7 +14,7 @@ fp32 master copies) in host memory where the optimizer steps there (cpu_adam) or
 import dataclasses
 from typing import Dict, Mapping
 
-from shardtrain.trainer.memory.facts import RunFacts
+from shardtrain.trainer.run_facts import RunFacts
 
 # Kinds a snapshot (--spike-rollback, trainer/spike.py) copies; each copy lies beside its original.
 SNAPSHOT_KINDS = ("params", "optimizer", "master", "buffers")

@@ -53,7 +53,7 @@ class Backend:
     #: False for internal backends, which --ddp-backend does not offer.
     user_selectable: bool = True
 
-    # Facts the planner (shardtrain.plan) and the memory check (trainer/memory/facts.py) ask of a
+    # Facts the planner (shardtrain.plan) and the memory check (trainer/run_facts.py) ask of a
     # backend class before any is built, from the run's ``distributed`` config section.
     @classmethod
     def parameter_shards(cls, distributed, world_size: int, ranks_per_node: int) -> int:

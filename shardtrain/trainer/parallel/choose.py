@@ -45,11 +45,12 @@ def chosen_backend_class(cfg, ctx) -> type:
     return cls
 
 
-def build_backend(cfg, ctx, dtypes) -> Backend:
+def build_backend(cfg, ctx, dtypes, cls: type = None) -> Backend:
     """The backend for ``--ddp-backend`` on ``ctx``'s ranks, inside the process group the launch made
     (one rank too, when the class ``needs_process_group``); ``dtypes``: the run's precision
-    (``precision.run_dtypes``), whose ``policy`` a backend that casts itself receives."""
-    cls = chosen_backend_class(cfg, ctx)
+    (``precision.run_dtypes``), whose ``policy`` a backend that casts itself receives; ``cls``: the class already
+    chosen (the run's facts), else chosen here."""
+    cls = cls or chosen_backend_class(cfg, ctx)
     if cls.casts_params:  # it computes in the precision's dtypes itself: hand them over
         return cls(ctx, cfg.distributed, mp_policy=dtypes.policy)
     return cls(ctx, cfg.distributed)

@@ -13,7 +13,7 @@ from torch import nn
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.models import capabilities
-from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing, checkpoint_every
+from shardtrain.trainer.parallel.activation_checkpointing import apply_activation_checkpointing
 from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.parallel.compile import apply_compile
 
@@ -21,14 +21,13 @@ logger = logging.getLogger(__name__)
 
 
 def prepare_run_model(cfg, build: Callable[[], nn.Module], backend: Backend, param_dtype: Optional[torch.dtype],
-                      compile_blocks: bool) -> nn.Module:
-    """``prepare_model`` with the run's own settings from ``cfg``: its seed, activation checkpointing
-    (``checkpoint_every``) and offloading. shard-train's Run prepares its model so, and shard-plan's trace
-    (on fake tensors, not compiled)."""
-    d = cfg.distributed
+                      checkpoint_activations_every: Optional[int], compile_blocks: bool) -> nn.Module:
+    """``prepare_model`` with the run's own settings: its seed and activation offloading from ``cfg``, and
+    checkpointing every ``checkpoint_activations_every``-th block (the run's facts: ``RunFacts.checkpoint_every``).
+    shard-train's Run prepares its model so, and shard-plan's trace (on fake tensors, not compiled)."""
     return prepare_model(build, backend, seed=cfg.common.seed, param_dtype=param_dtype,
-                         checkpoint_activations_every=checkpoint_every(d), offload_activations=d.offload_activations,
-                         compile_blocks=compile_blocks)
+                         checkpoint_activations_every=checkpoint_activations_every,
+                         offload_activations=cfg.distributed.offload_activations, compile_blocks=compile_blocks)
 
 
 def prepare_model(build: Callable[[], nn.Module], backend: Backend, *, seed: int,

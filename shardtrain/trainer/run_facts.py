@@ -1,20 +1,28 @@
-"""What a run's classes say about one rank's memory, asked once (``run_facts``): how many ranks a parameter is
-split over, whether its state is offloaded and which gradient copies a backend keeps (the Backend class), how many
-bytes of state the optimizer keeps per parameter and whether it steps in CPU memory (its OptimizerSpec), the dtypes
-(the precision's ``run_dtypes``), whether --async-save stages its saves (the backend writes sharded checkpoints) and
-whether --spike-rollback keeps a snapshot. Every fact comes from the run's own classes, never from a name.
+"""The run's facts, decided once from the config and the world (torchtitan's ``ParallelDims`` is the model).
+
+Every fact of a run that more than one room asks is here, worked out by one function (``run_facts``) from the
+run's own classes, never from a name: the Backend class and how many ranks a parameter is split over, whether
+its state is offloaded and which gradient copies it keeps; the precision (its registered kind) and the dtypes;
+activation checkpointing (``--checkpoint-activations``, which offloading implies); ``--update-freq``; what the
+optimizer keeps per parameter and whether it steps in CPU memory (its OptimizerSpec); whether ``--async-save``
+stages its saves and ``--spike-rollback`` keeps a snapshot. ``Run`` builds them once and hands them to the
+backend, the fit check and the ``Trainer``; shard-plan builds them for each configuration it weighs.
 """
 import dataclasses
+import os
 import types
+from typing import Optional
 
 import torch
 
 from shardtrain.config.epoch_lists import first
 from shardtrain.optim.registry import OptimizerSpec
+from shardtrain.trainer.launch.threads import local_ranks
 from shardtrain.trainer.build import optimizer_spec
+from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.parallel.choose import chosen_backend_class
 from shardtrain.trainer.parallel.zero import shards_optimizer_state
-from shardtrain.trainer.precision.choose import run_dtypes
+from shardtrain.trainer.precision.choose import chosen, run_dtypes
 from shardtrain.trainer.precision.registry import Dtypes
 from shardtrain.trainer.resolved import Components
 
@@ -25,7 +33,7 @@ SAVED_KINDS = ("params", "optimizer", "master")
 
 @dataclasses.dataclass(frozen=True)
 class RunFacts:
-    """What a run's classes say about its memory, for ``world_size`` ranks."""
+    """What a run's classes say about it, for ``world_size`` ranks of ``ranks_per_node`` a node."""
     backend: type  # the Backend class the run builds
     spec: OptimizerSpec  # what the run's optimizer is built from (build.optimizer_spec)
     dtypes: Dtypes
@@ -35,6 +43,14 @@ class RunFacts:
     staged_kinds: tuple = ()  # what --async-save copies at each save (SAVED_KINDS, or less): none without it
     update_freq: int = 1  # micro-batches an update (--update-freq, its first epoch's; a list or one number)
     snapshot: bool = False  # --spike-rollback keeps a copy of the state beside it (trainer/spike.py)
+    precision: type = None  # the registered PrecisionKind (trainer/precision/choose.py): what the dtypes came from
+    ranks_per_node: int = 1  # ranks sharing a node (its memory, and a hybrid shard group without --shard-group-size)
+    checkpoint_every: Optional[int] = None  # activation checkpointing: every Nth block, None when off
+
+    @property
+    def checkpointed(self) -> bool:
+        """Activations are recomputed in backward (--checkpoint-activations, or implied by offloading)."""
+        return self.checkpoint_every is not None
 
     @property
     def param_bytes(self) -> int:
@@ -61,13 +77,14 @@ class RunFacts:
 
 
 def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int, backend: type = None) -> RunFacts:
-    """The facts of ``cfg`` (its ``components`` looked up) on ``world_size`` ranks (``backend``: the class
-    built, when one is)."""
+    """The facts of ``cfg`` (its ``components`` looked up) on ``world_size`` ranks, ``ranks_per_node`` a node
+    (``backend``: the class built, when one is)."""
     backend = backend or chosen_backend_class(cfg, types.SimpleNamespace(world_size=world_size))
     spec = optimizer_spec(cfg, components, torch.device("cpu"))
     shards = backend.parameter_shards(cfg.distributed, world_size, ranks_per_node)
     return RunFacts(backend, spec, run_dtypes(cfg), world_size, shards, cfg.distributed, _staged_kinds(cfg, backend),
-                    first(cfg.optimization.update_freq), bool(cfg.optimization.spike_rollback))
+                    first(cfg.optimization.update_freq), bool(cfg.optimization.spike_rollback), chosen(cfg.common),
+                    ranks_per_node, checkpoint_every(cfg.distributed))
 
 
 def _staged_kinds(cfg, backend: type) -> tuple:
@@ -78,3 +95,12 @@ def _staged_kinds(cfg, backend: type) -> tuple:
     if not (c.async_save and backend.sharded_checkpoints) or c.no_save:
         return ()
     return ("params",) if c.no_save_optimizer_state else SAVED_KINDS
+
+
+def ranks_on_this_host(world_size: int) -> int:
+    """Ranks sharing this machine's memory: torchrun's and SLURM's count, else all (spawned here)."""
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        return local_ranks(os.environ, "torchrun")
+    if "SLURM_PROCID" in os.environ:
+        return local_ranks(os.environ, "slurm")
+    return world_size
