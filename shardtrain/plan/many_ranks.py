@@ -17,6 +17,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.trainer.memory.rank_memory import GATHERED_KINDS  # the padded whole of a unit
 from shardtrain.trainer.parallel.choose import backend_class
 
 # 64 fake ranks trace in about the time of 8 (the per-rank loop is cheap at that size) and leave the
@@ -25,7 +26,6 @@ from shardtrain.trainer.parallel.choose import backend_class
 # 16,384 ranks (before: one trace on 16,384 took minutes).
 TRACE_RANKS = 64
 SHARDED_KINDS = ("params", "grads", "optimizer")  # one shard of each parameter per rank
-GATHERED_KINDS = ("gathered_params", "gathered_grads", "comm_buffers")  # the padded whole of a unit
 
 
 class TraceSizes(NamedTuple):

@@ -99,3 +99,16 @@ def test_shard_plan_counts_the_async_save_host_copy(data):
     # an alternative whose backend writes single files saves synchronously: nothing staged
     ddp = Option("pytorch_ddp", (("distributed.ddp_backend", "pytorch_ddp"),))
     assert _planned(data, "--async-save", option=ddp).staged == 0
+
+
+def test_the_memory_check_counts_the_backends_gradient_copies_as_shard_plan_does(data):
+    """One estimator for both (trainer/memory/rank_memory.py): a rank of 2 under pytorch_ddp keeps a second copy of
+    its 856 parameters' gradients in DDP's buckets (3,424 bytes), none with --gradient-as-bucket-view; the fit check
+    used to count none."""
+    ddp, _ = _fit_estimate(data, "--ddp-backend", "pytorch_ddp")
+    assert (ddp.grads, ddp.extra) == (3_424, 3_424)
+    as_view, _ = _fit_estimate(data, "--ddp-backend", "pytorch_ddp", "--gradient-as-bucket-view")
+    assert as_view.extra == 0
+    with_buckets, without = _host(data, "--ddp-backend", "pytorch_ddp"), _host(data, "--ddp-backend", "pytorch_ddp",
+                                                                                "--gradient-as-bucket-view")
+    assert (with_buckets["device"] - without["device"], with_buckets["host"] - without["host"]) == (3_424, 0)
