@@ -48,9 +48,9 @@ MUTANTS = [
            'DistributedContext(0, 0, 1, CPU, "fake")',
            (DECISIONS + "test_the_trace_shards_checkpoints_and_extrapolates",)),
     Mutant("plan_trace_not_checkpointed", "the trace applies activation checkpointing",
-           "shardtrain/plan/trace.py", "model = prepare_run_model(cfg, build_on_meta,",
-           "model = prepare_run_model(with_overrides(cfg, {\"distributed.checkpoint_activations\": False}), "
-           "build_on_meta,",
+           "shardtrain/plan/trace.py", "    facts = run_facts(cfg, components, sizes.world, sizes.world,",
+           "    facts = run_facts(with_overrides(cfg, {\"distributed.checkpoint_activations\": False}), components, "
+           "sizes.world, sizes.world,",
            (DECISIONS + "test_the_trace_shards_checkpoints_and_extrapolates",)),
     Mutant("plan_extrapolation_off_by_one", "one- and two-layer traces extrapolate to the model's depth",
            LAYERS, "rest[key] + layers * per_layer[key]", "rest[key] + (layers + 1) * per_layer[key]",

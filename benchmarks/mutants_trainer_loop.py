@@ -31,7 +31,7 @@ MUTANTS = [
            "num_shards=self.backend.world_size, shard_id=0,",
            (EQUIVALENCE,)),
     Mutant("activation_checkpointing_not_wired", "--checkpoint-activations is applied by the training run",
-           T + "run.py", "precision.param_dtype, facts.checkpoint_every,", "precision.param_dtype, None,",
+           T + "build.py", "precision.param_dtype, facts.checkpoint_every,", "precision.param_dtype, None,",
            ("tests/trainer/parallel/test_activation_checkpointing.py::test_training_run_and_checkpoint_are_identical",)),
     Mutant("checkpoint_every_k_ignored", "--checkpoint-activations-every K: only every K-th block",
            T + "parallel/activation_checkpointing.py", "return distributed.checkpoint_activations_every if on else None",

@@ -1,11 +1,11 @@
 """One rank's peak memory in a training step, by kind, from a step run on fake tensors.
 
-The run's own pieces are set up by the trainer's own code, as shard-train sets them up: its backend
-(``build_backend``) on a fake process group of the run's world size (beyond many_ranks.TRACE_RANKS,
-two smaller ones, scaled; a backend that keeps parameters whole is traced on one rank), the model
-prepared by ``prepare_run_model``, as shard-train's Run prepares it (built on the meta device, activation checkpointing, the storage dtype,
-wrapped or sharded by the backend), the precision (``build_precision``: autocast and backward) and the
-optimizer (``build_optimizer``). Then two updates of --update-freq micro-batches of the run's shape run
+The run's own pieces are set up by the trainer's own code, as shard-train sets them up: the run's facts
+(``run_facts``) for a fake world of the run's size (beyond many_ranks.TRACE_RANKS, two smaller ones,
+scaled; a backend that keeps parameters whole is traced on one rank), its backend (``build_backend``) on a
+fake process group, the precision and the model through Run's own assembly (``build.precision_and_model``:
+built on the meta device, activation checkpointing, the storage dtype, wrapped or sharded by the backend;
+autocast and backward) and the optimizer (``build_optimizer``). Then two updates of --update-freq micro-batches of the run's shape run
 on fake tensors (no memory, no compute) under torch's memory tracker; the second update's peak is kept
 (the first also creates the optimizer state). The tracker follows one forward per update, so the trace
 runs one micro-batch; the gradients that --update-freq keeps between micro-batches are added by
@@ -34,9 +34,7 @@ from shardtrain.trainer import build
 from shardtrain.trainer.launch.start import DistributedContext
 from shardtrain.trainer.memory.layers import extrapolated
 from shardtrain.trainer.parallel.choose import backend_class, build_backend, chosen_backend_class
-from shardtrain.trainer.parallel.prepare import prepare_run_model
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
-from shardtrain.trainer.precision.choose import build_precision
 from shardtrain.trainer.resolved import Components, build_criterion, build_model
 from shardtrain.trainer.run_facts import run_facts
 
@@ -119,12 +117,11 @@ def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
     fake = fake_tensor_mode()
     with _fake_group(sizes.world), torch.random.fork_rng(devices=[]):
         backend = build_backend(cfg, ctx, facts.dtypes, facts.backend)  # mesh: real
-        precision = build_precision(cfg, backend, facts.dtypes)
-        # A backend that materialises the model does so on fake tensors; the others prepare it on meta (torch
-        # cannot move or cast a module's fake parameters), given fake tensors after.
-        with fake if backend.init_on_meta else contextlib.nullcontext():
-            model = prepare_run_model(cfg, build_on_meta, backend, precision.param_dtype, facts.checkpoint_every,
-                                      compile_blocks=False)
+        # Run's own assembly. A backend that materialises the model does so on fake tensors; the others prepare it
+        # on meta (torch cannot move or cast a module's fake parameters), given fake tensors after.
+        preparing = fake if backend.init_on_meta else contextlib.nullcontext()
+        precision, model = build.precision_and_model(cfg, backend, facts, build_on_meta, compile_blocks=False,
+                                                     preparing=preparing)
         with fake:
             if any(p.is_meta for p in model.parameters()):
                 model.to_empty(device=backend.device)

@@ -1,11 +1,16 @@
 """Build a run's training components from the typed config (the trainer only wires them).
 
 The task, model and criterion are built by ``resolved`` (which loading for inference shares);
-the optimizer and lr scheduler here, from the classes ``resolved.Components`` looked up once.
+the optimizer and lr scheduler here, from the classes ``resolved.Components`` looked up once; and the
+precision with the model prepared for it (``precision_and_model``), the one assembly ``Run`` and
+shard-plan's trace both go through.
 """
+import contextlib
 import logging
+from typing import Callable, Tuple
 
 import torch
+from torch import nn
 import torch.distributed as dist
 
 from shardtrain.config.epoch_lists import first, numbers
@@ -13,7 +18,8 @@ from shardtrain.core.errors import ConfigError
 from shardtrain.optim import cpu_adam
 from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer.parallel import zero
-from shardtrain.trainer.precision.choose import chosen
+from shardtrain.trainer.parallel.prepare import prepare_run_model
+from shardtrain.trainer.precision.choose import build_precision, chosen
 from shardtrain.trainer.resolved import Components
 
 logger = logging.getLogger(__name__)
@@ -34,6 +40,19 @@ def check_best_checkpoint_metric(metric: str, task, criterion) -> None:
             f"({name} logs {', '.join(sorted(logged))}), so checkpoint_best would never be written and --patience "
             f"could never stop the run. Choose one of {', '.join(sorted(logged))}, or a criterion that logs "
             f"{metric}.")
+
+
+def precision_and_model(cfg, backend, facts, build_model: Callable[[], nn.Module], compile_blocks: bool,
+                        preparing=contextlib.nullcontext()) -> Tuple:
+    """-> (precision, model): the run's precision, from its facts' precision kind and dtypes (``facts``: the
+    run's RunFacts), and its model prepared for training on ``backend`` (``prepare_run_model``: checkpointed as
+    the facts say, stored in the precision's dtype, wrapped or sharded). ``Run`` assembles its parts so, and
+    shard-plan's trace on fake tensors (``preparing``: the context the model is prepared in)."""
+    precision = build_precision(cfg, backend, facts.dtypes)
+    with preparing:
+        model = prepare_run_model(cfg, build_model, backend, precision.param_dtype, facts.checkpoint_every,
+                                  compile_blocks=compile_blocks)
+    return precision, model
 
 
 def optimizer_spec(cfg, components: Components, device: torch.device) -> OptimizerSpec:

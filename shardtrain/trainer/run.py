@@ -14,10 +14,8 @@ from shardtrain.data.batch_windows import BatchWindows, parse_windows
 from shardtrain.trainer import build
 from shardtrain.trainer.launch.one_rank_group import OneRankGroup
 from shardtrain.trainer.parallel.choose import build_backend, chosen_backend_class
-from shardtrain.trainer.parallel.prepare import prepare_run_model
 from shardtrain.trainer.checkpoint.contents import header, stateful_parts
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
-from shardtrain.trainer.precision.choose import build_precision
 from shardtrain.core.host_oom import host_memory_for
 from shardtrain.trainer.launch.preemption import PreemptionWatcher
 from shardtrain.trainer.metrics.progress import build_progress_bar
@@ -72,11 +70,10 @@ class Run:
         if not cfg.dataset.disable_validation:
             build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, self.task, criterion)
         check_run_fits(cfg, components, self.task, self.backend, facts)  # before anything is allocated
-        precision = build_precision(cfg, self.backend, facts.dtypes)
         with host_memory_for("building the model"):  # a paragraph naming the size, not the allocator's traceback
-            model = prepare_run_model(cfg, lambda: build_model(cfg, components, self.task), self.backend,
-                                      precision.param_dtype, facts.checkpoint_every,
-                                      compile_blocks=cfg.distributed.compile)
+            precision, model = build.precision_and_model(cfg, self.backend, facts,
+                                                         lambda: build_model(cfg, components, self.task),
+                                                         compile_blocks=cfg.distributed.compile)
         self.trainer = Trainer(cfg, components, self.task, model, criterion, self.backend, precision, facts)
         self.metrics = RunMetrics(ctx.device, self.trainer, utilisation=self._utilisation(cfg, model, facts.dtypes))
         logger.info(f"rank {ctx.rank} holds {self.metrics.state_memory()} (parameters, gradients, optimizer state) "
