@@ -16,8 +16,7 @@ import torch.distributed as dist
 from shardtrain.config.overridden import with_overrides
 from shardtrain.core.errors import ConfigError
 from shardtrain.plan.estimate import Estimate, Machine
-from shardtrain.trainer import loop
-from shardtrain.trainer import run as run_module
+from shardtrain.trainer import build, loop
 from shardtrain.trainer.parallel import fsdp_wrap
 
 
@@ -62,18 +61,19 @@ def measure_peak(cfg, ctx) -> Optional[Dict]:
     watch = PeakWatch(ctx.device)
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:  # the measurer's allocator setting, not fully_sharded's own
         fsdp_wrap.MMAP_THRESHOLD = int(os.environ["MALLOC_MMAP_THRESHOLD_"])
-    real_prepare = run_module.prepare_run_model
+    # The peak counts from the model's preparation on: Run's assembly (build.precision_and_model) prepares it.
+    real_prepare = build.prepare_run_model
 
     def prepare_watched(*args, **kwargs):
         watch.start()
         return real_prepare(*args, **kwargs)
 
-    run_module.prepare_run_model = prepare_watched
+    build.prepare_run_model = prepare_watched
     times, splits = [], []
     try:
-        run = run_module.Run(cfg, ctx)
+        run = loop.Run(cfg, ctx)
     finally:
-        run_module.prepare_run_model = real_prepare
+        build.prepare_run_model = real_prepare
     step = run.trainer.train_step
 
     def timed_step(samples):
