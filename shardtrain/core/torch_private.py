@@ -7,6 +7,7 @@ change fails ``tests/core/test_torch_private.py`` with the name of what moved,
 rather than a checkpoint command far away; each version shim is tested on both
 of its branches (the running torch's for real, the other through a stand-in).
 """
+import contextlib
 import inspect
 import os
 from typing import Any, Dict, Iterable, List
@@ -90,6 +91,45 @@ def reset_tracker_peak(tracker) -> None:
         raise _moved("MemTracker._peak_mem and _peak_mem_snap", "to plan memory (shard-plan)")
     tracker._peak_mem_snap = tracker.get_tracker_snapshot()
     tracker._peak_mem = {dev: snap[_TOTAL_KEY] for dev, snap in tracker._peak_mem_snap.items()}
+
+
+@contextlib.contextmanager
+def sharding_propagation_untracked(tracker):
+    """While entered (inside an entered ``memory_tracker``), the tensors DTensor's sharding propagation makes to
+    work out an op's output shapes are not tracked: full-size fake tensors, freed at once, that a real run never
+    allocates. torch propagates an op afresh until its result is cached, and torch 2.11 does so for FSDP2's fused
+    Adam step at every step (2.13 caches it after the first): its tracker counted them as optimizer state, ten
+    times the parameters' shard, and the hybrid plan came out 65% high on the CI's torch 2.11 run.
+
+    Why private: ``ShardingPropagator._propagate_tensor_meta_non_cached`` is where DTensor makes them, and
+    ``_track`` is the trackers' per-tensor hook; neither has a public switch."""
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:
+        raise _moved("torch.distributed.tensor._sharding_prop.ShardingPropagator", "to plan memory (shard-plan)") from None
+    name = "_propagate_tensor_meta_non_cached"
+    if name not in ShardingPropagator.__dict__ or not hasattr(tracker, "_track"):
+        raise _moved(f"ShardingPropagator.{name} or the memory trackers' _track", "to plan memory (shard-plan)")
+    propagate, track, depth = ShardingPropagator.__dict__[name], tracker._track, [0]
+
+    def propagating(self, *args, **kwargs):
+        depth[0] += 1
+        try:
+            return propagate(self, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    def untracked_while_propagating(*args, **kwargs):
+        if not depth[0]:
+            track(*args, **kwargs)
+
+    setattr(ShardingPropagator, name, propagating)
+    tracker._track = untracked_while_propagating
+    try:
+        yield
+    finally:
+        setattr(ShardingPropagator, name, propagate)
+        del tracker._track  # the class's own again
 
 
 def init_fake_process_group(world_size: int, rank: int = 0) -> None:

@@ -27,6 +27,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from shardtrain.core.torch_private import (
     fake_tensor_mode, init_fake_process_group, memory_tracker, outside_fake_tensor_mode, reset_tracker_peak,
+    sharding_propagation_untracked,
 )
 from shardtrain.config.overridden import with_overrides
 from shardtrain.plan import many_ranks
@@ -139,7 +140,7 @@ def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
 def _peak_of_two_updates(model, optimizer, criterion, precision, sample) -> Dict:
     """The tracker's kinds at the second update's peak (the first also creates the optimizer state)."""
     tracker = memory_tracker(model, optimizer, fsdp=isinstance(model, FSDPModule))
-    with tracker:
+    with tracker, sharding_propagation_untracked(tracker):  # DTensor's shape propagation allocates nothing
         for update in range(2):  # one micro-batch each (--update-freq: estimate adds the grads kept)
             with precision.autocast():
                 loss, _, _ = criterion(model, sample)

@@ -2,6 +2,7 @@
 and each shim over a difference between torch versions does the same on both of its branches.
 
 When a torch upgrade moves one, these fail here, naming it."""
+import contextlib
 import inspect
 import os
 import warnings
@@ -101,6 +102,47 @@ def test_a_trackers_peak_starts_again_from_what_is_live():
         del small
     with pytest.raises(RuntimeError, match="no longer provides MemTracker._peak_mem"):
         torch_private.reset_tracker_peak(object())
+
+
+def _first_fsdp_adam_step_optimizer_peak(untracked: bool) -> int:
+    """Optimizer-state bytes at the peak of the first fused Adam step on FSDP2's shards of a fresh shape (its
+    sharding not yet propagated in this process), on 2 fake ranks; ``untracked``: the propagation's tensors not
+    tracked. The shapes differ between the two calls, so each propagates afresh."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch_private.init_fake_process_group(2)
+    try:
+        with torch.device("meta"):
+            model = torch.nn.Sequential(torch.nn.Linear(304 + untracked, 96, bias=False))
+        fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
+        with torch_private.fake_tensor_mode():
+            model.to_empty(device="cpu")
+            optimizer = torch.optim.Adam(model.parameters(), fused=True)
+            tracker = torch_private.memory_tracker(model, optimizer, fsdp=True)
+            with tracker, (torch_private.sharding_propagation_untracked(tracker) if untracked
+                           else contextlib.nullcontext()):
+                model(torch.randn(4, 304 + untracked)).sum().backward()
+                torch_private.reset_tracker_peak(tracker)  # the step's own peak
+                optimizer.step()
+            peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+        return sum(v for k, v in peak.items() if "OPT" in str(k).upper())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dtensors_shape_propagation_is_not_counted_as_optimizer_state():
+    """The first step of a shape propagates its shardings afresh (torch 2.11 did so at every step): the full-size
+    fake tensors that makes are not memory a run holds. A rank's shard of the weight: 305 x 96 / 2 fp32 values,
+    and Adam's two moments of it (the step counters a few bytes more)."""
+    shard = 305 * 96 // 2 * 4
+    untracked = _first_fsdp_adam_step_optimizer_peak(untracked=True)
+    assert 2 * shard <= untracked < 2 * shard + 1024
+    assert _first_fsdp_adam_step_optimizer_peak(untracked=False) > 4 * shard  # counted: the full weight, and more
+    with pytest.raises(RuntimeError, match="no longer provides ShardingPropagator"):
+        with torch_private.sharding_propagation_untracked(object()):
+            pass
 
 
 def test_a_fake_process_group_of_any_size():
