@@ -106,7 +106,8 @@ def sharding_propagation_untracked(tracker):
     try:
         from torch.distributed.tensor._sharding_prop import ShardingPropagator
     except ImportError:
-        raise _moved("torch.distributed.tensor._sharding_prop.ShardingPropagator", "to plan memory (shard-plan)") from None
+        raise _moved("torch.distributed.tensor._sharding_prop.ShardingPropagator",
+                     "to plan memory (shard-plan)") from None
     name = "_propagate_tensor_meta_non_cached"
     if name not in ShardingPropagator.__dict__ or not hasattr(tracker, "_track"):
         raise _moved(f"ShardingPropagator.{name} or the memory trackers' _track", "to plan memory (shard-plan)")
