@@ -1,7 +1,6 @@
 """docs/ARCHITECTURE.md's "Adding a component", held by the code: a built-in backend, precision or optimizer is its
 file plus one import line in its chooser, and no other module imports it but the doc's listed exceptions (a new
 component then needs no edit elsewhere). The plugin row is shown by the toy plugins' tests the doc names."""
-import ast
 import pathlib
 import re
 from typing import Dict, List, Set
@@ -14,6 +13,7 @@ from shardtrain.trainer.precision.registry import PRECISION_REGISTRY
 import shardtrain.optim  # noqa: F401  (registers the built-in optimizers)
 import shardtrain.trainer.parallel.choose  # noqa: F401  (registers the built-in backends)
 import shardtrain.trainer.precision.choose  # noqa: F401  (registers the built-in precisions)
+from test_import_directions import IMPORTS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
@@ -25,25 +25,13 @@ KINDS = {  # the doc's row name: (registry, chooser module)
 }
 
 
-def _module_of(path: pathlib.Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _importers() -> Dict[str, Dict[str, List[int]]]:
-    """module -> {importing module: [lines]}, imports inside functions counted."""
+    """module -> {importing module: [lines]}, from test_import_directions' reading of every import (inside
+    functions and relative ones too)."""
     found: Dict[str, Dict[str, List[int]]] = {}
-    for path in (ROOT / "shardtrain").rglob("*.py"):
-        importer = _module_of(path)
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            else:
-                continue
-            for target in targets:
-                found.setdefault(target, {}).setdefault(importer, []).append(node.lineno)
+    for imports in IMPORTS.values():
+        for imp in imports:
+            found.setdefault(imp.target, {}).setdefault(imp.importer, []).append(imp.line)
     return found
 
 

@@ -10,7 +10,6 @@ class BF16(PrecisionKind):
     flags = ("bf16",)
     compute = torch.bfloat16
     planned = True
-    summary = "bfloat16 compute from fp32 weights (--bf16)"
 
     @classmethod
     def build(cls, cfg, backend, dtypes):

@@ -19,7 +19,6 @@ class FP16(PrecisionKind):
     compute = torch.float16
     loss_scaled = True
     planned = True
-    summary = "float16 compute from fp32 weights, dynamic loss scaling (--fp16, --amp)"
 
     @classmethod
     def build(cls, cfg, backend, dtypes):

@@ -6,7 +6,6 @@ from shardtrain.trainer.precision.registry import PrecisionKind, register_precis
 @register_precision("fp32")
 class FP32(PrecisionKind):
     planned = True
-    summary = "float32 weights and compute (the default)"
 
     @classmethod
     def build(cls, cfg, backend, dtypes):

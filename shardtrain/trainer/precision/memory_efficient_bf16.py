@@ -11,7 +11,6 @@ class MemoryEfficientBF16(PrecisionKind):
     implies = ("bf16",)  # as in fairseq
     compute = torch.bfloat16
     stores_in_compute = True
-    summary = "parameters and gradients stored in bfloat16, fp32 optimizer state"
 
     @classmethod
     def build(cls, cfg, backend, dtypes):

@@ -13,7 +13,6 @@ class MemoryEfficientFP16(PrecisionKind):
     compute = torch.float16
     stores_in_compute = True
     loss_scaled = True
-    summary = "parameters and gradients stored in float16, fp32 optimizer state, loss scaling"
 
     @classmethod
     def build(cls, cfg, backend, dtypes):

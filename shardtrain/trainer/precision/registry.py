@@ -33,8 +33,6 @@ class PrecisionKind:
     loss_scaled: bool = False
     #: shard-plan weighs it as an alternative to the precision asked for
     planned: bool = False
-    #: one line for --precision's help
-    summary: str = ""
 
     @classmethod
     def build(cls, cfg, backend, dtypes: "Dtypes"):

@@ -71,9 +71,13 @@ def test_each_precision_has_its_dtypes(argv, compute, storage, policy):
     assert dtypes.policy.reduce_dtype == (torch.float32 if compute else None)  # gradients reduced in fp32
 
 
-def test_an_unknown_precision_lists_the_choices():
-    with pytest.raises(SystemExit):
+def test_an_unknown_precision_lists_the_choices(capsys):
+    with pytest.raises(SystemExit) as refused:
         parse_train_args(["data-bin", "--precision", "bf61"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert refused.value.code != 0
+    assert ("--precision: invalid choice: 'bf61' (choose from 'fp32', 'bf16', 'fp16', 'memory_efficient_bf16', "
+            "'memory_efficient_fp16')") in err, err
 
 
 @pytest.mark.parametrize("fp16, bf16, dtype", [(False, False, torch.float32), (True, False, torch.float16),

@@ -23,7 +23,6 @@ class FixedScalePrecision(Precision):
 @register_precision("toy_fixed_scale")
 class ToyFixedScale(PrecisionKind):
     planned = True  # shard-plan weighs it
-    summary = "fp32 with a fixed loss scale of 1024 (a test plugin)"
 
     @classmethod
     def build(cls, cfg, backend, dtypes):
