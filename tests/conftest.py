@@ -62,11 +62,25 @@ def one_rank_group(tmp_path):
         torch.distributed.destroy_process_group()
 
 
+def _torch_switches():
+    """torch's process-wide numeric switches that a test may set (through torch's own setters, never monkeypatch:
+    torch serves them from its C++ state through __getattr__/properties)."""
+    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.get_float32_matmul_precision())
+
+
+def _set_torch_switches(switches):
+    if _torch_switches() != switches:  # set only what changed: torch warns on every legacy TF32 set
+        torch.set_float32_matmul_precision(switches[2])  # first: it sets matmul's allow_tf32 as well
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = switches[:2]
+
+
 @pytest.fixture(autouse=True)
 def _hygiene():
     env = dict(os.environ)
     torch_state, py_state = torch.get_rng_state(), random.getstate()
     threads = torch.get_num_threads()
+    switches = _torch_switches()
     yield
     from shardtrain.trainer.metrics.logging_setup import teardown_logging
 
@@ -77,6 +91,7 @@ def _hygiene():
     torch.set_rng_state(torch_state)
     random.setstate(py_state)
     torch.set_num_threads(threads)
+    _set_torch_switches(switches)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
         pytest.fail("the test left a torch.distributed process group initialised")

@@ -40,7 +40,10 @@ def test_a_runs_peak_on_a_named_gpu_reads_torchs_tf32_switch(name, dtype, tf32, 
     """What the run's mfu is against: the GPU's name and torch's TF32 switch as torch.cuda reports them."""
     asked = []
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: asked.append(device) or name)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    # Through torch's own setter, not monkeypatch: torch.backends.cuda.matmul serves allow_tf32 through
+    # __getattr__, so pytest 9.2's monkeypatch "restores" it by deleting an attribute that is not there (the
+    # AttributeError at teardown); conftest's hygiene fixture puts torch's value back.
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     monkeypatch.setattr(flops, "measured_peak_tflops", lambda *a, **k: pytest.fail("a listed GPU is not measured"))
     device = torch.device("cuda", 0)
     assert flops.peak_tflops(device, dtype) == peak
