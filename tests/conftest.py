@@ -75,6 +75,43 @@ def _set_torch_switches(switches):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = switches[:2]
 
 
+@pytest.fixture(scope="session")
+def _warm_pool():
+    import warm_ranks
+
+    pool = warm_ranks.WarmRanks()
+    yield pool
+    pool.close_all()
+    _WARM_SUMMARY.append(f"warm ranks: {pool.jobs} runs of call_main on {pool.spawns} processes started")
+
+
+_WARM_SUMMARY = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _WARM_SUMMARY:  # how many spawns the warm ranks saved (BENCHMARKS.md, the suite's time)
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def warm_ranks(_warm_pool, monkeypatch):
+    """call_main's CPU ranks come from processes kept alive across tests (tests/helpers/warm_ranks.py) instead of
+    fresh spawns: for tests of what ranks do, not of how they start. Use it per file:
+    ``pytestmark = pytest.mark.usefixtures("warm_ranks")``."""
+    from shardtrain.trainer.launch import start
+
+    tier_guard.check("warm ranks (a process group of several ranks in processes kept alive)")
+    if os.environ.get("SHARDTRAIN_TESTS_COLD_RANKS") == "1":  # fresh spawns, to tell a warm-ranks artefact apart
+        return _warm_pool
+    fresh = start._spawn
+
+    def spawn(cfg, main, world_size, use_cuda):
+        return fresh(cfg, main, world_size, use_cuda) if use_cuda else _warm_pool.spawn(cfg, main, world_size, False)
+
+    monkeypatch.setattr(start, "_spawn", spawn)
+    return _warm_pool
+
+
 @pytest.fixture(autouse=True)
 def _hygiene():
     env = dict(os.environ)

@@ -83,6 +83,7 @@ def save_dirs(request, backend, tmp_path, *names):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_adam_trains_with_memory_efficient_fp16(data_bin, tmp_path, backend, request):
     adam_dir, cpu_adam_dir = save_dirs(request, backend, tmp_path, "adam", "cpu_adam")
@@ -98,6 +99,7 @@ def test_adam_trains_with_memory_efficient_fp16(data_bin, tmp_path, backend, req
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--memory-efficient-bf16")
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_memory_efficient_bf16_stores_bf16_and_steps_fp32(data_bin, tmp_path, backend, request):

@@ -111,6 +111,7 @@ def test_verify_prints_each_field_measured_beside_predicted(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 def test_a_measuring_run_returns_the_median_of_its_records_fields(tmp_path, data):
     """measure_peak, in this process on one rank: fully_sharded + cpu_adam on the CPU records the split."""
     from shardtrain.config.run_config import parse_train_args

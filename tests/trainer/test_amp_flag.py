@@ -72,6 +72,7 @@ def two_rank_dirs(data_bin, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--amp", "--amp-init-scale", "--amp-scale-window")
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_amp_trains_as_fp16_with_the_same_scale(data_bin, tmp_path, backend, request):

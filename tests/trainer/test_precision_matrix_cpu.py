@@ -10,7 +10,9 @@ import pytest
 
 from precision_mains import assert_all_trained, make_data_bin, run_matrix
 
-pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+# every test here starts a process, a multi-rank group or a training run; its ranks are warm ones (kept alive
+# across tests, tests/helpers/warm_ranks.py): what the ranks do is the subject here, not how they start
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_ranks")]
 
 
 @pytest.fixture(scope="module")

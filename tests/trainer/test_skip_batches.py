@@ -44,6 +44,7 @@ def run(data_bin, tmp_path, *flags):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--skip-batches", "--update-freq")
 def test_update_freq_2_passes_over_exactly_the_batches_named(data_bin, tmp_path):
     """One epoch of 9 batches, --update-freq 2, --skip-batches 1:3-5: the update of batches 3-4 is skipped
@@ -56,6 +57,7 @@ def test_update_freq_2_passes_over_exactly_the_batches_named(data_bin, tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--skip-batches")
 def test_a_window_past_the_epochs_end_is_named(data_bin, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="shardtrain.trainer.loop"):
@@ -67,6 +69,7 @@ def test_a_window_past_the_epochs_end_is_named(data_bin, tmp_path, caplog):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--skip-batches", "--max-epoch")
 def test_an_epoch_skipped_whole_and_a_window_never_reached_are_named(data_bin, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="shardtrain.trainer.loop"):
@@ -81,6 +84,7 @@ def test_an_epoch_skipped_whole_and_a_window_never_reached_are_named(data_bin, t
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--skip-batches", "--max-update")
 def test_a_window_after_where_training_stopped_is_named_as_not_reached(data_bin, tmp_path, caplog):
     """Stopped at update 3, in epoch 1: a window later in that epoch was not reached (not "past its end")."""

@@ -71,6 +71,7 @@ def two_rank_runs(data_bin, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--spike-rollback", "--spike-snapshot-interval", "--spike-factor", "--skip-batches")
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_a_rolled_back_spike_ends_as_if_its_batches_were_never_there(data_bin, tmp_path, backend, request):
@@ -91,6 +92,7 @@ def test_a_rolled_back_spike_ends_as_if_its_batches_were_never_there(data_bin, t
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--skip-batches")
 def test_skip_batches_equals_skipping_those_updates(data_bin, tmp_path):
     """--skip-batches itself, against an oracle that drops the same updates' batches by count."""
@@ -102,6 +104,7 @@ def test_skip_batches_equals_skipping_those_updates(data_bin, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--spike-rollback", "--skip-batches")
 def test_a_rollback_never_reaches_back_into_the_previous_epoch(data_bin, tmp_path):
     """A spike early in epoch 2, the interval's snapshot far back in epoch 1: the run rolls back to where
@@ -118,6 +121,7 @@ def test_a_rollback_never_reaches_back_into_the_previous_epoch(data_bin, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 def test_without_the_flag_the_poisoned_update_is_trained_on(data_bin, tmp_path):
     got = call_main(cfg(data_bin, tmp_path), functools.partial(spike_mains.poisoned, poison_call=POISON))
     reference, _ = call_main(cfg(data_bin, tmp_path),
@@ -127,6 +131,7 @@ def test_without_the_flag_the_poisoned_update_is_trained_on(data_bin, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--spike-gnorm-factor", "--spike-lr-scale")
 def test_the_gradient_norm_rule_and_the_lr_scale(data_bin, tmp_path, caplog):
     """The loss rule off (a factor no loss reaches): the poisoned update's gradient norm spikes alone;
@@ -146,6 +151,7 @@ def test_the_rule():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--spike-max-rollbacks")
 def test_too_many_rollbacks_stop_the_run(data_bin, tmp_path):
     with pytest.raises(TrainingDivergedError, match="--spike-max-rollbacks 0"):
@@ -154,6 +160,7 @@ def test_too_many_rollbacks_stop_the_run(data_bin, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 def test_a_sharded_checkpoint_after_a_rollback_resumes_exactly(two_rank_runs):
     """2 fully_sharded ranks: stopped at update 12 (after the rollback at 10) and resumed to 16 from the
     sharded checkpoint_last, the weights are the uninterrupted run's (the skip, the guard's history and

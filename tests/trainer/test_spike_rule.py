@@ -149,6 +149,7 @@ def test_the_judged_loss_is_the_logged_sample_size_weighted_mean():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--update-freq")
 def test_a_run_judges_the_loss_over_every_batch_and_rank_weighted_by_sample_size(data_bin, tmp_path):
     """2 gloo ranks, --update-freq 2, rank 1's first batch of each update cut to 1 sentence (32 tokens,
@@ -168,6 +169,7 @@ def test_a_run_judges_the_loss_over_every_batch_and_rank_weighted_by_sample_size
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.flag_effect("--spike-window", "--skip-batches")
 def test_a_rollback_leaves_the_histories_of_a_run_without_the_skipped_batches(data_bin, tmp_path):
     """Window 8, snapshots every 4, the 10th update poisoned, 12 updates: rolled back to update 8, the

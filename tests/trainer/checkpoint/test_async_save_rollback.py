@@ -29,7 +29,9 @@ from shardtrain.trainer.launch.start import call_main
 from shardtrain.trainer.loop import Run, train
 from st_testutils import make_space_data_bin, tiny_model_flags
 
-pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+# every test here starts a process, a multi-rank group or a training run; its ranks are warm ones (kept alive
+# across tests, tests/helpers/warm_ranks.py): what the ranks do is the subject here, not how they start
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_ranks")]
 
 NAN_CALL = 7  # the 7th update's loss is NaN: after the save of update 6, before update 7
 SAVED = "checkpoint_1_6"

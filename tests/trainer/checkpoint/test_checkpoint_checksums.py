@@ -94,6 +94,7 @@ def refused(main, argv, capsys, *named):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.parametrize("form,file,damage", CASES, ids=[f"{f}-{n}-{d.__name__}" for f, n, d in CASES])
 def test_every_loading_command_refuses_a_damaged_checkpoint(form, file, damage, data_bin, saves, tmp_path, capsys):
     save, checkpoint = damaged_copy(saves, form, file, damage, tmp_path)
@@ -115,6 +116,7 @@ def test_every_loading_command_refuses_a_damaged_checkpoint(form, file, damage, 
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 def test_intact_checkpoints_verify_and_the_message_lists_earlier_ones(saves, tmp_path, capsys):
     last = saves["sharded"] / "checkpoint_last"
     # every file the save wrote is listed: both ranks' shards, .metadata, extra.pt and the marker
@@ -136,6 +138,7 @@ def strip_checksums(directory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 def test_checkpoints_without_checksums_load_with_a_notice(data_bin, saves, tmp_path, capsys, caplog):
     copy = tmp_path / "old"
     shutil.copytree(saves["sharded"], copy, symlinks=True)
@@ -153,6 +156,7 @@ def test_checkpoints_without_checksums_load_with_a_notice(data_bin, saves, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 def test_a_missing_manifest_is_damage_when_the_marker_says_it_was_written(saves, tmp_path):
     copy = tmp_path / "ck"
     shutil.copytree(saves["sharded"], copy, symlinks=True)
@@ -162,6 +166,7 @@ def test_a_missing_manifest_is_damage_when_the_marker_says_it_was_written(saves,
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 def test_a_damaged_old_checkpoint_never_echoes_torch_advice(data_bin, saves, tmp_path, capsys):
     """Without checksums, a damaged extra.pt reaches torch's reader, whose error advises weights_only=False."""
     import zipfile
@@ -218,6 +223,7 @@ def shard_verify(path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.parametrize("form", ["sharded", "single"])
 def test_shard_verify_checks_every_checkpoint_of_a_save_dir(form, saves, tmp_path, capsys):
     code, states = shard_verify(saves[form], capsys)

@@ -89,6 +89,7 @@ def data_bin(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.parametrize("saving", [[], ["--async-save"]])
 def test_a_cpu_run_saving_sharded_checkpoints_makes_no_cuda_call(data_bin, tmp_path, monkeypatch, saving):
     """The whole --cpu run (fully_sharded, one process), on a machine that says it has 2 GPUs."""

@@ -28,6 +28,7 @@ def data(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.parametrize("ranks,backend", [(1, "pytorch_ddp"), (2, "fully_sharded")])
 def test_nan_weights_are_never_saved(data, tmp_path, ranks, backend):
     """The red team's case: one sign bit of exp_avg_sq flipped; update 5 steps to NaN weights
@@ -48,6 +49,7 @@ def test_nan_weights_are_never_saved(data, tmp_path, ranks, backend):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 def test_every_rank_refuses_when_one_ranks_shard_is_damaged(data, tmp_path):
     """Under fully_sharded each rank holds only its own shard: rank 0's are finite, yet it
     must refuse with rank 1 (or it would enter the save's collectives alone)."""

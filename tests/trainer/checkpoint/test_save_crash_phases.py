@@ -22,7 +22,9 @@ import pytest
 from save_crash_mains import FILE_PHASES, KILLED, SHARDED_PHASES, crash, resume
 from st_testutils import make_space_data_bin
 
-pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+# every test here starts a process, a multi-rank group or a training run; its ranks are warm ones (kept alive
+# across tests, tests/helpers/warm_ranks.py): what the ranks do is the subject here, not how they start
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_ranks")]
 
 # The update checkpoint_last holds after a kill in each phase: the new save counts from its alias on.
 EXPECTED = {("pytorch_ddp", phase): 2 if phase == "prune" else 1 for phase in FILE_PHASES}

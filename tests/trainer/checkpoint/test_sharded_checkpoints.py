@@ -15,7 +15,9 @@ from shardtrain.trainer.checkpoint.save_dir_lock import LOCK_NAME
 import sharded_story
 from sharded_story import HALF, TOTAL, run
 
-pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+# every test here starts a process, a multi-rank group or a training run; its ranks are warm ones (kept alive
+# across tests, tests/helpers/warm_ranks.py): what the ranks do is the subject here, not how they start
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_ranks")]
 
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,7 @@ def _cfg(data_bin, save_dir, extra):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 def test_every_collective_passes_with_an_accelerator_only_default_backend(tmp_path):
     data_bin = make_space_data_bin(str(tmp_path / "data"), n_words=8, train_tokens=1500, valid_tokens=200,
                                    line_len=40)

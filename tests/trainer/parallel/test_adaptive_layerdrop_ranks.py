@@ -20,7 +20,9 @@ from st_testutils import make_space_data_bin
 
 TESTS_ROOM = "shardtrain.trainer.parallel"  # it drives the commands: its imports cannot say which room it tests
 
-pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+# every test here starts a process, a multi-rank group or a training run; its ranks are warm ones (kept alive
+# across tests, tests/helpers/warm_ranks.py): what the ranks do is the subject here, not how they start
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_ranks")]
 
 UPDATES = 12
 ADAPTIVE = ["--adaptive-input", "--adaptive-input-cutoff", "6,12", "--adaptive-softmax-cutoff", "6,12",

@@ -36,7 +36,9 @@ from st_testutils import make_space_data_bin
 
 TESTS_ROOM = "shardtrain.trainer.parallel"  # it drives the commands: its imports cannot say which room it tests
 
-pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
+# every test here starts a process, a multi-rank group or a training run; its ranks are warm ones (kept alive
+# across tests, tests/helpers/warm_ranks.py): what the ranks do is the subject here, not how they start
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_ranks")]
 
 UPDATES = 8
 EMBED_DIM = 18  # with --decoder-ffn-embed-dim 35, fc1's rows split unevenly (18 + 17) over 2 ranks

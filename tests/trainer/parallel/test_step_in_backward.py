@@ -72,6 +72,7 @@ def two_ranks(data_bin, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 @pytest.mark.parametrize("name", list(CASES))
 def test_stepping_during_backward_equals_stepping_after_it_bit_for_bit(two_ranks, name):
     ranks = two_ranks[name]
@@ -97,6 +98,7 @@ def _column(records, key):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_ranks")  # ranks kept alive across tests: tests/helpers/warm_ranks.py
 def test_the_chosen_calls_took_the_undo_paths(two_ranks):
     """Each case's outcomes are the ones written down: the equality above means something for each path."""
     never = [0.0] * CALLS
