@@ -12,6 +12,7 @@ SCENARIOS, FLOPS = "benchmarks/gpu/scenarios.py", "shardtrain/trainer/metrics/fl
 FITS = R + "test_a_case_that_does_not_fit_in_the_budget_left_is_not_started"
 RESUME = R + "test_a_tier_resumes_where_the_last_stopped"
 REAL = R + "test_the_real_runner_reads_pytest_and_kills_a_hanging_case_with_its_children"
+I = "tests/benchmark_scripts/test_gpu_runner_inputs.py::"
 SIGNAL = F + "test_a_signal_during_a_case_records_it_as_interrupted_and_writes_the_results"
 STAMP = F + "test_the_commit_is_stamped_before_the_tree_leaves_git"
 
@@ -86,6 +87,20 @@ MUTANTS = [
            (R + "test_a_case_whose_runner_raises_fails_and_the_next_one_runs",)),
     Mutant("gpu_basetemp_parent_missing", "pytest's --basetemp parent exists (the first GPU run failed every tmp_path "
            "test without it)", RUNNER, "    os.makedirs(os.path.dirname(basetemp), exist_ok=True)\n", "", (REAL,)),
+    # issue 45: inputs the mutation run found tested only in their normal form
+    Mutant("gpu_empty_junit_passes", "a case whose junit holds no test fails",
+           RUNNER, '"failed" if outcomes & {"failure", "error"} or not tests else', '"failed" if outcomes & {"failure", '
+           '"error"} else', (I + "test_a_junit_that_holds_no_test_fails_its_case",)),
+    Mutant("gpu_own_timeout_at_budget_is_stopped", "a timeout exactly as long as the budget left keeps its verdict",
+           RUNNER, "left < case.timeout_s)", "left <= case.timeout_s)",
+           (I + "test_a_timeout_exactly_as_long_as_the_budget_left_keeps_its_verdict",)),
+    Mutant("gpu_pytest_exit_ignored", "pytest exiting non-zero fails the case, whatever its junit says",
+           RUNNER, '    elif code != 0 and outcome.status == "passed":', "    elif False:",
+           (I + "test_pytest_exiting_non_zero_beside_a_passing_junit_fails_the_case",)),
+    Mutant("gpu_tier_0_accepted", "--tier outside the catalogue's tiers is refused",
+           RUN_ALL, "if args.tier is not None and args.tier not in tiers:",
+           "if args.tier is not None and args.tier > max(tiers):",
+           (I + "test_a_tier_outside_the_catalogue_is_refused",)),
     # issue 37: run_all.py's faults
     Mutant("gpu_resume_cases_unchecked", "--resume refuses a results.json whose cases are not named records",
            RUN_ALL, "        problem = _malformed(cases)", '        problem = ""',
