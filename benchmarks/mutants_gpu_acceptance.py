@@ -101,6 +101,16 @@ MUTANTS = [
            RUN_ALL, "if args.tier is not None and args.tier not in tiers:",
            "if args.tier is not None and args.tier > max(tiers):",
            (I + "test_a_tier_outside_the_catalogue_is_refused",)),
+    Mutant("gpu_offload_seconds_from_ups", "the offload step ratio is from each update's wall time, not ups "
+           "rounded to 2 decimals (issue 45, 2.2)", SCENARIOS, 'seconds[when] = _mean([r["train_wall"] for r in later])',
+           'seconds[when] = _mean([1.0 / r["ups"] for r in later])', (P + "test_every_scenario_runs_on_fake_records",)),
+    Mutant("gpu_params_from_the_table", "offload_largest_params_billion is the built model's count (issue 45, 2.7)",
+           SCENARIOS, '("offload_largest_params_billion", run["params"] / 1e9, ">=6.0")',
+           '("offload_largest_params_billion", largest_offload_arch()[1] / 1e9, ">=6.0")',
+           (P + "test_every_scenario_runs_on_fake_records",)),
+    Mutant("gpu_params_line_unread", "the parameter count is read from shard-train's log",
+           "benchmarks/gpu/runs.py", "    return counts[0] if counts else 0", "    return 6_657_048_576",
+           (P + "test_skipped_updates_are_counted_from_what_shard_train_logs",)),
     # issue 37: run_all.py's faults
     Mutant("gpu_resume_cases_unchecked", "--resume refuses a results.json whose cases are not named records",
            RUN_ALL, "        problem = _malformed(cases)", '        problem = ""',
