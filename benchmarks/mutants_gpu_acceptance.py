@@ -13,6 +13,7 @@ FITS = R + "test_a_case_that_does_not_fit_in_the_budget_left_is_not_started"
 RESUME = R + "test_a_tier_resumes_where_the_last_stopped"
 REAL = R + "test_the_real_runner_reads_pytest_and_kills_a_hanging_case_with_its_children"
 I = "tests/benchmark_scripts/test_gpu_runner_inputs.py::"
+T = "tests/benchmark_scripts/test_gpu_scenario_timeouts.py::"
 SIGNAL = F + "test_a_signal_during_a_case_records_it_as_interrupted_and_writes_the_results"
 STAMP = F + "test_the_commit_is_stamped_before_the_tree_leaves_git"
 
@@ -111,6 +112,20 @@ MUTANTS = [
     Mutant("gpu_params_line_unread", "the parameter count is read from shard-train's log",
            "benchmarks/gpu/runs.py", "    return counts[0] if counts else 0", "    return 6_657_048_576",
            (P + "test_skipped_updates_are_counted_from_what_shard_train_logs",)),
+    Mutant("gpu_timeout_loses_scenario_figures", "a scenario killed at its timeout keeps its finished runs' figures "
+           "(issue 45, 2.5)", RUNNER, 'return Outcome("timeout", seconds, f"killed at its {timeout_s:.0f} s timeout", '
+           '**kept)', 'return Outcome("timeout", seconds, f"killed at its {timeout_s:.0f} s timeout")',
+           (T + "test_the_runner_keeps_a_killed_or_failed_scenarios_figures",)),
+    Mutant("gpu_unfinished_scenario_passes", "a scenario that exits 0 before it finished is no pass",
+           RUNNER, 'if code != 0 or not done.get("finished"):', "if code != 0:",
+           (T + "test_the_runner_keeps_a_killed_or_failed_scenarios_figures",)),
+    Mutant("gpu_scenario_json_at_the_end", "each finished run's rows are on disk at once",
+           "benchmarks/gpu/scenario_case.py", "        self.write(finished=False)", "        pass",
+           (T + "test_scenario_case_writes_and_prints_each_finished_run_at_once",)),
+    Mutant("gpu_train_output_held", "shard-train's output reaches run.log as it is written",
+           "benchmarks/gpu/runs.py", "code = subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=timeout)",
+           "code = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)",
+           (T + "test_a_run_killed_at_its_timeout_has_its_output_in_the_log_already",)),
     # issue 37: run_all.py's faults
     Mutant("gpu_resume_cases_unchecked", "--resume refuses a results.json whose cases are not named records",
            RUN_ALL, "        problem = _malformed(cases)", '        problem = ""',

@@ -161,13 +161,22 @@ def run_scenario_case(case: Case, timeout_s: float, ctx: Context) -> Outcome:
     start = time.monotonic()
     code = run_process(argv, ctx.log, timeout_s, ctx.env)
     seconds = time.monotonic() - start
+    done = _scenario_output(out)  # what its finished runs emitted, even when a later one was killed
+    kept = {"results": done.get("results", []), "rows": done.get("rows", [])}
     if code is None:
-        return Outcome("timeout", seconds, f"killed at its {timeout_s:.0f} s timeout")
-    if code != 0 or not os.path.exists(out):
-        return Outcome("failed", seconds, f"exit {code}: the traceback is in run.log")
-    with open(out) as f:
-        done = json.load(f)
-    return Outcome("passed", seconds, results=done["results"], rows=done["rows"])
+        return Outcome("timeout", seconds, f"killed at its {timeout_s:.0f} s timeout", **kept)
+    if code != 0 or not done.get("finished"):
+        return Outcome("failed", seconds, f"exit {code}: the traceback is in run.log", **kept)
+    return Outcome("passed", seconds, **kept)
+
+
+def _scenario_output(path: str) -> Dict:
+    """scenario_case.py's OUT_JSON ({} when no run finished; it is replaced whole, never half-written)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def run_case(case: Case, timeout_s: float, ctx: Context) -> Outcome:

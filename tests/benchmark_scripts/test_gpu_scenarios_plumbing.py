@@ -50,7 +50,7 @@ def test_every_scenario_runs_on_fake_records(data_bin, tmp_path, monkeypatch):
     monkeypatch.setattr(scenarios, "host_available_bytes", lambda: 128 * 2 ** 30)  # the H100 node's host
     found = {}
     for name, scenario in scenarios.SCENARIOS.items():
-        rows, results = scenario(data_bin, str(tmp_path))
+        rows, results = scenarios.collected(scenario, data_bin, str(tmp_path))
         assert rows and results, name
         for result, value, target in results:
             assert target[:2] in ("<=", ">=", "") and value == value, (name, result)  # no NaN
@@ -89,6 +89,7 @@ def test_skipped_updates_are_counted_from_what_shard_train_logs(data_bin, tmp_pa
     run = runs.train(data_bin, str(tmp_path), "overflow", flags, timeout=600)
     inner = run["records"]["train_inner"]
     assert len(inner) == 3  # a skipped update writes no record and does not count
+    assert all(r["train_wall"] > 0 for r in inner)  # what the offload scenario's seconds are read from
     # the built model's count from its log: embeddings and output 504 x 16 each, one layer 2,224 (issue 45, 2.7)
     assert run["params"] == 2 * 504 * 16 + 2_224
     halvings = math.log2(2 ** 30 / inner[0]["loss_scale"])
