@@ -90,8 +90,8 @@ MUTANTS = [
            "test without it)", RUNNER, "    os.makedirs(os.path.dirname(basetemp), exist_ok=True)\n", "", (REAL,)),
     # issue 45: inputs the mutation run found tested only in their normal form
     Mutant("gpu_empty_junit_passes", "a case whose junit holds no test fails",
-           RUNNER, '"failed" if outcomes & {"failure", "error"} or not tests else', '"failed" if outcomes & {"failure", '
-           '"error"} else', (I + "test_a_junit_that_holds_no_test_fails_its_case",)),
+           RUNNER, '"failed" if outcomes & {"failure", "error"} or not tests else',
+           '"failed" if outcomes & {"failure", "error"} else', (I + "test_a_junit_that_holds_no_test_fails_its_case",)),
     Mutant("gpu_own_timeout_at_budget_is_stopped", "a timeout exactly as long as the budget left keeps its verdict",
            RUNNER, "left < case.timeout_s)", "left <= case.timeout_s)",
            (I + "test_a_timeout_exactly_as_long_as_the_budget_left_keeps_its_verdict",)),
@@ -103,7 +103,8 @@ MUTANTS = [
            "if args.tier is not None and args.tier > max(tiers):",
            (I + "test_a_tier_outside_the_catalogue_is_refused",)),
     Mutant("gpu_offload_seconds_from_ups", "the offload step ratio is from each update's wall time, not ups "
-           "rounded to 2 decimals (issue 45, 2.2)", SCENARIOS, 'seconds[when] = _mean([r["train_wall"] for r in later])',
+           "rounded to 2 decimals (issue 45, 2.2)", SCENARIOS,
+           'seconds[when] = _mean([r["train_wall"] for r in later])',
            'seconds[when] = _mean([1.0 / r["ups"] for r in later])', (P + "test_every_scenario_runs_on_fake_records",)),
     Mutant("gpu_params_from_the_table", "offload_largest_params_billion is the built model's count (issue 45, 2.7)",
            SCENARIOS, '("offload_largest_params_billion", run["params"] / 1e9, ">=6.0")',

@@ -35,8 +35,9 @@ def test_the_offload_scenario_emits_the_first_runs_figures_before_the_second_run
         scenarios.offload_largest("data-bin", "work", lambda rows, results: emitted.append((rows, results)))
     [(rows, results)] = emitted
     assert rows[0]["scenario"] == "offload transformer_lm_gpt3_6_7 bf16 16x2048 --cpu-step during-backward"
-    assert results == [("offload_largest_params_billion", 6.657048576, ">=6.0"), ("offload_largest_mfu", 0.31, ">=0.30"),
-                       ("offload_largest_words_per_s", 1000.0, ""), ("offload_largest_hidden_percent", 60.0, "")]
+    assert results == [("offload_largest_params_billion", 6.657048576, ">=6.0"),
+                       ("offload_largest_mfu", 0.31, ">=0.30"), ("offload_largest_words_per_s", 1000.0, ""),
+                       ("offload_largest_hidden_percent", 60.0, "")]
 
 
 def test_scenario_case_writes_and_prints_each_finished_run_at_once(tmp_path, monkeypatch, capsys):
