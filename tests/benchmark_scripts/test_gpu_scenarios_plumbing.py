@@ -26,7 +26,8 @@ def fake_train(seen, skipped=0):
         during = cfg.distributed.cpu_step == "during-backward"
         # ups as shard-train rounds it (2 decimals); train_wall the update's seconds (issue 45, 2.2)
         offload = {"ups": 0.12 if during else 0.1, "train_wall": 8.13 if during else 10.0, "mfu": 31.0,
-                   "offload_fwd_bwd": 6.0, "offload_upload": 0.5, "offload_grad_wait": 0.25, "offload_cpu_step": 5.0, "offload_step_exposed": 2.0 if during else 5.0,
+                   "offload_fwd_bwd": 6.0, "offload_upload": 0.5, "offload_grad_wait": 0.25, "offload_cpu_step": 5.0,
+                   "offload_step_exposed": 2.0 if during else 5.0,
                    "offload_hidden": 60.0 if during else 0.0} if cfg.distributed.cpu_step != "auto" else {}
         inner = [{"loss": 10.0 - 0.01 * i, "wps": 1000.0, "gb_peak_alloc": 10.0 + (name == "headline-uf4"),
                   "gb_rss": 5.0, **({"loss_scale": 128.0} if cfg.common.fp16 else {}), **offload}
