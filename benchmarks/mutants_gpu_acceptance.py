@@ -12,6 +12,8 @@ SCENARIOS, FLOPS = "benchmarks/gpu/scenarios.py", "shardtrain/trainer/metrics/fl
 FITS = R + "test_a_case_that_does_not_fit_in_the_budget_left_is_not_started"
 RESUME = R + "test_a_tier_resumes_where_the_last_stopped"
 REAL = R + "test_the_real_runner_reads_pytest_and_kills_a_hanging_case_with_its_children"
+I = "tests/benchmark_scripts/test_gpu_runner_inputs.py::"
+T = "tests/benchmark_scripts/test_gpu_scenario_timeouts.py::"
 SIGNAL = F + "test_a_signal_during_a_case_records_it_as_interrupted_and_writes_the_results"
 STAMP = F + "test_the_commit_is_stamped_before_the_tree_leaves_git"
 
@@ -37,6 +39,9 @@ MUTANTS = [
            'reason=f"started at {clock() - start:.0f} s")', (R + "test_results_are_on_disk_after_every_case",)),
     Mutant("gpu_budget_stop_is_a_verdict", "a case stopped at the budget's end is run again by --resume",
            RUNNER, "    if stopped_by_budget:", "    if False:",
+           (R + "test_the_budgets_end_stops_a_case_which_then_has_no_verdict",)),
+    Mutant("gpu_budget_stop_not_a_problem", "a case stopped at the budget's end fails the run (issue 45, 2.4)",
+           "benchmarks/gpu/report.py", '"interrupted", "stopped")', '"interrupted")',
            (R + "test_the_budgets_end_stops_a_case_which_then_has_no_verdict",)),
     Mutant("gpu_resume_reruns_verdicts", "--resume does not run again a case with a verdict",
            RUN_ALL, 'todo = [c for c in catalogue if previous.get(c.name, {}).get("status") not in runner.VERDICTS]',
@@ -83,6 +88,45 @@ MUTANTS = [
            (R + "test_a_case_whose_runner_raises_fails_and_the_next_one_runs",)),
     Mutant("gpu_basetemp_parent_missing", "pytest's --basetemp parent exists (the first GPU run failed every tmp_path "
            "test without it)", RUNNER, "    os.makedirs(os.path.dirname(basetemp), exist_ok=True)\n", "", (REAL,)),
+    # issue 45: inputs the mutation run found tested only in their normal form
+    Mutant("gpu_empty_junit_passes", "a case whose junit holds no test fails",
+           RUNNER, '"failed" if outcomes & {"failure", "error"} or not tests else',
+           '"failed" if outcomes & {"failure", "error"} else', (I + "test_a_junit_that_holds_no_test_fails_its_case",)),
+    Mutant("gpu_own_timeout_at_budget_is_stopped", "a timeout exactly as long as the budget left keeps its verdict",
+           RUNNER, "left < case.timeout_s)", "left <= case.timeout_s)",
+           (I + "test_a_timeout_exactly_as_long_as_the_budget_left_keeps_its_verdict",)),
+    Mutant("gpu_pytest_exit_ignored", "pytest exiting non-zero fails the case, whatever its junit says",
+           RUNNER, '    elif code != 0 and outcome.status == "passed":', "    elif False:",
+           (I + "test_pytest_exiting_non_zero_beside_a_passing_junit_fails_the_case",)),
+    Mutant("gpu_tier_0_accepted", "--tier outside the catalogue's tiers is refused",
+           RUN_ALL, "if args.tier is not None and args.tier not in tiers:",
+           "if args.tier is not None and args.tier > max(tiers):",
+           (I + "test_a_tier_outside_the_catalogue_is_refused",)),
+    Mutant("gpu_offload_seconds_from_ups", "the offload step ratio is from each update's wall time, not ups "
+           "rounded to 2 decimals (issue 45, 2.2)", SCENARIOS,
+           'seconds[when] = _mean([r["train_wall"] for r in later])',
+           'seconds[when] = _mean([1.0 / r["ups"] for r in later])', (P + "test_every_scenario_runs_on_fake_records",)),
+    Mutant("gpu_params_from_the_table", "offload_largest_params_billion is the built model's count (issue 45, 2.7)",
+           SCENARIOS, '("offload_largest_params_billion", run["params"] / 1e9, ">=6.0")',
+           '("offload_largest_params_billion", largest_offload_arch()[1] / 1e9, ">=6.0")',
+           (P + "test_every_scenario_runs_on_fake_records",)),
+    Mutant("gpu_params_line_unread", "the parameter count is read from shard-train's log",
+           "benchmarks/gpu/runs.py", "    return counts[0] if counts else 0", "    return 6_657_048_576",
+           (P + "test_skipped_updates_are_counted_from_what_shard_train_logs",)),
+    Mutant("gpu_timeout_loses_scenario_figures", "a scenario killed at its timeout keeps its finished runs' figures "
+           "(issue 45, 2.5)", RUNNER, 'return Outcome("timeout", seconds, f"killed at its {timeout_s:.0f} s timeout", '
+           '**kept)', 'return Outcome("timeout", seconds, f"killed at its {timeout_s:.0f} s timeout")',
+           (T + "test_the_runner_keeps_a_killed_or_failed_scenarios_figures",)),
+    Mutant("gpu_unfinished_scenario_passes", "a scenario that exits 0 before it finished is no pass",
+           RUNNER, 'if code != 0 or not done.get("finished"):', "if code != 0:",
+           (T + "test_the_runner_keeps_a_killed_or_failed_scenarios_figures",)),
+    Mutant("gpu_scenario_json_at_the_end", "each finished run's rows are on disk at once",
+           "benchmarks/gpu/scenario_case.py", "        self.write(finished=False)", "        pass",
+           (T + "test_scenario_case_writes_and_prints_each_finished_run_at_once",)),
+    Mutant("gpu_train_output_held", "shard-train's output reaches run.log as it is written",
+           "benchmarks/gpu/runs.py", "code = subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=timeout)",
+           "code = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)",
+           (T + "test_a_run_killed_at_its_timeout_has_its_output_in_the_log_already",)),
     # issue 37: run_all.py's faults
     Mutant("gpu_resume_cases_unchecked", "--resume refuses a results.json whose cases are not named records",
            RUN_ALL, "        problem = _malformed(cases)", '        problem = ""',

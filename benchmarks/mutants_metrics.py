@@ -43,7 +43,24 @@ MUTANTS = [
            "shardtrain/trainer/metrics/flops.py", '    if key == "fp32" and tf32:', "    if tf32:",
            (AXES + "test_the_table_on_every_axis",)),
     Mutant("peak_tf32_switch_ignored", "an fp32 run where torch allows TF32 is held against the TF32 peak",
-           "shardtrain/trainer/metrics/flops.py", "listed = gpu_peak_tflops(name, dtype, torch.backends.cuda.matmul.allow_tf32)",
-           "listed = gpu_peak_tflops(name, dtype, False)",
+           "shardtrain/trainer/metrics/flops.py",
+           "return gpu_peak_tflops(torch.cuda.get_device_name(device), dtype, torch.backends.cuda.matmul.allow_tf32)",
+           "return gpu_peak_tflops(torch.cuda.get_device_name(device), dtype, False)",
            (AXES + "test_a_runs_peak_on_a_named_gpu_reads_torchs_tf32_switch",)),
+    # issue 45: one slow first matmul timing on a busy start dropped mfu for the whole run
+    Mutant("mfu_busy_peak_not_remeasured", "a measured peak a record exceeds is measured again later in the run",
+           "shardtrain/trainer/metrics/flops.py", "            if mfu > 100.0 and self.remeasures_left:",
+           "            if False:",
+           ("tests/trainer/metrics/test_mfu_busy_machine.py::"
+            "test_a_measured_peak_a_record_exceeds_is_measured_again_later_in_the_run",)),
+    Mutant("mfu_remeasure_not_wired", "a run's measured peak is measured again (Run hands Utilisation the means)",
+           "shardtrain/trainer/run.py",
+           "            again = remeasure(self.backend.device, dtype, cfg.common.peak_tflops)",
+           "            again = None",
+           ("tests/trainer/metrics/test_mfu_busy_machine.py::"
+            "test_a_run_whose_first_peak_reading_was_low_has_mfu_in_its_records",)),
+    Mutant("mfu_given_peak_remeasured", "--peak-tflops is not corrected by a timing",
+           "shardtrain/trainer/metrics/flops.py", "    if given is not None or _listed(device, dtype) is not None:",
+           "    if _listed(device, dtype) is not None:",
+           ("tests/trainer/metrics/test_mfu_busy_machine.py::test_only_a_measured_peak_is_measured_again",)),
 ]

@@ -56,7 +56,8 @@ PLAN = "test_plan_gpu.py::test_planned_gpu_peaks_match_the_allocator"
 CASES: List[Case] = [
     # ---- tier 1: 320 s + probe 10, first on the next GPU (issue 39): what has never run on one. The adafactor-
     # under-offload fix first (bf16_adafactor), the CPU step during backward's bits, then the largest offload model.
-    Case("offload-recipe-one-gpu", 1, 25, "pytest 6 + data 1 + 2 offload runs (6 updates, 2 saves) x 9",
+    Case("offload-recipe-one-gpu", 1, 41, "pytest 6 + data 1 + 2 offload runs (6 updates, 2 saves) x 9 + 2 runs "
+         "without offload (1 update: the gradient norm's reference) x 8",
          _t("test_cpu_offload_collectives.py::test_offload_one_gpu")),
     Case("step-in-backward-gpu", 1, 25, "pytest 6 + data 1 + 4 in-process offload runs (4 updates) x 4",
          _t("test_step_in_backward_gpu.py")),

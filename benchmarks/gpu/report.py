@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 from cases import DERIVED
 
 FILES = ("results.json", "results.md", "junit.xml", "run.log")
-PROBLEMS = ("failed", "timeout", "skipped", "interrupted")
+PROBLEMS = ("failed", "timeout", "skipped", "interrupted", "stopped")
 
 
 def met(value, target: str) -> Optional[bool]:

@@ -10,14 +10,15 @@ than are visible is listed as not run. --out receives results.json, results.md, 
 (report.py), rewritten after every case. --resume reads an earlier results.json: the cases it holds a
 verdict for (passed, failed, timeout, skipped) are carried over, not run again, and the run starts
 with those of tiers up to --tier that did not run (default: the first tier with any); a case that was
-interrupted (the run was killed while it ran) is run again.
+interrupted (the run was killed while it ran) or stopped (the budget ended while it ran) is run again.
 
 SIGTERM, SIGINT or SIGHUP (a node's command limit, Ctrl-C) kill the running case's process group,
 record it as interrupted, write the results and exit 128 + the signal's number.
 
 Exit status: 0 when every case this run started passed and met its targets (cases left over for the
 budget, or for want of GPUs, are listed but are no failure); 1 when one failed, timed out, skipped a
-test or missed a target; 2 for bad arguments, or when no CUDA device is visible (the files say so).
+test, missed a target or was stopped at the budget's end (status "stopped": started, killed when the
+budget ran out, run again by --resume); 2 for bad arguments, or when no CUDA device is visible (the files say so).
 
 On a node without .git the commit comes from benchmarks/gpu/COMMIT, which
 `python benchmarks/gpu/stamp_commit.py` writes in the checkout before it is copied.

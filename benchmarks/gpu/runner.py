@@ -21,7 +21,8 @@ from cases import Case
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 # Statuses a resumed run does not run again: the case ran and has its verdict ("interrupted": the run
-# was killed while it ran, which says nothing of the case, so --resume runs it again).
+# was killed while it ran; "stopped": the budget ended while it ran; neither says anything of the case,
+# so --resume runs it again, and both are problems: the run did not do what it was asked).
 VERDICTS = ("passed", "failed", "timeout", "skipped")
 LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| ")  # shardtrain's log format: not a figure
 
@@ -160,13 +161,22 @@ def run_scenario_case(case: Case, timeout_s: float, ctx: Context) -> Outcome:
     start = time.monotonic()
     code = run_process(argv, ctx.log, timeout_s, ctx.env)
     seconds = time.monotonic() - start
+    done = _scenario_output(out)  # what its finished runs emitted, even when a later one was killed
+    kept = {"results": done.get("results", []), "rows": done.get("rows", [])}
     if code is None:
-        return Outcome("timeout", seconds, f"killed at its {timeout_s:.0f} s timeout")
-    if code != 0 or not os.path.exists(out):
-        return Outcome("failed", seconds, f"exit {code}: the traceback is in run.log")
-    with open(out) as f:
-        done = json.load(f)
-    return Outcome("passed", seconds, results=done["results"], rows=done["rows"])
+        return Outcome("timeout", seconds, f"killed at its {timeout_s:.0f} s timeout", **kept)
+    if code != 0 or not done.get("finished"):
+        return Outcome("failed", seconds, f"exit {code}: the traceback is in run.log", **kept)
+    return Outcome("passed", seconds, **kept)
+
+
+def _scenario_output(path: str) -> Dict:
+    """scenario_case.py's OUT_JSON ({} when no run finished; it is replaced whole, never half-written)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def run_case(case: Case, timeout_s: float, ctx: Context) -> Outcome:
@@ -210,8 +220,9 @@ def _record(record: Dict, outcome: Outcome, stopped_by_budget: bool) -> None:
                   tests=outcome.tests, figures=outcome.figures, results=outcome.results, rows=outcome.rows,
                   this_run=True)
     record["_junit"] = outcome.junit
-    if stopped_by_budget:  # no verdict: a resumed run starts with it
-        record.update(status="not run", reason=f"stopped at the budget's end after {outcome.seconds:.0f} s")
+    if stopped_by_budget:  # no verdict, but not "not run" either: a headline case killed here must fail the run
+        record.update(status="stopped", reason=f"stopped at the budget's end after {outcome.seconds:.0f} s "
+                                               "(--resume runs it again)")
 
 
 def _log(log, line: str) -> None:

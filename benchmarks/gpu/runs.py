@@ -1,6 +1,7 @@
 """Running shard-train on the visible GPUs for the GPU scenarios, with its JSON records read back."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -43,14 +44,27 @@ def train(data_bin: str, workdir: str, name: str, flags: List[str], timeout: int
     if os.path.exists(log):
         os.remove(log)  # a second run of the suite starts clean
     start = time.time()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    print(f"---- {' '.join(argv)}: exit {done.returncode}", flush=True)
-    if os.path.exists(log):
-        with open(log) as f:  # the run's whole log, into run_all.py's run.log
-            print(f.read(), flush=True)
-    if done.returncode != 0:
-        raise RunFailed(f"{name}: exit {done.returncode}\n{' '.join(argv)}\n{done.stderr[-3000:]}")
-    return {"records": records(log), "seconds": time.time() - start, "log": log, "skipped": skipped_updates(log)}
+    print(f"---- {' '.join(argv)}", flush=True)
+    # Its output goes straight to ours (run_all.py's run.log) as it is written: held in memory, a run killed at
+    # its timeout lost all of it, and the --log-file is in the workdir run_all.py deletes (issue 45, 2.5).
+    code = subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=timeout).returncode
+    print(f"---- {name}: exit {code}", flush=True)
+    if code != 0:
+        raise RunFailed(f"{name}: exit {code} (its output is in run.log, above)\n{' '.join(argv)}")
+    return {"records": records(log), "seconds": time.time() - start, "log": log, "skipped": skipped_updates(log),
+            "params": model_params(log)}
+
+
+# What shardtrain/trainer/parallel/prepare.py logs of the model it built (fairseq's line)
+PARAMS_LINE = re.compile(r" \| num\. model params: ([\d,]+) ")
+
+
+def model_params(log: str) -> int:
+    """The built model's parameter count, from the run's --log-file (0: not logged, which fails a target)."""
+    with open(log) as f:
+        found = [PARAMS_LINE.search(line) for line in f]
+    counts = [int(m.group(1).replace(",", "")) for m in found if m]
+    return counts[0] if counts else 0
 
 
 # What shardtrain/trainer/loss_scaler.py logs for each fp16 update it skips (its gradient overflowed): a

@@ -22,7 +22,7 @@ from shardtrain.trainer.metrics.progress import build_progress_bar
 from shardtrain.trainer.metrics.tensorboard import TensorboardWriter
 from shardtrain.trainer.checkpoint.resume import restore
 from shardtrain.trainer.memory.fit import check_run_fits
-from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token, peak_tflops
+from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token, peak_tflops, remeasure
 from shardtrain.trainer.metrics.run_metrics import RunMetrics
 from shardtrain.trainer.parallel.base import unwrap
 from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task
@@ -90,10 +90,12 @@ class Run:
     def _utilisation(self, cfg, model, dtypes) -> Utilisation:
         """Only the master's records are printed: only it measures a peak (a fraction of a second)."""
         per_token = model_flops_per_token(unwrap(model), self.task.max_positions() or 1)
-        peak = None
+        peak, again = None, None
         if self.backend.is_master:
-            peak = peak_tflops(self.backend.device, dtypes.compute or torch.float32, cfg.common.peak_tflops)
-        return Utilisation(per_token, self.backend.world_size, peak)
+            dtype = dtypes.compute or torch.float32
+            peak = peak_tflops(self.backend.device, dtype, cfg.common.peak_tflops)
+            again = remeasure(self.backend.device, dtype, cfg.common.peak_tflops)
+        return Utilisation(per_token, self.backend.world_size, peak, again)
 
     def batch_iterator(self, split: str, epoch: int, shuffle: bool, valid: bool = False):
         d = self.cfg.dataset

@@ -150,13 +150,21 @@ def test_a_case_whose_runner_raises_fails_and_the_next_one_runs(tmp_path):
 
 
 def test_the_budgets_end_stops_a_case_which_then_has_no_verdict(tmp_path):
+    """Issue 45, 2.4: a started case killed when the budget ran out (the headline, say) fails the run: recorded
+    "not run", it let run_all.py exit 0 without it."""
     clock, seen = Clock(), []
     slow = [Case("a", 1, 30, "fake", ("tests/gpu/test_a.py",), timeout=200)]  # takes 40, 35 s left
-    assert main(["--budget", "35", "--out", str(tmp_path)], clock, seen, catalogue=slow) == 0
-    assert statuses(tmp_path)["a"] == ("not run", "stopped at the budget's end after 35 s")
+    assert main(["--budget", "35", "--out", str(tmp_path)], clock, seen, catalogue=slow) == 1
+    reason = "stopped at the budget's end after 35 s (--resume runs it again)"
+    assert statuses(tmp_path)["a"] == ("stopped", reason)
+    state = json.loads((tmp_path / "results.json").read_text())
+    assert state["problems"] == ["a: stopped " + reason]
+    suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
+    assert suite.find("testcase/failure").get("message") == "stopped: " + reason
     seen.clear()
-    main(["--resume", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")], clock, seen, catalogue=slow)
-    assert seen == ["a"]
+    assert main(["--resume", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")], clock, seen,
+                catalogue=slow) == 0  # the default budget: it runs whole and passes
+    assert seen == ["a"] and statuses(tmp_path / "again")["a"][0] == "passed"
 
 
 def test_exit_status(tmp_path, capsys):

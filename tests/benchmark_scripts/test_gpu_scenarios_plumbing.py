@@ -24,15 +24,17 @@ def fake_train(seen, skipped=0):
         cfg = parse_train_args([data_bin, *flags])  # unknown flags and incompatible ones fail here
         updates = cfg.optimization.max_update
         during = cfg.distributed.cpu_step == "during-backward"
-        offload = {"ups": 0.125 if during else 0.1, "mfu": 31.0, "offload_fwd_bwd": 6.0, "offload_upload": 0.5,
-                   "offload_grad_wait": 0.25, "offload_cpu_step": 5.0, "offload_step_exposed": 2.0 if during else 5.0,
+        # ups as shard-train rounds it (2 decimals); train_wall the update's seconds (issue 45, 2.2)
+        offload = {"ups": 0.12 if during else 0.1, "train_wall": 8.13 if during else 10.0, "mfu": 31.0,
+                   "offload_fwd_bwd": 6.0, "offload_upload": 0.5, "offload_grad_wait": 0.25, "offload_cpu_step": 5.0,
+                   "offload_step_exposed": 2.0 if during else 5.0,
                    "offload_hidden": 60.0 if during else 0.0} if cfg.distributed.cpu_step != "auto" else {}
         inner = [{"loss": 10.0 - 0.01 * i, "wps": 1000.0, "gb_peak_alloc": 10.0 + (name == "headline-uf4"),
                   "gb_rss": 5.0, **({"loss_scale": 128.0} if cfg.common.fp16 else {}), **offload}
                  for i in range(updates)]
         seen.append(name)
         return {"records": {"train_inner": inner, "valid": [{"loss": 3.0}]}, "seconds": 1.0, "log": "",
-                "skipped": skipped if cfg.common.fp16 else 0}
+                "skipped": skipped if cfg.common.fp16 else 0, "params": 6_657_048_576}  # the built gpt3_6_7
     return train
 
 
@@ -49,7 +51,7 @@ def test_every_scenario_runs_on_fake_records(data_bin, tmp_path, monkeypatch):
     monkeypatch.setattr(scenarios, "host_available_bytes", lambda: 128 * 2 ** 30)  # the H100 node's host
     found = {}
     for name, scenario in scenarios.SCENARIOS.items():
-        rows, results = scenario(data_bin, str(tmp_path))
+        rows, results = scenarios.collected(scenario, data_bin, str(tmp_path))
         assert rows and results, name
         for result, value, target in results:
             assert target[:2] in ("<=", ">=", "") and value == value, (name, result)  # no NaN
@@ -60,8 +62,11 @@ def test_every_scenario_runs_on_fake_records(data_bin, tmp_path, monkeypatch):
     assert found["headline_uf1_gpu_peak_gib"] == 10.0 and found["headline_uf4_gpu_peak_gib"] == 11.0
     # issue 39's case: 6.7B fits 128 GiB at 16 bytes a parameter; 8 s an update during backward, 10 s after it
     assert seen[:2] == ["offload-during-backward", "offload-after-backward"]
-    assert found["offload_largest_params_billion"] == 6.7 and found["offload_largest_mfu"] == 0.31
-    assert found["offload_largest_step_ratio"] == pytest.approx(0.8)
+    # the run's own parameter count, not the table's 6.7 (issue 45, 2.7); seconds from train_wall, not 1/ups
+    # (2.2: 1/0.12 over 1/0.1 would be 0.833)
+    assert found["offload_largest_params_billion"] == 6.657048576 and found["offload_largest_mfu"] == 0.31
+    assert found["headline_params_billion"] == 6.657048576
+    assert found["offload_largest_step_ratio"] == pytest.approx(0.813)
     assert found["offload_largest_hidden_percent"] == 60.0
 
 
@@ -85,6 +90,9 @@ def test_skipped_updates_are_counted_from_what_shard_train_logs(data_bin, tmp_pa
     run = runs.train(data_bin, str(tmp_path), "overflow", flags, timeout=600)
     inner = run["records"]["train_inner"]
     assert len(inner) == 3  # a skipped update writes no record and does not count
+    assert all(r["train_wall"] > 0 for r in inner)  # what the offload scenario's seconds are read from
+    # the built model's count from its log: embeddings and output 504 x 16 each, one layer 2,224 (issue 45, 2.7)
+    assert run["params"] == 2 * 504 * 16 + 2_224
     halvings = math.log2(2 ** 30 / inner[0]["loss_scale"])
     assert halvings >= 5 and run["skipped"] == halvings, (run["skipped"], inner[0]["loss_scale"])
 
