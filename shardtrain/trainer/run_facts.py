@@ -23,6 +23,7 @@ from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_ever
 from shardtrain.trainer.parallel.choose import chosen_backend_class
 from shardtrain.trainer.parallel.zero import shards_optimizer_state
 from shardtrain.trainer.precision.choose import chosen, run_dtypes
+from shardtrain.trainer.precision.component import skip_nan
 from shardtrain.trainer.precision.registry import Dtypes
 from shardtrain.trainer.resolved import Components
 
@@ -106,9 +107,8 @@ def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int,
 
 def _undoable(cfg) -> bool:
     """An update may be undone once backward has ended (step_in_backward.py's ``keep``, from the same flags): clipped
-    (--clip-norm), or skipped (a loss-scaled precision's overflow, --skip-nan-updates)."""
-    o = cfg.optimization
-    return o.clip_norm > 0 or o.skip_nan_updates > 0 or chosen(cfg.common).loss_scaled
+    (--clip-norm), or skipped (a loss-scaled precision's overflow; --skip-nan-updates or --spike-rollback: skip_nan)."""
+    return cfg.optimization.clip_norm > 0 or skip_nan(cfg) > 0 or chosen(cfg.common).loss_scaled
 
 
 def _staged_kinds(cfg, backend: type) -> tuple:

@@ -16,7 +16,8 @@ whole run (rank_memory.staged_bytes): without it counted, a run passed this chec
 memory at its first save. The CPU step during backward keeps a copy of each shard's parameter and moments where the
 update may be undone (rank_memory.undo_copy_bytes), and --cpu-offload's pinned shards are rounded up to powers of
 two (pinned.py): a 6.7B model with --clip-norm needed about 178 GiB where this check said 99 and let it start; the
-refusal names --cpu-step after-backward first where that alone makes it fit. The host's free memory is MemAvailable, or less under a cgroup limit (host_memory.py).
+refusal names --cpu-step after-backward first where that alone makes it fit. The host's free memory is
+MemAvailable, or less under a cgroup limit (host_memory.py).
 Only what certainly cannot fit is refused: the activations of one sequence only,
 none under --checkpoint-activations, and an optimizer whose spec does not say its
 state bytes (OptimizerSpec.state_bytes) counts none.
@@ -92,9 +93,9 @@ def _undo_fix(est: RankMemory, where: str, need: int, free: int, ranks: int) -> 
         return ""
     alone = need - ranks * (est.undo - est.pinned) <= free
     return (f"{'' if alone else '; or '}--cpu-step after-backward (stepping each shard during backward keeps a copy of "
-            f"its parameter and moments, {est.undo / GIB:.1f} GiB, until --clip-norm, fp16's overflow check or "
-            f"--skip-nan-updates has decided the update; after backward nothing is copied, but the step no longer "
-            f"hides under backward){'; or else with ' if alone else ''}")
+            f"its parameter and moments, {est.undo / GIB:.1f} GiB, until --clip-norm, fp16's overflow check, "
+            f"--skip-nan-updates or --spike-rollback has decided the update; after backward nothing is copied, but "
+            f"the step no longer hides under backward){'; or else with ' if alone else ''}")
 
 
 def check_run_fits(cfg, components: Components, task, backend, facts: RunFacts) -> None:
