@@ -24,6 +24,9 @@ from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.plan.estimate import Machine
 from shardtrain.plan.estimate import estimate as plan_estimate
+from shardtrain.plan.options import as_given
+from shardtrain.plan.planner import Plan, Planned
+from shardtrain.plan.report import _detail
 from shardtrain.trainer.host_memory import host_memory
 from shardtrain.trainer.memory import fit as memory_fit
 from shardtrain.trainer.memory.fit import check_fits, check_run_fits, estimate, memory_needs
@@ -73,9 +76,13 @@ def test_shard_plan_counts_the_undo_copies_too(data):
                       matmul_tflops={torch.float32: 1.0, torch.bfloat16: 2.0, torch.float16: 2.0},
                       copy_gbps=10.0, network_gbps=10.0, pcie_gbps=20.0)
     kinds = {"params": 3_136, "grads": 3_136, "optimizer": 6_272, "buffers": 864, "activations": 1_000}
+    cfg = parse_train_args([data, *OFFLOAD, "--clip-norm", "1.0"])
     plain, clipped = (plan_estimate(parse_train_args([data, *OFFLOAD, *flags]), dict(kinds), 1_568, 1000.0, 16,
                                     machine) for flags in ([], ["--clip-norm", "1.0"]))
     assert clipped.host_peak - plain.host_peak == UNDO and clipped.gpu_peak == plain.gpu_peak
+    planned = Plan(machine, 1_568, 1000.0, (1, 16), Planned(as_given(), cfg, clipped, True), [], 0.1)
+    printed = "\n".join(_detail(clipped, planned, "cuda"))
+    assert "the CPU step during backward's copies (host)" in printed
 
 
 def test_pinned_blocks_are_rounded_up_to_powers_of_two(data):
