@@ -81,8 +81,8 @@ MUTANTS = [
            ("tests/trainer/checkpoint/test_resume_contents.py",)),
     # -- issue 40: the run's facts, decided once --------------------------------------------------------------
     Mutant("run_facts_checkpointing_lost", "the run's facts say whether (and every how many blocks) it checkpoints",
-           "shardtrain/trainer/run_facts.py", "ranks_per_node, checkpoint_every(cfg.distributed))",
-           "ranks_per_node, None)", ("tests/trainer/test_run_facts.py",)),
+           "shardtrain/trainer/run_facts.py", "ranks_per_node, checkpoint_every(cfg.distributed), ",
+           "ranks_per_node, None, ", ("tests/trainer/test_run_facts.py",)),
     Mutant("run_facts_precision_not_the_chosen", "the run's facts hold the precision the flags pick",
            "shardtrain/trainer/run_facts.py", "bool(cfg.optimization.spike_rollback), chosen(cfg.common),",
            "bool(cfg.optimization.spike_rollback), chosen(types.SimpleNamespace()),",

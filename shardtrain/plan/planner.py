@@ -13,8 +13,10 @@ from shardtrain.plan.trace import batch_shape, traced_peak
 from shardtrain.trainer.memory.fit import host_available_bytes
 from shardtrain.trainer.memory.layers import extrapolated
 from shardtrain.trainer.memory.model_sizes import block_share, model_sizes
+from shardtrain.trainer.memory.pinned import pinned_rounding
 from shardtrain.trainer.metrics.flops import measured_peak_tflops, model_flops_per_token
 from shardtrain.trainer.resolved import Components, build_model, build_task
+from shardtrain.trainer.run_facts import run_facts
 
 GIB = 2 ** 30
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -152,7 +154,8 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
         reused = key in traces
         if not reused:
             traces[key] = traced_peak(variant, task, machine.world_size, machine.ranks_per_node)
-        est = estimate(variant, traces[key], count, flops_per_token, shape[0] * shape[1], machine, blocks)
+        kinds = dict(traces[key], pinned=_pinned(variant, components, task, machine))  # no trace sees it
+        est = estimate(variant, kinds, count, flops_per_token, shape[0] * shape[1], machine, blocks)
         progress(f"planned {which}: {option.label}" + (" (an earlier trace reused)" if reused else " (traced)"))
         return Planned(option, variant, est, fits(est, machine, headroom))
 
@@ -160,6 +163,12 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
     chosen = alternatives(cfg, machine.world_size, machine.ranks_per_node, machine.device) if compare else []
     options = [planned(o, f"alternative {i} of {len(chosen)}") for i, o in enumerate(chosen, 1)]
     return Plan(machine, count, flops_per_token, shape, given, options, headroom)
+
+
+def _pinned(cfg, components: Components, task, machine: Machine) -> int:
+    """The pinned allocator's rounding of a rank's offloaded shards (trainer/memory/pinned.py)."""
+    facts = run_facts(cfg, components, machine.world_size, machine.ranks_per_node)
+    return pinned_rounding(cfg, components, task, facts, machine.device)
 
 
 def _flops_per_token(cfg, components: Components, task, length: int) -> float:

@@ -76,6 +76,10 @@ def _detail(e: Estimate, plan: Plan, device: str) -> List[str]:
         rows.append(("--spike-rollback's snapshot of the state", e.snapshot))
     if e.staged:
         rows.append(("--async-save's pinned host copy of the state", e.staged))
+    if e.memory.undo:
+        rows.append(("the CPU step during backward's copies (host)", e.memory.undo))
+    if e.memory.pinned:
+        rows.append(("pinned blocks' rounding to powers of two (host)", e.memory.pinned))
     out = [f"  {name:<52} {_gib(value):>9} GiB" for name, value in rows]
     if device == "cuda":
         out.append(f"  {'peak on the GPU':<52} {_gib(e.gpu_peak):>9} GiB")

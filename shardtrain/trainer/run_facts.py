@@ -23,6 +23,7 @@ from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_ever
 from shardtrain.trainer.parallel.choose import chosen_backend_class
 from shardtrain.trainer.parallel.zero import shards_optimizer_state
 from shardtrain.trainer.precision.choose import chosen, run_dtypes
+from shardtrain.trainer.precision.component import skip_nan
 from shardtrain.trainer.precision.registry import Dtypes
 from shardtrain.trainer.resolved import Components
 
@@ -46,6 +47,8 @@ class RunFacts:
     precision: type = None  # the registered PrecisionKind (trainer/precision/choose.py): what the dtypes came from
     ranks_per_node: int = 1  # ranks sharing a node (its memory, and a hybrid shard group without --shard-group-size)
     checkpoint_every: Optional[int] = None  # activation checkpointing: every Nth block, None when off
+    cpu_step: str = "auto"  # --cpu-step: when a CPU optimizer steps sharded parameters in host memory
+    undoable: bool = False  # an update may be undone after backward: --clip-norm, a loss scale, --skip-nan-updates
 
     @property
     def checkpointed(self) -> bool:
@@ -75,6 +78,21 @@ class RunFacts:
         """Optimizer state (and master copies) in host memory: offloaded, or an optimizer stepping there."""
         return self.state_on_host or self.spec.steps_on_cpu
 
+    def steps_during_backward(self, device_type: str) -> bool:
+        """Whether the optimizer steps each shard during backward, as trainer/parallel/step_in_backward.py decides on
+        a ``device_type`` run: sharded parameters in host memory (a CPU run's, --cpu-offload's), an optimizer stepping
+        there tensor by tensor (cpu_adam on fp32 shards, without --fp16-adam-stats), and --cpu-step during-backward,
+        or auto on an accelerator."""
+        on_host = device_type == "cpu" or self.state_on_host
+        chosen = self.cpu_step == "during-backward" or (self.cpu_step == "auto" and device_type != "cpu")
+        by_shard = getattr(self.spec.cls, "steps_on_host", False) and not self.spec.kwargs.get("fp16_adam_stats")
+        return bool(self.backend.shards_parameters and on_host and by_shard and self.param_bytes == 4 and chosen)
+
+    def keeps_undo_copies(self, device_type: str) -> bool:
+        """The step during backward keeps a copy of each shard's parameter and moments until the update is decided
+        (step_in_backward.py's ``keep``): an update that clipping, an overflow or a NaN may undo."""
+        return self.undoable and self.steps_during_backward(device_type)
+
 
 def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int, backend: type = None) -> RunFacts:
     """The facts of ``cfg`` (its ``components`` looked up) on ``world_size`` ranks, ``ranks_per_node`` a node
@@ -84,7 +102,13 @@ def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int,
     shards = backend.parameter_shards(cfg.distributed, world_size, ranks_per_node)
     return RunFacts(backend, spec, run_dtypes(cfg), world_size, shards, cfg.distributed, _staged_kinds(cfg, backend),
                     first(cfg.optimization.update_freq), bool(cfg.optimization.spike_rollback), chosen(cfg.common),
-                    ranks_per_node, checkpoint_every(cfg.distributed))
+                    ranks_per_node, checkpoint_every(cfg.distributed), cfg.distributed.cpu_step, _undoable(cfg))
+
+
+def _undoable(cfg) -> bool:
+    """An update may be undone once backward has ended (step_in_backward.py's ``keep``, from the same flags): clipped
+    (--clip-norm), or skipped (a loss-scaled precision's overflow; --skip-nan-updates or --spike-rollback: skip_nan)."""
+    return cfg.optimization.clip_norm > 0 or skip_nan(cfg) > 0 or chosen(cfg.common).loss_scaled
 
 
 def _staged_kinds(cfg, backend: type) -> tuple:

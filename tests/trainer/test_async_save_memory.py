@@ -112,3 +112,12 @@ def test_the_memory_check_counts_the_backends_gradient_copies_as_shard_plan_does
     with_buckets, without = _host(data, "--ddp-backend", "pytorch_ddp"), _host(data, "--ddp-backend", "pytorch_ddp",
                                                                                 "--gradient-as-bucket-view")
     assert (with_buckets["device"] - without["device"], with_buckets["host"] - without["host"]) == (3_424, 0)
+
+
+def test_without_the_optimizer_state_only_the_parameters_are_staged(data):
+    """--async-save --no-save-optimizer-state: a checkpoint without the optimizer's state stages the parameter shard
+    alone (1,712 bytes a rank), in the fit check and in shard-plan alike; the moments (3,424) are not copied."""
+    est, _ = _fit_estimate(data, "--async-save", "--no-save-optimizer-state")
+    assert est.staged == 1_712
+    assert _host(data, "--async-save", "--no-save-optimizer-state")["host"] - _host(data)["host"] == 2 * 1_712
+    assert _planned(data, "--async-save", "--no-save-optimizer-state").staged == 1_712

@@ -1,5 +1,7 @@
 """Sizes that cannot fit are refused before anything is allocated (red-team item 8 of issue 16);
 what fits is not (benchmarks/largest_model.py's 1.31B recipe on a 24 GiB machine)."""
+import types
+
 import pytest
 import torch
 
@@ -7,9 +9,12 @@ from shardtrain.config.run_config import parse_train_args
 from shardtrain.config.components import resolve
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.resolved import Components, build_model, build_task
-from shardtrain.trainer.memory.fit import check_fits
+from shardtrain.trainer.host_memory import host_memory
+from shardtrain.trainer.memory import fit as memory_fit
+from shardtrain.trainer.memory.fit import check_fits, check_run_fits, estimate, memory_needs
 from shardtrain.trainer.memory.model_sizes import _meta_sizes, model_sizes
-from st_testutils import fit_estimate
+from shardtrain.trainer.run_facts import run_facts
+from st_testutils import fit_estimate, make_space_data_bin
 
 GIB = 2 ** 30
 SMALL = ["--arch", "transformer_lm", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
@@ -107,3 +112,27 @@ def test_activations_refuse_the_red_teams_hundred_thousand_layers(gpt2_vocab):
         check_fits(est, 1, available={"host": 21 * GIB})
     cfg, task = config_and_task(gpt2_vocab, *SMALL, "--decoder-layers", "100000", "--checkpoint-activations")
     assert fit_estimate(cfg, task, activations=True).activations == 0
+
+
+def test_the_runs_own_check_counts_bf16_activations_in_two_bytes(tmp_path, monkeypatch):
+    """check_run_fits, as Run calls it (tests of the estimate alone passed compute_bytes themselves): a bf16 run's
+    activations are half an fp32 run's, so a machine with a kilobyte less than the fp32 run needs refuses it and
+    takes the bf16 run (one sequence of 64 tokens at width 32 keeps tens of kilobytes)."""
+    data = make_space_data_bin(str(tmp_path / "data"), n_words=8, train_tokens=2000)
+    flags = [*SMALL, "--decoder-layers", "2", "--tokens-per-sample", "64", "--cpu"]
+    runs = {}
+    for precision in ([], ["--bf16"]):
+        cfg = parse_train_args([data, *flags, *precision])
+        components = Components.of(cfg)
+        runs[bool(precision)] = cfg, components, build_task(cfg, components), run_facts(cfg, components, 1, 1)
+    fp32 = estimate(*runs[False], "cpu")
+    bf16 = estimate(*runs[True], "cpu", compute_bytes=2)
+    assert fp32.activations == 2 * bf16.activations > 8 * 1024
+    root = tmp_path / "machine"  # the machine-memory stand-in: a /proc/meminfo of its own
+    (root / "proc").mkdir(parents=True)
+    (root / "proc/meminfo").write_text(f"MemAvailable: {memory_needs(fp32, 1)['host'] // 1024 - 1} kB\n")
+    monkeypatch.setattr(memory_fit, "host_memory", lambda *args: host_memory(str(root)))
+    backend = types.SimpleNamespace(device=torch.device("cpu"))
+    with pytest.raises(ConfigError, match="The model cannot fit"):
+        check_run_fits(*runs[False][:3], backend, runs[False][3])
+    check_run_fits(*runs[True][:3], backend, runs[True][3])

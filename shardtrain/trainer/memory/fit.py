@@ -13,7 +13,11 @@ the batch's: the loss's own are not counted, nor dropout's masks).
 --spike-rollback's snapshot is a copy of the parameters, buffers and optimizer state, each beside
 what it copies. --async-save keeps a pinned host copy of the state each rank holds on its GPU for the
 whole run (rank_memory.staged_bytes): without it counted, a run passed this check and ran out of host
-memory at its first save. The host's free memory is MemAvailable, or less under a cgroup limit (host_memory.py).
+memory at its first save. The CPU step during backward keeps a copy of each shard's parameter and moments where the
+update may be undone (rank_memory.undo_copy_bytes), and --cpu-offload's pinned shards are rounded up to powers of
+two (pinned.py): a 6.7B model with --clip-norm needed about 178 GiB where this check said 99 and let it start; the
+refusal names --cpu-step after-backward first where that alone makes it fit. The host's free memory is
+MemAvailable, or less under a cgroup limit (host_memory.py).
 Only what certainly cannot fit is refused: the activations of one sequence only,
 none under --checkpoint-activations, and an optimizer whose spec does not say its
 state bytes (OptimizerSpec.state_bytes) counts none.
@@ -27,6 +31,7 @@ from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.host_memory import host_memory
 from shardtrain.trainer.run_facts import RunFacts
 from shardtrain.trainer.memory.model_sizes import model_sizes
+from shardtrain.trainer.memory.pinned import pinned_rounding
 from shardtrain.trainer.memory.rank_memory import RankMemory, counted_kinds, rank_memory
 from shardtrain.trainer.resolved import Components
 
@@ -45,6 +50,7 @@ def estimate(cfg, components: Components, task, facts: RunFacts, device_type: st
     value (none are counted under --checkpoint-activations: what it keeps depends on where it cuts)."""
     count, buffers, tensors, saved = model_sizes(cfg, components, task, activations and not facts.checkpointed)
     kinds = counted_kinds(facts, count, buffers, saved * compute_bytes // 4)
+    kinds["pinned"] = pinned_rounding(cfg, components, task, facts, device_type)
     return rank_memory(facts, count, kinds, device_type, bookkeeping=tensors * BYTES_PER_TENSOR)
 
 
@@ -77,6 +83,19 @@ def check_fits(est: RankMemory, ranks_on_host: int, available: Optional[Dict[str
     for where, need in memory_needs(est, ranks_on_host).items():
         if where in available and need > available[where]:
             raise ConfigError(_message(est, where, need, available[where], ranks_on_host, host_source))
+
+
+def _undo_fix(est: RankMemory, where: str, need: int, free: int, ranks: int) -> str:
+    """--cpu-step after-backward, where the step during backward's copies are counted: first when the run fits
+    without them. Stepping after backward, FSDP2 pins the gradients' copies too (pinned.py): their rounding is the
+    shards' own, which ``est.pinned`` holds alone while the copies are kept."""
+    if where != "host" or not est.undo:
+        return ""
+    alone = need - ranks * (est.undo - est.pinned) <= free
+    return (f"{'' if alone else '; or '}--cpu-step after-backward (stepping each shard during backward keeps a copy of "
+            f"its parameter and moments, {est.undo / GIB:.1f} GiB, until --clip-norm, fp16's overflow check, "
+            f"--skip-nan-updates or --spike-rollback has decided the update; after backward nothing is copied, but "
+            f"the step no longer hides under backward){'; or else with ' if alone else ''}")
 
 
 def check_run_fits(cfg, components: Components, task, backend, facts: RunFacts) -> None:
@@ -116,6 +135,12 @@ def _message(est: RankMemory, where: str, need: int, free: int, ranks: int, host
         snapshot += f", the backend's copies of the gradients {est.extra / GIB:.1f}"
     if where == "host" and est.staged:
         snapshot += f", --async-save's host copy of the state {est.staged / GIB:.1f}"
+    if where == "host" and est.undo:
+        snapshot += f", the CPU step during backward's copies of the state {est.undo / GIB:.1f}"
+    if where == "host" and est.pinned:
+        snapshot += f", pinned blocks rounded up to powers of two {est.pinned / GIB:.1f}"
+    undo = _undo_fix(est, where, need, free, ranks)
+    fix = undo + fix if undo.endswith("with ") else fix + undo
     return (f"The model cannot fit: it needs about {need / GIB:.1f} GiB{per} (parameters {est.params / GIB:.1f}, "
             f"gradients {est.grads / GIB:.1f}, optimizer state {(est.optimizer + est.master) / GIB:.1f}, buffers such as the "
             f"positions {est.buffers / GIB:.1f}{snapshot}, tensor bookkeeping {est.bookkeeping / GIB:.1f} GiB; "

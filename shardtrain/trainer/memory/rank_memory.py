@@ -6,10 +6,13 @@ Both hand ``rank_memory`` the bytes by kind at the step's peak (the fit check co
 ``counted_kinds``); what no trace sees is added here from the run's facts (``facts.py``): ZeRO's division of the
 optimizer state, the gradients --update-freq keeps between micro-batches, the backend's own gradient copies (DDP's
 buckets unless --gradient-as-bucket-view, legacy_ddp's flat all-reduce buffer), --spike-rollback's snapshot (a copy
-of the parameters, buffers and optimizer state, each beside what it copies) and --async-save's pinned host copy of
-the state the rank keeps on its GPU. ``RankMemory.placed`` puts each kind on its device: the optimizer state (and
-fp32 master copies) in host memory where the optimizer steps there (cpu_adam) or the backend offloads it
-(--cpu-offload), the parameter and gradient shards too where the backend offloads; the rest on the GPU.
+of the parameters, buffers and optimizer state, each beside what it copies), --async-save's pinned host copy of
+the state the rank keeps on its GPU, and the CPU step during backward's copies of the state it may undo
+(``undo_copy_bytes``: 12 bytes a parameter under --clip-norm or fp16; a 6.7B model's 99 GiB of offloaded state
+needed about 178 GiB with them, and the check let it start); the pinned allocator's rounding (``pinned.py``) comes
+in as a kind. ``RankMemory.placed`` puts each kind on its device: the optimizer state (and fp32 master copies) in
+host memory where the optimizer steps there (cpu_adam) or the backend offloads it (--cpu-offload), the parameter
+and gradient shards too where the backend offloads, the undo copies and pinned blocks there; the rest on the GPU.
 """
 import dataclasses
 from typing import Dict, Mapping
@@ -39,6 +42,8 @@ class RankMemory:
     bookkeeping: int = 0  # host memory of the module and tensor objects themselves (the fit check's)
     snapshots: int = 0  # --spike-rollback keeps one (trainer/spike.py); none without it
     staged: int = 0  # host memory --async-save's stager holds for the run (``staged_bytes``)
+    undo: int = 0  # host: the CPU step during backward's copies of each shard's state (``undo_copy_bytes``)
+    pinned: int = 0  # host: pinned blocks' rounding up to powers of two (pinned.py; given in kinds as "pinned")
     device_type: str = "cpu"
     state_on_host: bool = False  # the parameter and gradient shards (RunFacts.state_on_host)
     optimizer_on_host: bool = False  # the optimizer's state and master copies (RunFacts.optimizer_on_host)
@@ -69,7 +74,7 @@ class RankMemory:
         kinds = {"params": self.params, "grads": self.grads if offloaded else self.grads_at_peak, "optimizer": self.optimizer,
                  "master": self.master, "buffers": self.buffers, "activations": self.activations,
                  "gathered": self.gathered, "temporaries": self.temporaries, "extra": self.extra,
-                 "runtime": self.runtime, "bookkeeping": self.bookkeeping}
+                 "runtime": self.runtime, "bookkeeping": self.bookkeeping, "undo": self.undo, "pinned": self.pinned}
         out = place(kinds, self.device_type, self.state_on_host, self.optimizer_on_host, snapshot=self.snapshots > 0)
         out["host"] += self.staged
         return out
@@ -88,8 +93,8 @@ def rank_memory(facts: RunFacts, count: int, kinds: Mapping[str, int], device_ty
     """One rank's memory in the run ``facts`` describe, on a ``device_type`` device, for a model of ``count``
     parameters. ``kinds``: its bytes by kind at the step's peak ("params", "grads" (those live then), "optimizer"
     (master copies in it, not yet divided by ZeRO), "buffers", "activations"; a trace's also "temporaries" and
-    GATHERED_KINDS), a traced step's (plan/trace.py) or ``counted_kinds``; ``runtime``: the kernels' own buffers;
-    ``bookkeeping``: host memory of the tensor objects."""
+    GATHERED_KINDS; "pinned": the pinned blocks' rounding, pinned.py), a traced step's (plan/trace.py) or
+    ``counted_kinds``; ``runtime``: the kernels' own buffers; ``bookkeeping``: host memory of the tensor objects."""
     params, buffers = kinds["params"], kinds["buffers"]
     grads = count * facts.param_bytes // facts.shards
     master = min(kinds["optimizer"], count * facts.spec.master_bytes(facts.param_bytes) // facts.shards)
@@ -107,7 +112,17 @@ def rank_memory(facts: RunFacts, count: int, kinds: Mapping[str, int], device_ty
                       activations=kinds["activations"], grads_at_peak=grads_at_peak, gathered=gathered,
                       temporaries=temporaries, extra=extra, runtime=runtime, bookkeeping=bookkeeping,
                       snapshots=1 if facts.snapshot else 0, staged=staged, device_type=device_type,
+                      undo=undo_copy_bytes(facts, count, device_type), pinned=kinds.get("pinned", 0),
                       state_on_host=facts.state_on_host, optimizer_on_host=facts.optimizer_on_host)
+
+
+def undo_copy_bytes(facts: RunFacts, count: int, device_type: str) -> int:
+    """Host bytes the CPU step during backward keeps until the update is decided, where it may be undone
+    (RunFacts.keeps_undo_copies): a copy of each stepped shard's parameter and moments (cpu_adam.step_one's
+    ``keep``: 4 + 8 bytes a parameter in fp32), all live when backward ends, beside the state they copy."""
+    if not facts.keeps_undo_copies(device_type):
+        return 0
+    return count * (facts.param_bytes + facts.spec.state_bytes) // facts.shards
 
 
 def staged_bytes(facts: RunFacts, kinds: Dict[str, int], device_type: str) -> int:
@@ -138,7 +153,7 @@ def place(kinds: Dict[str, int], device_type: str, state_on_host: bool, optimize
     device's), the parameters and gradients in host memory when ``state_on_host``, the optimizer's state
     and master copies when ``optimizer_on_host`` (RunFacts says both); with a --spike-rollback
     ``snapshot``, a copy of SNAPSHOT_KINDS beside each original. A CPU run holds everything in host memory."""
-    on_host = {"bookkeeping": True, "params": state_on_host, "grads": state_on_host,
+    on_host = {"bookkeeping": True, "undo": True, "pinned": True, "params": state_on_host, "grads": state_on_host,
                "optimizer": optimizer_on_host, "master": optimizer_on_host}  # the rest: the compute device's
     out = {"host": 0, "device": 0}
     for kind, size in kinds.items():
