@@ -6,6 +6,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from shardtrain.config.checks import check_config
+from shardtrain.config.overridden import with_overrides
 from shardtrain.core.errors import ConfigError
 from shardtrain.models import capabilities
 from shardtrain.plan.estimate import GPU_MEMORY_GBPS, Estimate, Machine, estimate
@@ -147,6 +149,9 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
     flops_per_token = _flops_per_token(cfg, components, task, shape[1])
     progress(f"counted the model ({count:,} parameters)")
     traces = {} if traces is None else traces
+    problem = refusal(cfg, machine)  # what shard-train would refuse on these ranks is no plan
+    if problem:
+        raise ConfigError(problem)
 
     def planned(option: Option, which: str) -> Planned:
         variant = option.apply(cfg)
@@ -160,8 +165,24 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
 
     given = planned(as_given(), "the run")
     chosen = alternatives(cfg, machine.world_size, machine.ranks_per_node, machine.device) if compare else []
+    chosen = [o for o in chosen if refusal(o.apply(cfg), machine) is None]  # shard-plan's own picks: skip misfits
     options = [planned(o, f"alternative {i} of {len(chosen)}") for i, o in enumerate(chosen, 1)]
     return Plan(machine, count, flops_per_token, shape, given, options, headroom)
+
+
+def refusal(cfg, machine: Machine) -> Optional[str]:
+    """Why shard-train would refuse ``cfg`` on ``machine``'s ranks (the flag-check table, config/checks.py, with
+    the world filled in, and a node's ranks as a hybrid strategy's group where --shard-group-size is not given, as
+    fsdp_wrap.shard_group_size picks it), or None."""
+    d = cfg.distributed
+    filled = {"distributed.distributed_world_size": machine.world_size}
+    if d.shard_group_size is None and d.fsdp_sharding_strategy.startswith("hybrid"):
+        filled["distributed.shard_group_size"] = min(machine.ranks_per_node, machine.world_size)
+    try:
+        check_config(with_overrides(cfg, filled))
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def unit_share(cfg, components: Components, task) -> float:
