@@ -101,4 +101,9 @@ MUTANTS = [
            PLANNER, "    units = list(blocks) if blocks is not None and len(blocks) else size_based_units(",
            "    units = [model] if True else size_based_units(",
            (OVERLAP + "test_a_model_without_repeated_layers_hides_only_its_size_based_units_step",)),
+    Mutant("plan_offload_fwd_bwd_without_collectives", "forward+backward holds the collectives (on 2 ranks)",
+           EST, '"offload_fwd_bwd": s["compute"] + s["communication"] + s["offload"]',
+           '"offload_fwd_bwd": s["compute"] + s["offload"]',
+           (OVERLAP + "test_on_two_ranks_the_forward_backward_holds_the_collectives_and_the_copies",
+            OVERLAP + "test_the_record_fields_predicted")),
 ]
