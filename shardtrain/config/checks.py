@@ -27,6 +27,15 @@ def _backend_has(cfg, capability: str) -> bool:
     return getattr(backend_class(cfg.distributed.ddp_backend), capability)
 
 
+def _group_misfits(distributed) -> bool:
+    """A hybrid --fsdp-sharding-strategy's shard group that does not divide the world, where both are known (the
+    world from --distributed-world-size; shard-plan fills in the world it plans for, and a node's ranks for the
+    group where none is given, as the run's mesh would: trainer/parallel/fsdp_wrap.build_mesh)."""
+    world, group = distributed.distributed_world_size, distributed.shard_group_size
+    hybrid = distributed.fsdp_sharding_strategy not in ("full_shard", "shard_grad_op", "no_shard")
+    return bool(hybrid and world and group and group >= 1 and world % group)
+
+
 def _bad_windows(text: str) -> bool:
     try:
         parse_windows(text)
@@ -170,6 +179,14 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
      f"{_with('sharded_checkpoints')}; add it or drop --async-save."),
     (lambda c: c.distributed.distributed_world_size is not None and c.distributed.distributed_world_size < 1,
      "--distributed-world-size must be at least 1."),
+    (lambda c: c.distributed.shard_group_size is not None and c.distributed.shard_group_size < 1,
+     "--shard-group-size must be at least 1: the ranks a hybrid --fsdp-sharding-strategy shards each parameter "
+     "over. Leave it out for a node's ranks."),
+    (lambda c: _backend_has(c, "shards_parameters") and _group_misfits(c.distributed),
+     "--fsdp-sharding-strategy hybrid_* shards within groups of --shard-group-size ranks (a node's ranks "
+     "where not given), and the groups must divide the world size (--distributed-world-size, or shard-plan's "
+     "--nodes x --gpus-per-node). Choose a --shard-group-size that divides it, change the world size, or use "
+     "--fsdp-sharding-strategy full_shard."),
     (lambda c: c.checkpoint.no_save and c.checkpoint.save_interval_updates > 0,
      "--no-save and --save-interval-updates contradict each other. Drop one of them."),
     (lambda c: c.distributed.checkpoint_activations_every < 1,

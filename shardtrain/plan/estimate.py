@@ -20,11 +20,12 @@ backward, up to that backward's length ("hidden", negative seconds). ``offload_s
 fields of trainer/offload_times.py from these, which shard-plan --verify compares with a run's.
 """
 import dataclasses
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from shardtrain.trainer.parallel.choose import backend_class
+from shardtrain.trainer.parallel.fsdp_wrap import reshards_after_forward
 from shardtrain.trainer.run_facts import RunFacts, run_facts
 from shardtrain.trainer.memory.rank_memory import RankMemory, rank_memory
 from shardtrain.trainer.resolved import Components
@@ -41,6 +42,10 @@ RUNTIME_BYTES = {("cpu", False): 16 * MIB, ("cpu", True): 32 * MIB, ("cuda", Fal
 # Bytes the optimizer reads and writes per parameter in one step (fused Adam: parameter, gradient
 # and two moments read, parameter and moments written); others are counted as Adam.
 ADAM_STEP_BYTES = 7 * 4
+# cpu_adam's fused CPU kernel (aten/src/ATen/native/cpu/FusedAdamKernel.cpp) also writes the gradient back when
+# given a grad_scale, which cpu_adam always passes (the update's unscale x ranks / sample size is never 1):
+# four fp32 tensors read, four written.
+CPU_ADAM_STEP_BYTES = 8 * 4
 # A GPU's memory bandwidth when planning for GPUs from a machine without one and no --gpu-memory-gbps:
 # an H100 SXM's HBM3 (3.35 TB/s on its data sheet; an A100 80GB has 2.0, an H200 4.8).
 GPU_MEMORY_GBPS = 3350.0
@@ -71,6 +76,7 @@ class Estimate:
     comm_bytes: int
     offload_bytes: int
     step_seconds: Dict[str, float]
+    upload_seconds: float = 0.0  # of "offload", the parameters' copies before each forward (offload_upload)
 
     # The memory figures as the printout names them.
     params = property(lambda self: self.memory.params)
@@ -100,12 +106,12 @@ class Estimate:
 
     def offload_split(self) -> Dict[str, float]:
         """The record fields of trainer/offload_times.py this estimate predicts: forward+backward (compute,
-        collectives, host<->GPU copies), upload (the parameters' half of the copies), the CPU step, its exposed
+        collectives, host<->GPU copies), upload (the parameters' copies before each forward), the CPU step, its exposed
         part and the percent hidden under backward. Waiting for gradients is not priced (it is in the copies)."""
         s = self.step_seconds
         hidden = -s.get("hidden", 0.0)
         return {"offload_fwd_bwd": s["compute"] + s["communication"] + s["offload"],
-                "offload_upload": s["offload"] / 2, "offload_cpu_step": s["optimizer"],
+                "offload_upload": self.upload_seconds, "offload_cpu_step": s["optimizer"],
                 "offload_step_exposed": s["optimizer"] - hidden,
                 "offload_hidden": 100.0 * hidden / s["optimizer"] if s["optimizer"] else 0.0}
 
@@ -114,13 +120,15 @@ def estimate(cfg, kinds: Dict[str, int], count: int, flops_per_token: float, tok
              machine: Machine, block_share: float = 1.0) -> Estimate:
     """``kinds``: the traced peak (traced_peak); ``count``: the model's parameters;
     ``flops_per_token``: its training FLOPs per token; ``tokens``: a micro-batch's; ``block_share``: the share
-    of the parameters in the model's repeated blocks (trainer/memory/model_sizes.block_share)."""
+    of the parameters in FSDP's units below the root (planner.unit_share): those reshard after forward and are
+    stepped during backward."""
     facts = run_facts(cfg, Components.of(cfg), machine.world_size, machine.ranks_per_node)  # an option's own
     memory = rank_memory(facts, count, kinds, machine.device,
                          runtime=RUNTIME_BYTES[(machine.device, facts.dtypes.compute is not None)])
-    comm, offload = _comm_bytes(cfg, count, facts, machine), _offload_bytes(cfg, count, facts, machine)
+    comm = _comm_bytes(cfg, count, facts, machine)
+    offload, upload = _offload_bytes(cfg, count, facts, machine, block_share)
     return Estimate(
-        memory=memory, comm_bytes=comm, offload_bytes=offload,
+        memory=memory, comm_bytes=comm, offload_bytes=offload, upload_seconds=upload / (machine.pcie_gbps * 1e9),
         step_seconds=_seconds(cfg, facts, count, flops_per_token * tokens, machine, comm, offload,
                               block_share if steps_during_backward(cfg, facts, machine) else None))
 
@@ -145,16 +153,28 @@ def _comm_bytes(cfg, count: int, facts: RunFacts, machine: Machine) -> int:
     return total
 
 
-def _offload_bytes(cfg, count: int, facts: RunFacts, machine: Machine) -> int:
-    """Host<->GPU bytes per update: an offloading backend's shards in and gradients out every
-    micro-batch; an optimizer stepping in CPU memory: the gradients out and parameters back."""
+def _offload_bytes(cfg, count: int, facts: RunFacts, machine: Machine, unit_share: float) -> Tuple[int, int]:
+    """Host<->GPU bytes per update, and of them the parameters' copies before each forward. An offloading
+    backend, every micro-batch: its fp32 shards in before forward, the units that reshard after forward
+    (``unit_share`` of the parameters; FSDP2's root never does) in again for backward, the gradients out: 3 x 4
+    bytes a parameter, 2 x 4 where nothing reshards (fsdp_wrap.reshards_after_forward). An optimizer stepping in
+    CPU memory: the gradients out and the parameters back, once an update."""
     if machine.device == "cpu":
-        return 0
+        return 0, 0
     if facts.state_on_host:
-        return facts.update_freq * 2 * 4 * count // facts.shards
+        shard = 4 * count / facts.shards
+        again = unit_share if reshards_after_forward(cfg.distributed) else 0.0
+        return int(facts.update_freq * shard * (2 + again)), int(facts.update_freq * shard)
     if facts.spec.steps_on_cpu:
-        return 2 * 4 * count
-    return 0
+        return 2 * 4 * count, 4 * count
+    return 0, 0
+
+
+def step_bytes(cfg, facts: RunFacts, machine: Machine) -> int:
+    """Bytes of memory the optimizer's step touches per parameter: cpu_adam's fused CPU kernel where it steps
+    on the host with fp32 moments, else fused Adam's."""
+    fused_on_host = getattr(facts.spec.cls, "steps_on_host", False) and facts.spec.state_bytes == 8
+    return CPU_ADAM_STEP_BYTES if fused_on_host and optimizer_device(cfg, machine) == "cpu" else ADAM_STEP_BYTES
 
 
 def steps_during_backward(cfg, facts: RunFacts, machine: Machine) -> bool:
@@ -172,7 +192,8 @@ def _seconds(cfg, facts: RunFacts, count: int, micro_batch_flops: float, machine
     flops = micro_batch_flops * update_freq * recompute
     seconds = {"compute": flops / (machine.matmul_tflops[dtypes.compute or torch.float32] * 1e12),
                "communication": comm / (machine.network_gbps * 1e9),
-               "optimizer": ADAM_STEP_BYTES * count / optimizer_shards / (optimizer_gbps(cfg, machine) * 1e9),
+               "optimizer": step_bytes(cfg, facts, machine) * count / optimizer_shards
+               / (optimizer_gbps(cfg, machine) * 1e9),
                "offload": offload / (machine.pcie_gbps * 1e9)}
     if block_share is not None:
         # The last micro-batch's backward: 4 of its 6 FLOPs per parameter and token, 6 of 8 with the forward

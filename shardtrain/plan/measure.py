@@ -14,9 +14,10 @@ import torch
 import torch.distributed as dist
 
 from shardtrain.config.overridden import with_overrides
-from shardtrain.core.errors import ConfigError
+from shardtrain.core.errors import ConfigError, ShardtrainError
 from shardtrain.plan.estimate import Estimate, Machine
 from shardtrain.trainer import build, loop
+from shardtrain.trainer.launch.supervise import RankFailedError
 from shardtrain.trainer.parallel import fsdp_wrap
 
 
@@ -149,14 +150,33 @@ def measure_in_subprocess(cfgs: List, updates: int = 4, timeout: float = 1800) -
             OmegaConf.save(run, paths[-1])
         done = subprocess.run([sys.executable, "-m", "shardtrain.plan.measure", *paths], capture_output=True,
                               text=True, timeout=timeout, env={**os.environ, **MEASURE_ENV})
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+    if failed:  # the run's own error, as the measuring process said it: its stderr repeats it per rank, nested
+        error = json.loads(failed[0][len("FAILED "):]).rstrip()
+        raise ConfigError(
+            "shard-plan --verify: the measuring run (the command as given, trained for a few updates here in a "
+            f"scratch folder) failed: {error}{'' if error.endswith('.') else '.'} Fix what the run names, as "
+            "shard-train would need it fixed too, or drop --verify to plan without measuring.")
     lines = [line for line in done.stdout.splitlines() if line.startswith("MEASURED ")]
     if done.returncode != 0 or len(lines) != len(cfgs):
         raise RuntimeError(f"the measuring run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return [json.loads(line[len("MEASURED "):]) for line in lines]
 
 
+def run_error(error: Exception) -> str:
+    """One line for an error a measuring run raised: a user error's message; for a bug, the last line of the
+    failed rank's traceback (a RankFailedError carries it whole) or the exception itself."""
+    if isinstance(error, ShardtrainError):
+        return str(error)
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if isinstance(error, RankFailedError) and lines:
+        return f"rank {error.rank}: {lines[-1]}"
+    return f"{type(error).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
+
+
 def _main(paths: List[str]) -> None:
     import json
+    import sys
 
     from omegaconf import OmegaConf
 
@@ -167,7 +187,12 @@ def _main(paths: List[str]) -> None:
     # legacy_ddp run 28% low (a 2-rank config's spawn costs seconds, a clean measurement is worth them).
     for path in paths:
         cfg = from_dict(OmegaConf.to_container(OmegaConf.load(path)))
-        print("MEASURED " + json.dumps(call_main(cfg, measure_peak)), flush=True)
+        try:
+            measured = call_main(cfg, measure_peak)
+        except Exception as e:  # noqa: BLE001 - whatever the run raised is what --verify reports
+            print("FAILED " + json.dumps(run_error(e)), flush=True)
+            sys.exit(1)
+        print("MEASURED " + json.dumps(measured), flush=True)
 
 
 GIB = 2 ** 30

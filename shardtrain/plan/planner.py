@@ -6,15 +6,19 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from shardtrain.config.checks import check_config
+from shardtrain.config.overridden import with_overrides
 from shardtrain.core.errors import ConfigError
+from shardtrain.models import capabilities
 from shardtrain.plan.estimate import GPU_MEMORY_GBPS, Estimate, Machine, estimate
 from shardtrain.plan.options import Option, alternatives, as_given, trace_key
 from shardtrain.plan.trace import batch_shape, traced_peak
 from shardtrain.trainer.memory.fit import host_available_bytes
-from shardtrain.trainer.memory.layers import extrapolated
+from shardtrain.trainer.memory.layers import extrapolated, repeated_layers
 from shardtrain.trainer.memory.model_sizes import block_share, model_sizes
 from shardtrain.trainer.memory.pinned import pinned_rounding
 from shardtrain.trainer.metrics.flops import measured_peak_tflops, model_flops_per_token
+from shardtrain.trainer.parallel.fsdp_wrap import size_based_units
 from shardtrain.trainer.resolved import Components, build_model, build_task
 from shardtrain.trainer.run_facts import run_facts
 
@@ -142,11 +146,14 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
     components = Components.of(cfg)
     task = build_task(cfg, components)
     count = model_sizes(cfg, components, task)[0]
-    blocks = block_share(cfg, components, task)
+    blocks = unit_share(cfg, components, task)
     shape = batch_shape(cfg, task)
     flops_per_token = _flops_per_token(cfg, components, task, shape[1])
     progress(f"counted the model ({count:,} parameters)")
     traces = {} if traces is None else traces
+    problem = refusal(cfg, machine)  # what shard-train would refuse on these ranks is no plan
+    if problem:
+        raise ConfigError(problem)
 
     def planned(option: Option, which: str) -> Planned:
         variant = option.apply(cfg)
@@ -161,6 +168,7 @@ def plan(cfg, machine: Machine, headroom: float = 0.1, compare: bool = True, tra
 
     given = planned(as_given(), "the run")
     chosen = alternatives(cfg, machine.world_size, machine.ranks_per_node, machine.device) if compare else []
+    chosen = [o for o in chosen if refusal(o.apply(cfg), machine) is None]  # shard-plan's own picks: skip misfits
     options = [planned(o, f"alternative {i} of {len(chosen)}") for i, o in enumerate(chosen, 1)]
     return Plan(machine, count, flops_per_token, shape, given, options, headroom)
 
@@ -169,6 +177,37 @@ def _pinned(cfg, components: Components, task, machine: Machine) -> int:
     """The pinned allocator's rounding of a rank's offloaded shards (trainer/memory/pinned.py)."""
     facts = run_facts(cfg, components, machine.world_size, machine.ranks_per_node)
     return pinned_rounding(cfg, components, task, facts, machine.device)
+
+
+def refusal(cfg, machine: Machine) -> Optional[str]:
+    """Why shard-train would refuse ``cfg`` on ``machine``'s ranks (the flag-check table, config/checks.py, with
+    the world filled in, and a node's ranks as a hybrid strategy's group where --shard-group-size is not given, as
+    fsdp_wrap.shard_group_size picks it), or None."""
+    d = cfg.distributed
+    filled = {"distributed.distributed_world_size": machine.world_size}
+    if d.shard_group_size is None and d.fsdp_sharding_strategy.startswith("hybrid"):
+        filled["distributed.shard_group_size"] = min(machine.ranks_per_node, machine.world_size)
+    try:
+        check_config(with_overrides(cfg, filled))
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def unit_share(cfg, components: Components, task) -> float:
+    """The share of the parameters in FSDP's units below the root (fsdp_wrap.apply_fsdp): they reshard after
+    forward and are stepped during backward, where the root's gradients arrive at backward's end. A model with
+    repeated layers: theirs (measured from one and two); one without: a meta build's blocks or size-based units
+    (--min-params-to-wrap), none for a model smaller than that, whose every parameter is the root's."""
+    if repeated_layers(cfg, components)[1]:
+        return block_share(cfg, components, task)
+    with torch.device("meta"):
+        model = build_model(cfg, components, task)
+    blocks = capabilities.blocks(model)
+    units = list(blocks) if blocks is not None and len(blocks) else size_based_units(
+        model, cfg.distributed.min_params_to_wrap)
+    total = sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for unit in units for p in unit.parameters()) / total if total else 0.0
 
 
 def _flops_per_token(cfg, components: Components, task, length: int) -> float:

@@ -83,3 +83,19 @@ def test_saved_config_with_unknown_key_is_an_error():
     values["model"]["no_such_field"] = 1
     with pytest.raises(ConfigError):
         from_dict(values)
+
+
+@pytest.mark.flag_effect("--shard-group-size", "--fsdp-sharding-strategy", "--distributed-world-size")
+def test_a_shard_group_that_cannot_fit_the_world_is_refused_up_front():
+    """A hybrid strategy's --shard-group-size below 1, or one that does not divide --distributed-world-size, was
+    refused only by the ranks' mesh (and shard-plan said it fits): the table refuses it, naming the flags."""
+    hybrid = ("--ddp-backend", "fully_sharded", "--fsdp-sharding-strategy", "hybrid_shard")
+    with pytest.raises(ConfigError, match="--shard-group-size must be at least 1"):
+        parse(*hybrid, "--shard-group-size", "0")
+    with pytest.raises(ConfigError, match="the groups must divide the world size"):
+        parse(*hybrid, "--shard-group-size", "8", "--distributed-world-size", "4")
+    with pytest.raises(ConfigError, match="the groups must divide the world size"):
+        parse(*hybrid, "--shard-group-size", "3", "--distributed-world-size", "4")
+    assert parse(*hybrid, "--shard-group-size", "2", "--distributed-world-size", "4").distributed.shard_group_size == 2
+    # full_shard shards over every rank: the group size is not read
+    parse("--ddp-backend", "fully_sharded", "--shard-group-size", "8", "--distributed-world-size", "4")

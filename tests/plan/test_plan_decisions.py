@@ -183,3 +183,33 @@ def test_the_trace_keeps_the_second_updates_peak_as_a_second_trace_of_the_same_s
     assert first == second
     # the parameters' shard a rank holds, and Adam's two moments twice that (the step counters a few bytes more)
     assert first["optimizer"] - 2 * first["params"] < 1024
+
+
+GPUS = ["--gpu-memory", "80", "--peak-tflops", "100", "--host-memory", "100"]
+HYBRID = ["--ddp-backend", "fully_sharded", "--fsdp-sharding-strategy", "hybrid_shard"]
+
+
+@pytest.mark.flag_effect("--shard-group-size", "--fsdp-sharding-strategy")
+@pytest.mark.parametrize("flags", [
+    ["--shard-group-size", "0", "--nodes", "1", "--gpus-per-node", "4"],
+    ["--shard-group-size", "8", "--nodes", "1", "--gpus-per-node", "4"],  # the world from shard-plan's own flags
+    ["--shard-group-size", "8", "--distributed-world-size", "4", "--gpus-per-node", "4"],
+])
+def test_a_shard_group_shard_train_refuses_is_refused_before_any_trace(data, capsys, monkeypatch, flags):
+    monkeypatch.setattr(planner, "traced_peak", lambda *args: pytest.fail("traced a run shard-train refuses"))
+    message = cli_refusal(plan_cli.main, [data, *HYBRID, *flags, *GPUS], capsys)[1]
+    assert "--shard-group-size" in message
+
+
+def test_the_hybrid_alternatives_that_do_not_divide_the_world_are_skipped(data, capsys, monkeypatch):
+    """World 5 on 2 nodes of 2 GPUs: a node's 2 ranks do not divide 5, so hybrid is no option (it failed the whole
+    plan, naming a --shard-group-size 2 the user never gave); on 4 ranks it is one."""
+    hybrid = [o for o in alternatives(cfg_of(data), 5, 2, "cuda") if "hybrid" in o.label]
+    assert hybrid  # offered by the backend: world 5 spans nodes
+    assert all(planner.refusal(o.apply(cfg_of(data)), machine(5, "cuda", per_node=2)) for o in hybrid)
+    assert not any(planner.refusal(o.apply(cfg_of(data)), machine(4, "cuda", per_node=2)) for o in hybrid)
+    monkeypatch.setattr(planner, "alternatives", lambda *args: [o for o in options.alternatives(*args)
+                                                                 if "hybrid" in o.label])
+    result = plan_cli.main([data, "--distributed-world-size", "5", "--gpus-per-node", "2", *GPUS])
+    assert result.options == []
+    capsys.readouterr()

@@ -23,10 +23,10 @@ def data(tmp_path_factory):
     return make_space_data_bin(str(tmp_path_factory.mktemp("plan_overlap")), n_words=50)
 
 
-def seconds(data, *flags, share=0.9, device="cuda"):
+def seconds(data, *flags, share=0.9, device="cuda", world=1):
     """A 1e9-parameter model, 6e9 FLOPs a token, 8,192 tokens a micro-batch at 100 TFLOP/s: 0.49152 s of
-    compute a micro-batch; one GPU whose host moves 10 GB/s: cpu_adam's 28 bytes a parameter take 2.8 s."""
-    m = Machine(device=device, world_size=1, ranks_per_node=1, gpu_bytes=80 * 2 ** 30, host_bytes=2 ** 40,
+    compute a micro-batch; one GPU whose host moves 10 GB/s: cpu_adam's 32 bytes a parameter take 3.2 s."""
+    m = Machine(device=device, world_size=world, ranks_per_node=world, gpu_bytes=80 * 2 ** 30, host_bytes=2 ** 40,
                 matmul_tflops={torch.float32: 100.0, torch.bfloat16: 100.0, torch.float16: 100.0}, copy_gbps=10.0,
                 network_gbps=50.0, pcie_gbps=20.0, gpu_memory_gbps=2000.0)
     return estimate(tiny_plan_cfg(data, *flags), dict(KINDS), BILLION, 6e9, 8192, m, share)
@@ -37,12 +37,13 @@ COMPUTE = 6e9 * 8192 / 100e12  # 0.49152 s
 
 def test_the_blocks_step_hides_under_the_last_backward_up_to_its_length(data):
     e = seconds(data, *OFFLOAD)
-    assert e.step_seconds["optimizer"] == pytest.approx(2.8)
+    assert e.step_seconds["optimizer"] == pytest.approx(3.2)
     assert e.step_seconds["hidden"] == pytest.approx(-COMPUTE * 2 / 3)  # 0.328 s: the backward is the shorter
-    assert e.seconds == pytest.approx(COMPUTE + 2.8 + 8e9 / 20e9 - COMPUTE * 2 / 3)
-    # the blocks' step shorter than the backward: it hides whole (the root's 90% of 0.01 s of CPU step)
+    # copies: 4 GB in, the blocks' 90% in again for backward (3.6 GB), 4 GB of gradients out
+    assert e.seconds == pytest.approx(COMPUTE + 3.2 + 11.6e9 / 20e9 - COMPUTE * 2 / 3)
+    # the blocks' step shorter than the backward: it hides whole (0.1% of 3.2 s of CPU step)
     small = seconds(data, *OFFLOAD, share=0.001)
-    assert small.step_seconds["hidden"] == pytest.approx(-2.8 * 0.001)
+    assert small.step_seconds["hidden"] == pytest.approx(-3.2 * 0.001)
 
 
 @pytest.mark.flag_effect("--update-freq")
@@ -75,9 +76,9 @@ def test_a_cpu_run_steps_after_backward_unless_told_otherwise(data):
 def test_the_record_fields_predicted(data):
     split = seconds(data, *OFFLOAD).offload_split()
     assert split == pytest.approx({
-        "offload_fwd_bwd": COMPUTE + 8e9 / 20e9,  # compute and the shards' copies (4 bytes each way)
-        "offload_upload": 4e9 / 20e9, "offload_cpu_step": 2.8,
-        "offload_step_exposed": 2.8 - COMPUTE * 2 / 3, "offload_hidden": 100 * COMPUTE * 2 / 3 / 2.8})
+        "offload_fwd_bwd": COMPUTE + 11.6e9 / 20e9,  # compute and the copies (4 + 0.9 x 4 in, 4 out)
+        "offload_upload": 4e9 / 20e9, "offload_cpu_step": 3.2,  # the upload: forward's 4 GB
+        "offload_step_exposed": 3.2 - COMPUTE * 2 / 3, "offload_hidden": 100 * COMPUTE * 2 / 3 / 3.2})
 
 
 def test_the_blocks_share_of_the_parameters(data):
@@ -159,3 +160,39 @@ def test_the_run_facts_read_the_first_epochs_update_freq_in_any_form(data, updat
     OmegaConf.set_readonly(cfg, False)
     cfg.optimization.update_freq = update_freq
     assert run_facts(cfg, Components.of(cfg), 1, 1).update_freq == 3
+
+
+def test_on_two_ranks_the_forward_backward_holds_the_collectives_and_the_copies(data):
+    """fully_sharded on 2 ranks, fp32: each micro-batch gathers the other rank's half twice (forward, and backward
+    after resharding) and reduce-scatters its gradients, 1/2 x 1e9 x (4 + 4 + 4) = 6 GB at 50 GB/s: 0.12 s; the
+    copies of a rank's half: 2 GB in, 0.9 x 2 GB in again, 2 GB out, 5.8 GB at 20 GB/s: 0.29 s; cpu_adam steps
+    its half, 32 bytes x 5e8 at 10 GB/s: 1.6 s."""
+    split = seconds(data, *OFFLOAD, world=2).offload_split()
+    assert split == pytest.approx({
+        "offload_fwd_bwd": COMPUTE + 0.12 + 0.29, "offload_upload": 2e9 / 20e9, "offload_cpu_step": 1.6,
+        "offload_step_exposed": 1.6 - COMPUTE * 2 / 3, "offload_hidden": 100 * COMPUTE * 2 / 3 / 1.6})
+
+
+class _NoBlocks(torch.nn.Module):
+    """No repeated layers, no blocks: 40 + 20 + 50 = 110 parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.mid, self.out = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 10)
+
+
+@pytest.mark.flag_effect("--min-params-to-wrap")
+def test_a_model_without_repeated_layers_hides_only_its_size_based_units_step(data, monkeypatch):
+    """FSDP2 wraps such a model's size-based units (--min-params-to-wrap) below the root; with none, every
+    gradient is the root's, reduced at backward's end: none of the step hides."""
+    from shardtrain.plan import planner
+    monkeypatch.setattr(planner, "build_model", lambda cfg, components, task: _NoBlocks())
+    monkeypatch.setattr(planner, "repeated_layers", lambda cfg, components: (None, None))
+    cfg = tiny_plan_cfg(data, *OFFLOAD)
+    components = Components.of(cfg)
+    task = build_task(cfg, components)
+    assert planner.unit_share(cfg, components, task) == 0.0  # 110 parameters, below the default 1e8: the root's
+    # 30: the embedding (40) and the output (50) are units, the middle's 20 stay in the root
+    wrapped = tiny_plan_cfg(data, *OFFLOAD, "--min-params-to-wrap", "30")
+    assert planner.unit_share(wrapped, components, task) == pytest.approx(90 / 110)
+    assert seconds(data, *OFFLOAD, share=0.0).step_seconds["hidden"] == 0.0

@@ -7,6 +7,7 @@ import pytest
 
 from shardtrain.cli import plan as plan_cli
 from shardtrain.cli import train
+from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import ConfigError
 from shardtrain.plan import measure, planner
 from st_testutils import small_data_bin
@@ -45,3 +46,41 @@ def test_a_measuring_run_without_step_times_is_one_paragraph(monkeypatch):
     with pytest.raises(ConfigError) as info:
         measure.verify(None, None, None)
     assert "trained no updates" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_verify_of_a_run_that_fails_is_one_paragraph_with_the_runs_own_error(tmp_path, monkeypatch, capsys):
+    """A 2-rank run that fails in its ranks (a model to fine-tune from that is not there): shard-plan printed two
+    nested tracebacks, [rank0]: before each line, and exited 1; now the run's error in one paragraph, exit 2."""
+    from st_testutils import cli_refusal
+    data = small_data_bin(str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(planner, "alternatives", lambda *args: [])
+    missing = str(tmp_path / "no_such_model.pt")
+    err = cli_refusal(plan_cli.main, [data, *MODEL, "--distributed-world-size", "2", "--host-memory", "100",
+                                      "--finetune-from-model", missing, "--verify"], capsys)[1]
+    assert "--verify: the measuring run" in err and missing in err, err
+    assert "[rank" not in err and "Traceback" not in err
+
+
+def test_a_bug_in_a_measuring_rank_is_told_by_its_last_line():
+    from shardtrain.trainer.launch.supervise import RankFailedError
+    traceback = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"
+                 "ValueError: the shapes disagree\n")
+    error = RankFailedError(f"rank 1 failed; the other ranks were stopped. Its traceback:\n\n{traceback}", 1)
+    assert measure.run_error(error) == "rank 1: ValueError: the shapes disagree"
+    assert measure.run_error(ConfigError("--lr is wrong.")) == "--lr is wrong."
+    assert measure.run_error(MemoryError()) == "MemoryError"
+
+
+def test_a_failed_measuring_run_is_refused_in_one_paragraph(monkeypatch):
+    """What the measuring process prints on stdout decides; its stderr (each rank's log, prefixed) is not read."""
+    import subprocess
+    stderr = "\n".join(["[rank0]: Traceback (most recent call last):"] * 24)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a, 1, stdout='FAILED "rank 0: RuntimeError: boom"\n', stderr=stderr))
+    with pytest.raises(ConfigError) as info:
+        measure.measure_in_subprocess([parse_train_args(["data-bin", *MODEL])])
+    message = str(info.value)
+    assert "failed: rank 0: RuntimeError: boom. Fix what the run names" in message
+    assert "\n" not in message and "[rank0]" not in message
