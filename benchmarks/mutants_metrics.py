@@ -48,7 +48,7 @@ MUTANTS = [
            (AXES + "test_a_runs_peak_on_a_named_gpu_reads_torchs_tf32_switch",)),
     # issue 45: a --log-file on a full disk
     Mutant("log_file_error_per_record", "a --log-file that cannot be written is said once, training goes on",
-           T + "metrics/logging_setup.py", "        if not self.given_up and getattr(record, ONLY, FILE) == FILE:",
+           "shardtrain/trainer/metrics/logging_setup.py", "        if not self.given_up and getattr(record, ONLY, FILE) == FILE:",
            "        if getattr(record, ONLY, FILE) == FILE:",
            ("tests/trainer/metrics/test_logging_setup.py::"
             "test_a_full_disk_under_the_log_file_is_said_once_and_training_logs_on",)),
