@@ -61,4 +61,10 @@ MUTANTS = [
            "shardtrain/config/override_wins.py", '    (("common.fp16", "common.bf16"), lambda fp16, bf16: bool(fp16) and bool(bf16),',
            '    (("common.fp16", "common.bf16"), lambda fp16, bf16: False,',
            ("tests/config/test_override_wins.py::test_a_precision_override_wins_over_the_files_other_precision",)),
+    # issue 45 item 4.10: a precision override wins whichever key picks it
+    Mutant("precision_override_by_flag_only", "a command-line common.precision=fp16 wins over a file's bf16: true",
+           "shardtrain/config/override_wins.py", "    return notes + _precision_wins(cfg, overridden, source)\n",
+           "    return notes\n",
+           ("tests/config/test_override_wins.py::test_a_precision_by_name_override_wins_over_the_files_bf16",
+            "tests/config/test_override_wins.py::test_an_fp16_override_wins_over_the_files_precision_by_name")),
 ]

@@ -214,6 +214,21 @@ def _precision_conflict(cfg) -> List[str]:
     return [problem] if problem else []
 
 
+def precision_keys() -> List[str]:
+    """The config keys that pick a precision (``common.precision`` and every registered one's flags, plugins'
+    too): where a command line's precision wins over a config file's (override_wins)."""
+    from shardtrain.trainer.precision.choose import all_flags
+    return ["common." + name for name in all_flags()]
+
+
+def precisions_contradict(cfg) -> bool:
+    """Whether ``cfg``'s flags pick two precisions; an unknown name is ``choice_problems``' to report."""
+    try:
+        return bool(_precision_conflict(cfg))
+    except ConfigError:
+        return False
+
+
 def check_config(cfg) -> None:
     # the table's rules may look a choice up (a backend's capabilities): they run on valid choices only
     # and on one precision: two flags that pick different ones are named before anything asks which it is
