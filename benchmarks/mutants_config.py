@@ -67,4 +67,12 @@ MUTANTS = [
            '    keys = [key for key in checks.precision_keys() if key != "common.precision"]\n',
            ("tests/config/test_override_wins.py::test_a_precision_by_name_override_wins_over_the_files_bf16",
             "tests/config/test_override_wins.py::test_an_fp16_override_wins_over_the_files_precision_by_name")),
+    # issue 45 item 4.12: refusals name the precision flag the user typed
+    Mutant("refusal_names_the_registered_flag", "a precision refusal names the flag typed, not --memory-efficient-*",
+           "shardtrain/config/checks.py", "flag, dtype = _typed(cfg, kind) or flag_for(kind.name),",
+           "flag, dtype = flag_for(kind.name),",
+           ("tests/config/test_refusals_name_typed_flags.py::test_a_precision_picked_by_name_is_named_as_typed",)),
+    Mutant("skip_nan_refusal_names_every_scaled_flag", "--skip-nan-updates under --fp16 names --fp16 alone",
+           "shardtrain/config/checks.py", "{_typed(c) or _flags_of('loss_scaled')}", "{_flags_of('loss_scaled')}",
+           ("tests/config/test_refusals_name_typed_flags.py::test_skip_nan_updates_under_fp16_names_fp16_alone",)),
 ]
