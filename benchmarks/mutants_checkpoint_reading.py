@@ -152,4 +152,13 @@ MUTANTS = [
            "    return state",
            ("tests/cli/test_consolidate_model_only.py::test_the_docs_command_works_on_either_form_and_writes_the_"
             "same_keys",)),
+    # issue 45: an intact file of another format is named for what it is
+    Mutant("safetensors_called_corrupt", "a Hugging Face model.safetensors is named, not called truncated or corrupt",
+           T + "checkpoint/single_file.py", "        refuse_foreign(where, path)  #", "        pass  #",
+           ("tests/trainer/checkpoint/test_foreign_files.py::test_shard_validate_names_it",
+            "tests/trainer/checkpoint/test_foreign_files.py::test_shard_verify_names_it_and_does_not_call_it_damaged")),
+    Mutant("safetensors_size_unchecked", "a safetensors file cut short is named truncated",
+           T + "checkpoint/foreign.py", 'state = "an intact" if placed == size - 8 - length else',
+           'state = "an intact" if True else',
+           ("tests/trainer/checkpoint/test_foreign_files.py::test_a_cut_short_one_is_a_truncated_safetensors_file",)),
 ]

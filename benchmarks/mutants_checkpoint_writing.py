@@ -71,4 +71,8 @@ MUTANTS = [
            T + "checkpoint/single_file.py", "    with atomic_open(path) as f:\n        writer = _WriteErrors(f)\n",
            '    with open(path, "wb") as f:\n        writer = _WriteErrors(f)\n',
            ("tests/trainer/checkpoint/test_full_disk.py", "tests/trainer/checkpoint/test_save_crash_phases.py")),
+    # issue 45 item 4.12: the NaN stop names a sharded checkpoint as the directory it is
+    Mutant("sharded_checked_save_named_as_a_file", "the NaN stop names a sharded checkpoint as a directory",
+           "shardtrain/trainer/checkpoint/sharded.py", "    saves_directories = True\n", "    saves_directories = False\n",
+           ("tests/trainer/checkpoint/test_checked_save_name.py::test_a_sharded_checkpoint_is_named_as_a_directory",)),
 ]

@@ -58,7 +58,21 @@ MUTANTS = [
            "shardtrain/config/override_wins.py", "        if len(won) != 1 or", "        if not won or",
            ("tests/config/test_override_wins.py::test_both_from_one_place_are_still_refused",)),
     Mutant("precision_override_loses_to_the_file", "a command-line precision wins over the config file's other one",
-           "shardtrain/config/override_wins.py", '    (("common.fp16", "common.bf16"), lambda fp16, bf16: bool(fp16) and bool(bf16),',
-           '    (("common.fp16", "common.bf16"), lambda fp16, bf16: False,',
+           "shardtrain/config/override_wins.py", "    if not won or not checks.precisions_contradict(cfg):\n",
+           "    if True:\n",
            ("tests/config/test_override_wins.py::test_a_precision_override_wins_over_the_files_other_precision",)),
+    # issue 45 item 4.10: a precision override wins whichever key picks it
+    Mutant("precision_override_by_flag_only", "a command-line common.precision=fp16 wins over a file's bf16: true",
+           "shardtrain/config/override_wins.py", "    keys = checks.precision_keys()\n",
+           '    keys = [key for key in checks.precision_keys() if key != "common.precision"]\n',
+           ("tests/config/test_override_wins.py::test_a_precision_by_name_override_wins_over_the_files_bf16",
+            "tests/config/test_override_wins.py::test_an_fp16_override_wins_over_the_files_precision_by_name")),
+    # issue 45 item 4.12: refusals name the precision flag the user typed
+    Mutant("refusal_names_the_registered_flag", "a precision refusal names the flag typed, not --memory-efficient-*",
+           "shardtrain/config/checks.py", "flag, dtype = _typed(cfg, kind) or flag_for(kind.name),",
+           "flag, dtype = flag_for(kind.name),",
+           ("tests/config/test_refusals_name_typed_flags.py::test_a_precision_picked_by_name_is_named_as_typed",)),
+    Mutant("skip_nan_refusal_names_every_scaled_flag", "--skip-nan-updates under --fp16 names --fp16 alone",
+           "shardtrain/config/checks.py", "{_typed(c) or _flags_of('loss_scaled')}", "{_flags_of('loss_scaled')}",
+           ("tests/config/test_refusals_name_typed_flags.py::test_skip_nan_updates_under_fp16_names_fp16_alone",)),
 ]

@@ -65,4 +65,13 @@ MUTANTS = [
            "docs/checkpoints.md", "save `checkpoint_last` and exit 0; a second Ctrl-C", "save `checkpoint_last` and "
            "exit 130; a second Ctrl-C",
            (VALID_STOP + "test_a_first_ctrl_c_during_validation_stops_it_at_the_next_batch_and_saves",)),
+    # issue 45: ranks a node, counted once by the launch
+    Mutant("torchrun_in_slurm_counts_tasks", "torchrun inside SLURM: a node's ranks are torchrun's LOCAL_WORLD_SIZE",
+           T + "launch/start.py", "per_node = min(threads.local_ranks(os.environ, launched.launcher), launched.world_size)",
+           'per_node = min(threads.local_ranks(os.environ, "slurm" if "SLURM_PROCID" in os.environ else '
+           'launched.launcher), launched.world_size)',
+           ("tests/trainer/launch/test_ranks_per_node.py::test_torchrun_inside_slurm_counts_torchrun_s_local_ranks",)),
+    Mutant("mesh_counts_its_own_ranks_a_node", "FSDP2's hybrid mesh reads the launch's ranks a node",
+           T + "parallel/fsdp_wrap.py", "    return min(ranks_per_node, world_size)\n", "    return world_size\n",
+           ("tests/trainer/launch/test_ranks_per_node.py::test_srun_alone_counts_slurm_s_tasks_a_node",)),
 ]

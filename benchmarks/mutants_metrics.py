@@ -63,4 +63,10 @@ MUTANTS = [
            "shardtrain/trainer/metrics/flops.py", "    if given is not None or _listed(device, dtype) is not None:",
            "    if _listed(device, dtype) is not None:",
            ("tests/trainer/metrics/test_mfu_busy_machine.py::test_only_a_measured_peak_is_measured_again",)),
+    # issue 45: a --log-file on a full disk
+    Mutant("log_file_error_per_record", "a --log-file that cannot be written is said once, training goes on",
+           "shardtrain/trainer/metrics/logging_setup.py", "        if not self.given_up and getattr(record, ONLY, FILE) == FILE:",
+           "        if getattr(record, ONLY, FILE) == FILE:",
+           ("tests/trainer/metrics/test_logging_setup.py::"
+            "test_a_full_disk_under_the_log_file_is_said_once_and_training_logs_on",)),
 ]

@@ -71,4 +71,9 @@ MUTANTS += [
            "optimizer", "shardtrain/config/checks.py",
            "_precision(c) is k and not _keeps_fp32_state(c.components.optimizer)", "False",
            ("tests/cli/test_bad_input.py::test_each_compatibility_rule_is_refused_alone",)),
+    # issue 45 item 4.12: a rollback's skip names --spike-rollback, not 2**62
+    Mutant("rollback_skip_shows_a_count", "a NaN update --spike-rollback skips names it, not --skip-nan-updates 2**62",
+           "shardtrain/trainer/precision/component.py", 'why = ("--spike-rollback rolls it back" if self.skip_nan == EVERY_UPDATE',
+           'why = ("--spike-rollback rolls it back" if False',
+           ("tests/trainer/precision/test_nan_skip_wording.py::test_a_rollback_s_skip_names_spike_rollback_not_a_count",)),
 ]

@@ -4,8 +4,10 @@ checksums written with it.
 Prints one line per checkpoint (or data-bin): intact, damaged (with what is
 damaged and what to do), or not verifiable (written before shardtrain recorded
 checksums); for a checkpoint trained with a plugin, the folder and module that
-loading it needs with --user-dir. Exit status 0 when nothing is damaged, 1 when
-something is, 2 for a PATH that is none of these.
+loading it needs with --user-dir. A file of another format (a Hugging Face
+model.safetensors) is named for what it is, not called damaged. Exit status 0 when
+nothing is damaged, 1 when something is, 2 for a PATH that is none of these (or
+holds a file of another format and nothing damaged).
 """
 import dataclasses
 import os
@@ -20,10 +22,12 @@ from shardtrain.core.fields import field
 from shardtrain.core.user_dir import describe as describe_plugin
 from shardtrain.data.manifest import verify_data_bin
 from shardtrain.trainer.checkpoint.choose import format_of, verify_checkpoint
+from shardtrain.trainer.checkpoint.foreign import ForeignFileError
 from shardtrain.trainer.checkpoint.formats import resolve_checkpoint_path
 from shardtrain.trainer.checkpoint.integrity import check_checksums
 
 EXIT_DAMAGED = 1
+EXIT_NOT_A_CHECKPOINT = 2  # as a PATH that is none of the things shard-verify checks
 # What a save dir holds under checkpoint names: files (single-file format) and directories or links to them (sharded)
 CHECKPOINT_NAME = re.compile(r"checkpoint(\d+|_\d+_\d+|_best|_last)(\.pt)?")
 CHECKPOINT_DIR_FILES = ("COMPLETE", "extra.pt", ".metadata")
@@ -37,16 +41,21 @@ class VerifyConfig:
 @cli_entry("shard-verify")
 def main(argv):
     args = flags.parse_dataclass(VerifyConfig, argv, "shard-verify", __doc__)
-    damaged = 0
+    damaged = foreign = 0
     for name, check in _targets(args.path):
         try:
             print(f"{name}: {check()}")
+        except ForeignFileError as e:
+            foreign += 1
+            print(f"{name}: NOT A CHECKPOINT: {e}")
         except ShardtrainError as e:
             damaged += 1
             print(f"{name}: DAMAGED: {e}")
     if damaged:
         print(f"{damaged} damaged", file=sys.stderr)
         sys.exit(EXIT_DAMAGED)
+    if foreign:
+        sys.exit(EXIT_NOT_A_CHECKPOINT)
 
 
 def _targets(path: str) -> List[Tuple[str, Callable[[], str]]]:

@@ -61,6 +61,16 @@ def _flags_of(capability: str) -> str:
     return " or ".join(flag_for(k.name) for k in kinds_with(capability))
 
 
+def _typed(cfg, kind=None) -> str:
+    """The flag that picked ``cfg``'s precision as the user typed it (``--fp16``, ``--precision NAME``), so a
+    refusal names no flag the user did not type; None without a config (the rules written out for any run) or
+    when ``cfg``'s precision is not ``kind``."""
+    from shardtrain.trainer.precision.choose import given_flag
+    if cfg is None or (kind is not None and _precision(cfg) is not kind):
+        return None
+    return given_flag(cfg.common)
+
+
 def _names(loss_scaled: bool) -> str:
     from shardtrain.trainer.precision.choose import PRECISION_REGISTRY
     return ", ".join(e.name for e in PRECISION_REGISTRY.entries() if e.obj.loss_scaled == loss_scaled)
@@ -73,14 +83,14 @@ def _keeps_fp32_state(optimizer: str) -> bool:
     return getattr(OPTIMIZER_REGISTRY.get(optimizer).obj, "supports_memory_efficient_fp16", False)
 
 
-def _precision_rows() -> List[Tuple[Callable, str]]:
+def _precision_rows(cfg=None) -> List[Tuple[Callable, str]]:
     """For each registered precision that stores the model in its compute dtype: the optimizer it needs and
     the backends it cannot run under (they keep fp32 parameter shards themselves)."""
     from shardtrain.optim.registry import OPTIMIZER_REGISTRY
     from shardtrain.trainer.precision.choose import flag_for, kinds_with
     rows = []
     for kind in kinds_with("stores_in_compute"):
-        flag, dtype = flag_for(kind.name), str(kind.compute).replace("torch.", "")
+        flag, dtype = _typed(cfg, kind) or flag_for(kind.name), str(kind.compute).replace("torch.", "")
         plain = " or ".join(flag_for(name) for name in kind.implies) or "fp32"
         optimizers = ", ".join(sorted(e.name for e in OPTIMIZER_REGISTRY.entries()
                                       if getattr(e.obj, "supports_memory_efficient_fp16", False)))
@@ -94,7 +104,9 @@ def _precision_rows() -> List[Tuple[Callable, str]]:
                      f"with {_with('shards_parameters')}, or another --ddp-backend."))
     return rows
 
-_TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
+# A message is a string, or a function written out when the rules are (``rules``): of no argument, or of the
+# config being checked (None when the rules are written out for any run).
+_TABLE: List[Tuple[Callable, Union[str, Callable[..., str]]]] = [
     (lambda c: not _positive_or_none(c.dataset.max_tokens),
      "--max-tokens must be a positive number of tokens."),
     (lambda c: not _positive_or_none(c.dataset.batch_size),
@@ -163,8 +175,8 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
     (lambda c: c.optimization.skip_nan_updates < 0,
      "--skip-nan-updates must be >= 0 (the number of NaN/inf updates in a row that may be skipped)."),
     (lambda c: c.optimization.skip_nan_updates > 0 and _precision(c).loss_scaled,
-     lambda: f"--skip-nan-updates is for precisions without a loss scale ({_names(False)}): with "
-     f"{_flags_of('loss_scaled')} the loss scaler already skips every update whose gradient overflows and lowers "
+     lambda c: f"--skip-nan-updates is for precisions without a loss scale ({_names(False)}): with "
+     f"{_typed(c) or _flags_of('loss_scaled')} the loss scaler already skips every update whose gradient overflows and lowers "
      "the scale (--min-loss-scale bounds it). Drop --skip-nan-updates."),
     (lambda c: c.common.min_loss_scale <= 0, "--min-loss-scale must be positive (the default is 1e-4)."),
     (lambda c: c.distributed.cpu_offload and not _backend_has(c, "supports_cpu_offload"),
@@ -199,10 +211,17 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[[], str]]]] = [
 ]
 
 
-def rules() -> List[Tuple[Callable, str]]:
+def rules(cfg=None) -> List[Tuple[Callable, str]]:
     """The table with every message written out (the backends' names looked up now, so
-    backends registered by plugins are named too)."""
-    return [(wrong, message() if callable(message) else message) for wrong, message in _TABLE] + _precision_rows()
+    backends registered by plugins are named too), for ``cfg`` when given (its precision named by the flag
+    its user typed)."""
+    return [(wrong, _written(message, cfg)) for wrong, message in _TABLE] + _precision_rows(cfg)
+
+
+def _written(message, cfg) -> str:
+    if not callable(message):
+        return message
+    return message(cfg) if message.__code__.co_argcount else message()
 
 
 def choice_problems(cfg) -> List[str]:
@@ -231,9 +250,24 @@ def _precision_conflict(cfg) -> List[str]:
     return [problem] if problem else []
 
 
+def precision_keys() -> List[str]:
+    """The config keys that pick a precision (``common.precision`` and every registered one's flags, plugins'
+    too): where a command line's precision wins over a config file's (override_wins)."""
+    from shardtrain.trainer.precision.choose import all_flags
+    return ["common." + name for name in all_flags()]
+
+
+def precisions_contradict(cfg) -> bool:
+    """Whether ``cfg``'s flags pick two precisions; an unknown name is ``choice_problems``' to report."""
+    try:
+        return bool(_precision_conflict(cfg))
+    except ConfigError:
+        return False
+
+
 def check_config(cfg) -> None:
     # the table's rules may look a choice up (a backend's capabilities): they run on valid choices only
     # and on one precision: two flags that pick different ones are named before anything asks which it is
-    problems = choice_problems(cfg) or _precision_conflict(cfg) or [message for wrong, message in rules() if wrong(cfg)]
+    problems = choice_problems(cfg) or _precision_conflict(cfg) or [message for wrong, message in rules(cfg) if wrong(cfg)]
     if problems:
         raise ConfigError(" ".join(problems))

@@ -10,15 +10,14 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from shardtrain.config import checks
+
 # (the two keys, True when their values contradict, the value each takes when it gives way: its default)
 Rule = Tuple[Tuple[str, str], Callable[..., bool], Dict[str, object]]
 RULES: List[Rule] = [
     (("checkpoint.no_save", "checkpoint.save_interval_updates"),
      lambda no_save, interval: bool(no_save) and interval > 0,
      {"checkpoint.no_save": False, "checkpoint.save_interval_updates": 0}),
-    # a config file's bf16 and the command line's fp16=true (or the reverse): the compute precision asked last
-    (("common.fp16", "common.bf16"), lambda fp16, bf16: bool(fp16) and bool(bf16),
-     {"common.fp16": False, "common.bf16": False}),
 ]
 
 
@@ -34,11 +33,30 @@ def apply(cfg: DictConfig, parsed: Sequence, source: str) -> List[str]:
         lost = next(key for key in keys if key != won[0])
         old = OmegaConf.select(cfg, lost)
         OmegaConf.update(cfg, lost, defaults[lost])
-        notes.append(f"{overridden[won[0]]} wins over {lost}={_shown(old)} set in {source}, which is ignored "
-                     f"({lost}={_shown(defaults[lost])})")
+        notes.append(_note(overridden[won[0]], lost, old, defaults[lost], source))
+    return notes + _precision_wins(cfg, overridden, source)
+
+
+def _precision_wins(cfg: DictConfig, overridden: Dict[str, str], source: str) -> List[str]:
+    """The precision the command line picks (``common.precision=fp16``, ``common.fp16=true``, a plugin's flag)
+    over the one the file picks, by whichever key: each of the file's keys that picks one gives way. Two
+    overrides that contradict each other are the flag check's to refuse."""
+    keys = checks.precision_keys()
+    won = [key for key in keys if key in overridden and OmegaConf.select(cfg, key)]
+    if not won or not checks.precisions_contradict(cfg):
+        return []
+    notes = []
+    for lost in (key for key in keys if key not in overridden and OmegaConf.select(cfg, key)):
+        default = None if lost == "common.precision" else False
+        notes.append(_note(overridden[won[0]], lost, OmegaConf.select(cfg, lost), default, source))
+        OmegaConf.update(cfg, lost, default)
     return notes
 
 
+def _note(won: str, lost: str, old, default, source: str) -> str:
+    return f"{won} wins over {lost}={_shown(old)} set in {source}, which is ignored ({lost}={_shown(default)})"
+
+
 def _shown(value) -> str:
-    """As an override writes it (true, not True)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    """As an override writes it (true, not True; null, not None)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

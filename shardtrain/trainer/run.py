@@ -26,7 +26,7 @@ from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token,
 from shardtrain.trainer.metrics.run_metrics import RunMetrics
 from shardtrain.trainer.parallel.base import unwrap
 from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task
-from shardtrain.trainer.run_facts import RunFacts, ranks_on_this_host, run_facts
+from shardtrain.trainer.run_facts import RunFacts, run_facts
 from shardtrain.trainer.spike import SpikeGuard
 from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
@@ -43,7 +43,7 @@ class Run:
         torch.manual_seed(cfg.common.seed)
         components = Components.of(cfg)  # the one look-up of the components' names
         # decided once: the backend, the fit check, the precision and the trainer read them
-        self.facts = facts = run_facts(cfg, components, ctx.world_size, ranks_on_this_host(ctx.world_size),
+        self.facts = facts = run_facts(cfg, components, ctx.world_size, ctx.ranks_per_node,
                                        backend=chosen_backend_class(cfg, ctx))
         # One process has no group from the launcher; a backend that needs one anyway (FSDP2's mesh) gets it here.
         self.group = OneRankGroup(ctx.device) if facts.backend.needs_process_group else None

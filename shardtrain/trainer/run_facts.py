@@ -9,7 +9,6 @@ stages its saves and ``--spike-rollback`` keeps a snapshot. ``Run`` builds them 
 backend, the fit check and the ``Trainer``; shard-plan builds them for each configuration it weighs.
 """
 import dataclasses
-import os
 import types
 from typing import Optional
 
@@ -17,7 +16,6 @@ import torch
 
 from shardtrain.config.epoch_lists import first
 from shardtrain.optim.registry import OptimizerSpec
-from shardtrain.trainer.launch.threads import local_ranks
 from shardtrain.trainer.build import optimizer_spec
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.parallel.choose import chosen_backend_class
@@ -120,11 +118,3 @@ def _staged_kinds(cfg, backend: type) -> tuple:
         return ()
     return ("params",) if c.no_save_optimizer_state else SAVED_KINDS
 
-
-def ranks_on_this_host(world_size: int) -> int:
-    """Ranks sharing this machine's memory: torchrun's and SLURM's count, else all (spawned here)."""
-    if "LOCAL_WORLD_SIZE" in os.environ:
-        return local_ranks(os.environ, "torchrun")
-    if "SLURM_PROCID" in os.environ:
-        return local_ranks(os.environ, "slurm")
-    return world_size

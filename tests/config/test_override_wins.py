@@ -74,3 +74,28 @@ def test_a_precision_override_wins_over_the_files_other_precision(tmp_path, caps
         f"{tmp_path}/bf16.yaml, which is ignored (common.bf16=false)"]
     with pytest.raises(ConfigError, match=r"^--bf16 and --fp16 both pick the precision, and differently \(bf16 vs fp16\)"):
         hydra_config("--config-dir", str(tmp_path), "--config-name", "bf16", "common.fp16=true", "common.bf16=true")
+
+
+def test_a_precision_by_name_override_wins_over_the_files_bf16(tmp_path, capsys):
+    (tmp_path / "bf16.yaml").write_text("defaults:\n  - shardtrain\n  - _self_\ntask:\n  data: d\n"
+                                        "common:\n  bf16: true\n")
+    cfg = hydra_config("--config-dir", str(tmp_path), "--config-name", "bf16", "common.precision=fp16")
+    assert cfg.common.precision == "fp16" and cfg.common.bf16 is False
+    assert notices(capsys) == [
+        "shard-hydra-train: notice: common.precision=fp16 wins over common.bf16=true set in the config "
+        f"{tmp_path}/bf16.yaml, which is ignored (common.bf16=false)"]
+
+
+def test_an_fp16_override_wins_over_the_files_precision_by_name(tmp_path, capsys):
+    (tmp_path / "named.yaml").write_text("defaults:\n  - shardtrain\n  - _self_\ntask:\n  data: d\n"
+                                         "common:\n  precision: bf16\n")
+    cfg = hydra_config("--config-dir", str(tmp_path), "--config-name", "named", "common.fp16=true")
+    assert cfg.common.fp16 is True and cfg.common.precision is None
+    assert notices(capsys) == [
+        "shard-hydra-train: notice: common.fp16=true wins over common.precision=bf16 set in the config "
+        f"{tmp_path}/named.yaml, which is ignored (common.precision=null)"]
+    hydra_config("--config-dir", str(tmp_path), "--config-name", "named", "common.bf16=true")  # the same: no notice
+    assert notices(capsys) == []
+    with pytest.raises(ConfigError, match=r"^--precision bf16 and --fp16 both pick the precision"):
+        hydra_config("--config-dir", str(tmp_path), "--config-name", "named", "common.fp16=true",
+                     "common.precision=bf16")  # both on the command line: refused, as from one file

@@ -12,6 +12,7 @@ from shardtrain.config.run_config import parse_train_args
 from shardtrain.core.errors import CheckpointError
 from shardtrain.data.batch_windows import BatchWindows
 from shardtrain.trainer import loop
+from shardtrain.trainer.checkpoint.formats import CheckpointFormat
 from shardtrain.trainer.checkpoint.manager import CheckpointManager
 from shardtrain.trainer.precision.component import Precision
 from shardtrain.trainer.precision.diverged import TrainingDivergedError
@@ -60,7 +61,7 @@ def test_due_validates_and_saves_where_fairseq_does(name):
     assert got == [expected for *_, expected in cases]
 
 
-class _Format:
+class _Format(CheckpointFormat):
     """Stands in for a checkpoint format: saves nothing, or fails as a full disk does."""
 
     def __init__(self, error=None):

@@ -8,7 +8,7 @@ from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer import run as run_module
 from shardtrain.trainer.launch.start import make_context
 from shardtrain.trainer.resolved import Components
-from shardtrain.trainer.run_facts import ranks_on_this_host, run_facts
+from shardtrain.trainer.run_facts import run_facts
 from st_testutils import tiny_model_flags
 from small_trainer import data_bin  # noqa: F401 (a fixture)
 
@@ -48,18 +48,6 @@ def test_one_rank_of_a_backend_that_does_not_wrap_one_is_single_process():
     facts = facts_of(["--ddp-backend", "pytorch_ddp", "--update-freq", "2"], world=1, per_node=1)
     assert facts.backend.__name__ == "SingleProcessBackend" and facts.shards == 1 and facts.update_freq == 2
     assert facts.precision.name == "fp32" and facts.dtypes.compute is None and not facts.checkpointed
-
-
-def test_the_ranks_sharing_a_node_come_from_the_launcher(monkeypatch):
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS_PER_NODE"):
-        monkeypatch.delenv(name, raising=False)
-    assert ranks_on_this_host(6) == 6  # spawned here: all of them
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
-    assert ranks_on_this_host(6) == 3  # torchrun's
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    monkeypatch.setenv("SLURM_PROCID", "4")
-    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
-    assert ranks_on_this_host(6) == 2  # SLURM's
 
 
 @pytest.mark.slow

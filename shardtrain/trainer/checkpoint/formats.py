@@ -18,6 +18,8 @@ class CheckpointFormat:
     One instance reads one checkpoint: the first method given a name pins what the name refers to then
     (see ``pinned``), and every later read of that name, by any method, reads the pinned checkpoint."""
 
+    saves_directories = False  # a checkpoint is a directory, not a file: messages name it as one
+
     def pinned(self, path: str) -> str:
         """Where to read ``path`` from: what it named the first time this reader asked. An alias such as
         ``checkpoint_last`` can be re-pointed (or a file replaced) by a run saving meanwhile; resolving it

@@ -115,7 +115,8 @@ class CheckpointManager:
             if not out_of_descriptors(e):
                 raise
             raise failed_save_error(f"of update {updates}", self.checkpoint.save_dir, e) from None
-        self.last_checked_save = f"{names[0]} of update {updates}"  # saved (a failed save raised), on every rank
+        shown = f"the directory {names[0][:-3]}" if self.format.saves_directories else names[0]
+        self.last_checked_save = f"{shown} of update {updates}"  # saved (a failed save raised), on every rank
         return paths
 
     def _prepare(self) -> None:

@@ -52,6 +52,8 @@ def _optimizer_of(parts: Dict):
 class ShardedDirectory(CheckpointFormat):
     """One DCP directory per checkpoint, written by every rank; the other names are links to it."""
 
+    saves_directories = True
+
     def __init__(self, async_save: bool = False):
         self.saver = ShardedSaver(async_save=async_save)
 

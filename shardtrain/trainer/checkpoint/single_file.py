@@ -20,6 +20,7 @@ from shardtrain.fairseq_import import fairseq_lm, fairseq_pickle
 from shardtrain.trainer.checkpoint.contents import FORMAT_VERSION, state_of
 from shardtrain.trainer.checkpoint.fit import check_model_fits
 from shardtrain.trainer.checkpoint.formats import CheckpointFormat, matching
+from shardtrain.trainer.checkpoint.foreign import refuse_foreign
 from shardtrain.trainer.checkpoint.keep_best import prune_best
 from shardtrain.trainer.checkpoint.safe_loading import load_weights_only, torch_reason
 from shardtrain.trainer.checkpoint.integrity import Verified
@@ -119,6 +120,7 @@ def load_checkpoint(path: str, model_only: bool = False, shown: Optional[str] = 
                 "OUT.pt --data DATA_BIN --trust-checkpoint`, then pass OUT.pt.") from None
         if isinstance(e, CheckpointError):  # a pickled object outside the safe types
             raise
+        refuse_foreign(where, path)  # intact but another format: named as what it is, never "corrupt"
         raise CheckpointError(
             f"Cannot load checkpoint {path!r} ({os.path.getsize(where)} bytes{torch_reason(e)}): it is truncated (a "
             "full disk or an interrupted copy), corrupt, or not a checkpoint at all. Pass another checkpoint (fairseq "

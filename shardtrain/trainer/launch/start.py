@@ -45,6 +45,13 @@ class DistributedContext:
     world_size: int
     device: torch.device  # cuda:<local_rank> when training on CUDA, else cpu
     backend: Optional[str]  # None when world_size == 1: there is no process group
+    # Ranks sharing this node (its memory, a hybrid shard group): counted once, here, by the rule the thread
+    # policy uses (threads.local_ranks: torchrun's LOCAL_WORLD_SIZE, else SLURM's); 0 when every rank is local.
+    ranks_per_node: int = 0
+
+    def __post_init__(self):
+        if self.ranks_per_node <= 0:
+            object.__setattr__(self, "ranks_per_node", self.world_size)
 
     @property
     def is_master(self) -> bool:
@@ -91,9 +98,10 @@ def resolve_world_size(requested: Optional[int], use_cuda: bool, gpu_count: int)
 
 
 def make_context(rank: int, local_rank: int, world_size: int, use_cuda: bool,
-                 backend: Optional[str]) -> DistributedContext:
+                 backend: Optional[str], ranks_per_node: int = 0) -> DistributedContext:
+    """``ranks_per_node``: as the launcher counts them (``launched_context``); 0: all ``world_size`` (a spawn)."""
     if not use_cuda:
-        return DistributedContext(rank, local_rank, world_size, torch.device("cpu"), backend)
+        return DistributedContext(rank, local_rank, world_size, torch.device("cpu"), backend, ranks_per_node)
     gpu_count = torch.cuda.device_count()
     if local_rank >= gpu_count:
         raise ConfigError(
@@ -101,7 +109,14 @@ def make_context(rank: int, local_rank: int, world_size: int, use_cuda: bool,
             "has no GPU of its own. Start at most one process per visible GPU on each node "
             "(--nproc-per-node, --ntasks-per-node, CUDA_VISIBLE_DEVICES; under SLURM every task must see all "
             "GPUs of its node, so use --gres=gpu:N rather than --gpus-per-task), or add --cpu.")
-    return DistributedContext(rank, local_rank, world_size, torch.device("cuda", local_rank), backend)
+    return DistributedContext(rank, local_rank, world_size, torch.device("cuda", local_rank), backend, ranks_per_node)
+
+
+def launched_context(launched: rendezvous.LaunchedRank, use_cuda: bool, backend: Optional[str]) -> DistributedContext:
+    """The context of a rank torchrun or SLURM started: its node's ranks as that launcher counts them (torchrun's
+    wins inside a SLURM allocation, whose SLURM_NTASKS_PER_NODE counts torchrun agents, not ranks)."""
+    per_node = min(threads.local_ranks(os.environ, launched.launcher), launched.world_size)
+    return make_context(launched.rank, launched.local_rank, launched.world_size, use_cuda, backend, per_node)
 
 
 def _run_launched(cfg, main, launched: rendezvous.LaunchedRank, use_cuda: bool) -> Any:
@@ -115,7 +130,7 @@ def _run_launched(cfg, main, launched: rendezvous.LaunchedRank, use_cuda: bool) 
     backend = None
     if launched.world_size > 1:
         backend = rendezvous.resolve_backend(cfg.distributed.distributed_backend, use_cuda)
-    ctx = make_context(launched.rank, launched.local_rank, launched.world_size, use_cuda, backend)
+    ctx = launched_context(launched, use_cuda, backend)
     return _run_rank(cfg, main, ctx, launched.init_method, launcher=launched.launcher)
 
 

@@ -44,11 +44,27 @@ class _StdoutHandler(logging.StreamHandler):
 
 
 class _FileHandler(logging.FileHandler):
-    """Ours; appends, so a resumed run keeps the earlier lines."""
+    """Ours; appends, so a resumed run keeps the earlier lines.
+
+    A write that fails (a full disk, a quota, a lost mount) is said once, on the console, and the file is then
+    left alone while training goes on: logging's own answer is a traceback on stderr for every record, and
+    stopping a run that can still save checkpoints (maybe elsewhere) for its log would lose more than the lines."""
+
+    given_up = False
 
     def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, ONLY, FILE) == FILE:
+        if not self.given_up and getattr(record, ONLY, FILE) == FILE:
             super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            return super().handleError(record)
+        self.given_up = True  # before the notice: it must not come back here
+        logging.getLogger(__name__).warning(
+            f"--log-file {self.baseFilename!r} cannot be written ({error.strerror or error}); training goes on "
+            "and its log lines now go to the console only. Free space there (or pass another --log-file when "
+            "you resume) to keep a log file; the lines from here on are not in it.", extra={ONLY: CONSOLE})
 
 
 def setup_logging(log_file: Optional[str] = None, rank: int = 0) -> None:

@@ -1,6 +1,5 @@
 """Building blocks of the fully_sharded backend, each with explicit arguments."""
 import ctypes
-import os
 from typing import List, Optional
 
 import torch
@@ -12,13 +11,11 @@ from shardtrain.core.errors import ConfigError
 from shardtrain.models import capabilities
 
 
-def shard_group_size(world_size: int, requested: Optional[int], device: torch.device) -> int:
+def shard_group_size(world_size: int, requested: Optional[int], ranks_per_node: int) -> int:
+    """--shard-group-size, else a node's ranks (the launch counted them: ``DistributedContext.ranks_per_node``)."""
     if requested is not None:
         return requested
-    # The machine's GPUs say nothing about a --cpu run's ranks per node.
-    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or gpus or world_size
-    return min(per_node, world_size)
+    return min(ranks_per_node, world_size)
 
 
 def build_mesh(ctx, strategy: str, group_size: Optional[int]):
@@ -26,7 +23,7 @@ def build_mesh(ctx, strategy: str, group_size: Optional[int]):
     world = ctx.world_size
     if strategy in ("full_shard", "shard_grad_op"):
         return init_device_mesh(ctx.device.type, (world,), mesh_dim_names=("shard",))
-    size = 1 if strategy == "no_shard" else shard_group_size(world, group_size, ctx.device)
+    size = 1 if strategy == "no_shard" else shard_group_size(world, group_size, ctx.ranks_per_node)
     if size < 1 or world % size != 0:
         raise ConfigError(f"--fsdp-sharding-strategy {strategy} shards within groups of --shard-group-size "
                           f"{size} ranks, which does not divide the world size {world}. Choose a group size "

@@ -64,8 +64,9 @@ class Precision:
             return True
         self.nan_in_a_row += 1
         if self.nan_in_a_row <= self.skip_nan:
-            logger.warning(f"the loss or gradient is NaN/inf at update {update}; skipping it "
-                           f"({self.nan_in_a_row} in a row, --skip-nan-updates {self.skip_nan})")
+            why = ("--spike-rollback rolls it back" if self.skip_nan == EVERY_UPDATE
+                   else f"{self.nan_in_a_row} in a row, --skip-nan-updates {self.skip_nan}")
+            logger.warning(f"the loss or gradient is NaN/inf at update {update}; skipping it ({why})")
             return False
         raise diverged_at(update, self.skip_nan)  # the loop names the checkpoint (TrainingDivergedError)
 
@@ -91,4 +92,7 @@ def innermost(optimizer):
 def skip_nan(cfg) -> int:
     """NaN/inf updates skipped in a row before the run stops: --skip-nan-updates, or under
     --spike-rollback all (the spike guard rolls such an update back, and stops after too many)."""
-    return 2 ** 62 if cfg.optimization.spike_rollback else cfg.optimization.skip_nan_updates
+    return EVERY_UPDATE if cfg.optimization.spike_rollback else cfg.optimization.skip_nan_updates
+
+
+EVERY_UPDATE = 2 ** 62  # skip_nan under --spike-rollback: no user's count, so never shown as one

@@ -1,4 +1,5 @@
 """setup_logging: format, rank levels, log file, idempotence, no leaks."""
+import errno
 import logging
 import re
 
@@ -74,3 +75,28 @@ def test_unwritable_log_file_is_a_config_error(tmp_path):
 def test_log_file_that_is_a_directory_is_named(tmp_path):
     with pytest.raises(ConfigError, match="is a directory; pass a file path such as"):
         setup_logging(log_file=str(tmp_path))
+
+
+class _FullDisk:
+    """A stream on a full disk: every write fails as the kernel says ENOSPC."""
+    def write(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+        pass
+
+
+def test_a_full_disk_under_the_log_file_is_said_once_and_training_logs_on(tmp_path, capsys):
+    log_file = tmp_path / "train.log"
+    setup_logging(log_file=str(log_file), rank=0)
+    handler = next(h for h in logging.getLogger().handlers if getattr(h, "baseFilename", None) == str(log_file))
+    logging.getLogger("shardtrain.test").info("before the disk filled")
+    handler.stream = _FullDisk()
+    for update in range(165):
+        logging.getLogger("shardtrain.test").info(f"update {update}")
+    out, err = capsys.readouterr()
+    assert err == ""  # no "--- Logging error ---" with a traceback, once or 165 times
+    notices = [line for line in out.splitlines() if "cannot be written" in line]
+    assert len(notices) == 1 and "No space left on device" in notices[0] and "training goes on" in notices[0]
+    assert "update 0" in out and "update 164" in out  # the console still gets every line
+    assert log_file.read_text().count("\n") == 1 and "before the disk filled" in log_file.read_text()

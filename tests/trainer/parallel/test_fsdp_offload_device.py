@@ -31,10 +31,10 @@ def test_offload_pins_memory_only_for_a_cuda_run(gpu_machine):
     assert not isinstance(offload_policy(False, GPU), CPUOffloadPolicy)
 
 
-def test_hybrid_shard_group_counts_gpus_only_for_a_cuda_run(gpu_machine):
-    assert shard_group_size(16, None, CPU) == 16  # all ranks of a --cpu run: the GPUs are not its ranks
-    assert shard_group_size(16, None, GPU) == 8
-    assert shard_group_size(16, 4, CPU) == 4
+def test_hybrid_shard_group_is_the_launch_s_ranks_a_node_never_the_gpus(gpu_machine):
+    assert shard_group_size(16, None, ranks_per_node=16) == 16  # a --cpu run's ranks: the 8 GPUs are not its ranks
+    assert shard_group_size(16, None, ranks_per_node=2) == 2
+    assert shard_group_size(16, 4, ranks_per_node=2) == 4
 
 
 @pytest.mark.flag_effect("--cpu")
