@@ -63,7 +63,7 @@ class RecordingStreams:
 
     @staticmethod
     def seconds(start, end):
-        return 0.0
+        return 0.25  # each upload, as its events would time it
 
 
 def _wrapped(mesh):
@@ -87,11 +87,11 @@ def _run(mesh, ahead_bytes):
         block.forward = computed
     model(torch.ones(2, 8)).sum().backward()
     upload.close()
-    return model, events, seen
+    return model, events, seen, upload
 
 
 def test_the_next_blocks_copy_is_issued_before_this_blocks_compute_ends(one_rank_group):
-    model, events, seen = _run(one_rank_group, ahead_bytes=BLOCK_BYTES)
+    model, events, seen, upload = _run(one_rank_group, ahead_bytes=BLOCK_BYTES)
     at = {e: n for n, e in enumerate(events)}
     for k in range(BLOCKS - 1):
         assert at[("copy", k + 1)] < at[("compute_end", k)], events
@@ -105,10 +105,11 @@ def test_the_next_blocks_copy_is_issued_before_this_blocks_compute_ends(one_rank
         assert torch.equal(seen[i], torch.full((8, 8), 2.0 * (i + 1))), i
         assert torch.equal(block.weight.to_local(), torch.full((8, 8), i + 1.0))
         assert block.weight.grad is not None
+    assert upload.upload_seconds() == 4 * 0.25 and upload.upload_seconds() == 0.0  # each forward's, once
 
 
 def test_more_room_uploads_further_ahead(one_rank_group):
-    _, events, _ = _run(one_rank_group, ahead_bytes=3 * BLOCK_BYTES)
+    _, events, _, _ = _run(one_rank_group, ahead_bytes=3 * BLOCK_BYTES)
     first_compute = events.index(("compute_end", 0))
     issued = [e[1] for e in events[:first_compute] if e[0] == "copy"]
     assert issued == [0, 0, 1, 1, 2, 2, 3, 3]  # weight and bias of block 0, and of the three blocks ahead
