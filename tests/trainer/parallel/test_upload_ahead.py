@@ -108,6 +108,26 @@ def test_the_next_blocks_copy_is_issued_before_this_blocks_compute_ends(one_rank
     assert upload.upload_seconds() == 4 * 0.25 and upload.upload_seconds() == 0.0  # each forward's, once
 
 
+def test_the_next_forward_uploads_the_host_shards_as_they_are_then(one_rank_group):
+    """After an optimizer step in host memory, the next forward computes with the stepped shards (twice them)."""
+    model = _wrapped(one_rank_group)
+    events, seen = [], {}
+    upload = UploadAhead(model, list(model.blocks), RecordingStreams(model, events), ahead_bytes=BLOCK_BYTES)
+    block, forward = model.blocks[2], model.blocks[2].forward
+
+    def computed(x):  # inside FSDP2's hooks: the weight is the unsharded one
+        seen[len(seen)] = block.weight.detach().clone()
+        return forward(x)
+
+    block.forward = computed
+    model(torch.ones(1, 8))
+    with torch.no_grad():
+        block.weight.to_local().add_(0.5)  # the CPU step: block 2's weights 3 -> 3.5
+    model(torch.ones(1, 8))
+    upload.close()
+    assert torch.equal(seen[0], torch.full((8, 8), 6.0)) and torch.equal(seen[1], torch.full((8, 8), 7.0))
+
+
 def test_more_room_uploads_further_ahead(one_rank_group):
     _, events, _, _ = _run(one_rank_group, ahead_bytes=3 * BLOCK_BYTES)
     first_compute = events.index(("compute_end", 0))
