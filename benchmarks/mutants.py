@@ -34,6 +34,7 @@ import mutants_launch
 import mutants_loop_steps
 import mutants_memory
 import mutants_metrics
+import mutants_offload_speed
 import mutants_offload_times
 import mutants_models
 import mutants_offline_install
@@ -63,7 +64,7 @@ AREAS = (
     # shardtrain/trainer/: the step, precision, backends, the loop, launching, metrics, self-healing
     mutants_trainer_step, mutants_precision, mutants_parallel, mutants_trainer_loop, mutants_loop_steps,
     mutants_skip_batches, mutants_launch, mutants_metrics, mutants_spike, mutants_run_devices, mutants_resume_records,
-    mutants_step_in_backward, mutants_offload_times, mutants_memory,
+    mutants_step_in_backward, mutants_offload_times, mutants_offload_speed, mutants_memory,
     # shardtrain/trainer/checkpoint/ and the integrity of checkpoints and data-bins
     mutants_checkpoint_writing, mutants_checkpoint_staging, mutants_checkpoint_reading, mutants_keep_policy,
     mutants_integrity,

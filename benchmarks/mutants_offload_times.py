@@ -11,8 +11,8 @@ UPLOAD = F + "test_upload_is_the_time_in_fsdps_pre_forward_unshards"
 
 MUTANTS = [
     Mutant("times_worker_work_uncounted", "the worker's steps count as CPU optimizer work under backward",
-           T + "parallel/step_in_backward.py", "                        self.clock.worked(start, time.perf_counter())",
-           "                        pass", (DURING,)),
+           T + "parallel/step_in_backward.py", "            self.clock.worked(start, time.perf_counter())",
+           "            pass", (DURING,)),
     Mutant("times_hidden_counts_work_after_backward", "only the work done before backward's end is hidden",
            TIMES, "max(0.0, min(b, self._backward_done) - a)", "(b - a)", (SPLIT, AFTER)),
     Mutant("times_training_thread_step_uncounted", "the step after backward counts as CPU optimizer work",

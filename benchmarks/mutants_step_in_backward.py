@@ -70,10 +70,13 @@ MUTANTS = [
            ADAM, "        if buffer is None or buffer.numel() < grad.numel():", "        if buffer is None:",
            (U + "test_step_one_steps_a_larger_gradient_after_a_smaller_one_as_step_does",)),
     Mutant("sib_norm_after_the_step", "each shard's norm is taken before the kernel writes its gradient back",
-           SIB, "                    self._norms[p] = _shard_norm(p)  # before the kernel writes the gradient back\n"
-           "                    kept = self.optimizer.step_one(p, self._multiplier, self.keep, leave_grad=self.keep)\n",
-           "                    kept = self.optimizer.step_one(p, self._multiplier, self.keep, leave_grad=self.keep)\n"
-           "                    self._norms[p] = _shard_norm(p)\n",
+           SIB, "        for p, norm in zip(params, local_norms(grads)):  # before the kernel writes the gradients back\n"
+           "            self._norms[p] = norm\n"
+           "        for p in params:\n"
+           "            kept = self.optimizer.step_one(p, self._multiplier, self.keep, leave_grad=self.keep)\n",
+           "        for p in params:\n"
+           "            kept = self.optimizer.step_one(p, self._multiplier, self.keep, leave_grad=self.keep)\n"
+           "            self._norms[p] = _shard_norm(p)\n",
            (U + "test_the_norm_is_taken_before_stepping_and_only_what_may_be_undone_copies_the_gradient",
             SAME + "[update_freq_2]")),
     Mutant("sib_norm_of_written_back_gradients", "the trainer takes the norm the worker took, not the backend's",

@@ -61,6 +61,20 @@ CASES: List[Case] = [
          _t("test_cpu_offload_collectives.py::test_offload_one_gpu")),
     Case("step-in-backward-gpu", 1, 25, "pytest 6 + data 1 + 4 in-process offload runs (4 updates) x 4",
          _t("test_step_in_backward_gpu.py")),
+    # offload_largest_mfu >= 0.30 (scenarios.offload_largest), the arithmetic: 16 x 2048 tokens of the 6.45B
+    # transformer_lm_gpt3_6_7 are 1.41e15 model FLOP an update, so 0.30 of 989 TFLOP/s needs <= 4.75 s an update.
+    #   compute: forward 1.15 s + recomputed forward and backward 3.45 s = 4.6 s (40% of peak, the estimate below)
+    #   upload: 25.8 GB of fp32 shards at ~24 GB/s = 1.07 s a pass. Before issue 45: in series with compute (one
+    #     GPU: FSDP2 copies on the compute stream, its prefetch overlaps nothing), and again in backward (resharded
+    #     after forward): +2.14 s, MFU <= 1.41e15 / (6.74 s x 989e12) = 0.21. Now: copied ahead on a side stream
+    #     (parallel/upload_ahead.py) under forward's 1.15 s, and once (--no-reshard-after-forward): +0 s.
+    #   gradients to the host: 25.8 GB, ~1.07 s under backward's 3.45 s (the other PCIe direction): +0 s
+    #   CPU step during backward: 6.45B x 36 bytes (the fused Adam's 32, the gradient norm's read of 4) = 232 GB
+    #     of host memory traffic in backward's 3.45 s needs ~67 GB/s from the node's 16 cores: 4.6 s + ~0.1 s
+    #     (the root's shards after backward) = 4.7 s, MFU 0.30. At the ~40 GB/s this case's estimate assumes,
+    #     5.8 s of it leaves 2.35 s exposed: 6.95 s, MFU 0.20. So 0.30 is reachable once the upload is off the
+    #     critical path and the CPU step runs at >= ~67 GB/s (the norm on one core, 11 GB/s, took 2.3 s of it;
+    #     parallel/host_norms.py spreads it over the cores).
     Case("scenario-offload-largest", 1, 270, "data-bin 5 + 2 runs x (start-up 8 + a 6.45B model built and pinned "
          "on the host 60 + 6 bf16 updates of 16 x 2048 tokens: fwd+bwd ~4.6 s at 40% of 989 TFLOP/s, recomputed "
          "forward included; CPU Adam of 6.45B, 36 bytes each at ~40 GB/s ~5.8 s, partly under backward: ~8 and ~10.5 s)",

@@ -242,3 +242,37 @@ def ddp_without_forward_buffer_sync(module, ddp_class=None, **kwargs):
     ddp = ddp_class(module, **kwargs)
     ddp.broadcast_buffers = False
     return ddp
+
+
+class ShardSource:
+    """Where FSDP2 reads one parameter's local shard from when it unshards it (``source``: get or set). Set to a
+    device copy of the same shape and dtype, FSDP2's copy of an offloaded shard to the device reads that instead."""
+
+    def __init__(self, fsdp_param):
+        self._param = fsdp_param
+
+    @property
+    def source(self) -> torch.Tensor:
+        return self._param._sharded_param_data
+
+    @source.setter
+    def source(self, tensor: torch.Tensor) -> None:
+        self._param._sharded_param_data = tensor
+
+
+def fsdp_shard_sources(module) -> List[ShardSource]:
+    """The shard sources of the parameters ``fully_shard(module)`` manages (none for a module it does not).
+
+    Why private: on a 1-rank shard group FSDP2 copies an offloaded shard to the device on the compute stream
+    when the block needs it (``FSDPParamGroup.wait_for_unshard``: ``FSDPParam.all_gather_inputs`` reads
+    ``_sharded_param_data`` and calls ``.to(device, non_blocking=True)``), so its prefetch overlaps nothing; there
+    is no public way to hand it a copy made ahead on a side stream (trainer/parallel/upload_ahead.py does)."""
+    if not hasattr(module, "_get_fsdp_state"):
+        return []
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    if group is None:
+        return []
+    params = getattr(group, "fsdp_params", None)
+    if params is None or not all(hasattr(p, "_sharded_param_data") for p in params):
+        raise _moved("FSDPParamGroup.fsdp_params' _sharded_param_data", "to upload offloaded shards ahead")
+    return [ShardSource(p) for p in params]

@@ -2,22 +2,43 @@
 (``--cpu-offload``, or ``fully_sharded`` with ``cpu_adam``): the record fields of docs/precision_and_memory.md.
 
     offload_fwd_bwd       seconds from the update's first forward to the end of its last backward
-    offload_upload        of those, seconds the training thread spent in FSDP2's pre-forward unshards: the
-                          shards copied to the device and gathered (the gathers backward repeats are not in it)
+    offload_upload        of those, seconds the forwards' shards took to reach the device (backward's gathers are
+                          not in it): on an accelerator, the side stream's copies timed by its events where the
+                          shards are uploaded ahead (trainer/parallel/upload_ahead.py: one rank), overlapping
+                          compute; absent on an accelerator otherwise (FSDP2 copies non-blocking on its own
+                          streams, so the host's time in its hook is not the copy's); on a host run, the training
+                          thread's time in FSDP2's pre-forward unshards
     offload_grad_wait     seconds the CPU optimizer waited for gradients still being copied to the host
     offload_cpu_step      seconds the CPU optimizer worked: the gradient norm and the step, during backward
                           (the step-in-backward worker) and after it, a clipped redo included
     offload_step_exposed  seconds from backward's end to the update's end: what the step adds to the update
     offload_hidden        percent of offload_cpu_step done before backward's end (its work under backward)
 
-Timed on the host with ``time.perf_counter``: an accelerator's queued work shows where the host waits for it
-(the gradients' copies, a norm's ``.item()``), which is where it costs the update time.
+The rest are timed on the host with ``time.perf_counter``: an accelerator's queued work shows where the host
+waits for it (the gradients' copies, a norm's ``.item()``), which is where it costs the update time.
 """
 import threading
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import torch
+
+
+_UPLOAD_TIMER = "_offload_upload_seconds"  # on the model: seconds of uploads since the last call
+
+
+def attach_upload_timer(model: torch.nn.Module, seconds: Callable[[], float]) -> None:
+    """``seconds()``: how long the device took to copy the shards uploaded since its last call (the uploader's
+    events). The model carries it, as it carries the uploader's hooks."""
+    setattr(model, _UPLOAD_TIMER, seconds)
+
+
+def _device_type(model: torch.nn.Module) -> str:
+    """Where a sharded model computes: its parameters' mesh (their shards may sit in host memory)."""
+    p = next(model.parameters(), None)
+    if p is None:
+        return "cpu"
+    return p.device_mesh.device_type if hasattr(p, "device_mesh") else p.device.type
 
 
 class UnshardTimer:
@@ -79,11 +100,15 @@ class OffloadTimes:
     def __init__(self, model: torch.nn.Module, clock: StepClock):
         self.clock = clock  # shared with the step-in-backward worker, which adds its own stretches
         self.unshards = UnshardTimer(model)
+        self._uploads: Optional[Callable[[], float]] = getattr(model, _UPLOAD_TIMER, None)
+        self._upload_counted = self._uploads is not None or _device_type(model) == "cpu"
         self._begin = self._backward_done = 0.0
 
     def begin(self) -> None:
         self.clock.take()  # nothing from before this update
         self.unshards.seconds = 0.0
+        if self._uploads is not None:
+            self._uploads()  # the uploads before this update (a validation's forward) are not its own
         self._begin = time.perf_counter()
 
     def backward_done(self) -> None:
@@ -100,9 +125,11 @@ class OffloadTimes:
         under_backward = sum(max(0.0, min(b, self._backward_done) - a) for a, b in stretches)
         exposed = end - self._backward_done
         hidden = 100.0 * under_backward / working if working > 0 else 0.0
-        return {"offload_fwd_bwd": self._backward_done - self._begin, "offload_upload": self.unshards.seconds,
-                "offload_grad_wait": waiting, "offload_cpu_step": working, "offload_step_exposed": exposed,
-                "offload_hidden": hidden}
+        fields = {"offload_fwd_bwd": self._backward_done - self._begin, "offload_grad_wait": waiting,
+                  "offload_cpu_step": working, "offload_step_exposed": exposed, "offload_hidden": hidden}
+        if self._upload_counted:
+            fields["offload_upload"] = self._uploads() if self._uploads is not None else self.unshards.seconds
+        return fields
 
     def close(self) -> None:
         self.unshards.close()

@@ -317,3 +317,33 @@ def test_the_norm_of_shards_is_get_total_norms_and_a_moved_partial_norm_is_named
     monkeypatch.setitem(sys.modules, "torch.distributed.tensor._ops._math_ops", None)
     with pytest.raises(RuntimeError, match="no longer provides torch.distributed.tensor._ops._math_ops._NormPartial"):
         torch_private.total_norm_of_shards(local, grads[0])
+
+
+def test_fsdp2_unshards_a_1_rank_shard_from_the_source_it_is_given(one_rank_group):
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    linear = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    fully_shard(linear, mesh=one_rank_group, offload_policy=CPUOffloadPolicy(pin_memory=False))
+    assert torch_private.fsdp_shard_sources(torch.nn.Linear(2, 2)) == []  # not an FSDP module
+    linear(torch.zeros(1, 2))  # FSDP2's lazy init (the first forward) may replace the source: swaps come after
+    linear.reshard()  # a root stays unsharded after forward
+    (source,) = torch_private.fsdp_shard_sources(linear)
+    assert source.source.data_ptr() == linear.weight.to_local().data_ptr() and source.source.shape == (4,)
+    host = source.source
+    source.source = torch.tensor([10.0, 20.0, 30.0, 40.0])  # what the next unshard copies from
+    assert torch.equal(linear(torch.tensor([[1.0, 0.0]])), torch.tensor([[10.0, 30.0]]))
+    linear.reshard()
+    source.source = host
+    assert torch.equal(linear(torch.tensor([[1.0, 0.0]])), torch.tensor([[1.0, 3.0]]))
+
+
+def test_a_moved_fsdp2_shard_source_is_named(one_rank_group, monkeypatch):
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+    linear = fully_shard(torch.nn.Linear(2, 2), mesh=one_rank_group)
+    monkeypatch.delattr(FSDPParam, "_sharded_param_data", raising=False)
+    for param in linear._get_fsdp_state()._fsdp_param_group.fsdp_params:
+        monkeypatch.delattr(param, "_sharded_param_data")
+    with pytest.raises(RuntimeError, match="no longer provides FSDPParamGroup.fsdp_params' _sharded_param_data"):
+        torch_private.fsdp_shard_sources(linear)

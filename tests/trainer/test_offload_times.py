@@ -2,6 +2,7 @@
 (trainer/offload_times.py): the split from written-down stretches, and a real fully_sharded + cpu_adam step
 whose blocks' backward sleeps (an accelerator's kernels), stepping during backward and after it."""
 import time
+import types
 
 import pytest
 import torch
@@ -36,6 +37,32 @@ def test_the_split_from_written_down_stretches(monkeypatch):
                       "offload_cpu_step": 3.25, "offload_step_exposed": 1.5,
                       "offload_hidden": 100.0 * 2.25 / 3.25}
     assert clock.take() == ([], 0.0)  # taken: the next update starts from nothing
+
+
+class _OnTheDevice(torch.nn.Module):
+    """A model whose (sharded) parameter's mesh is an accelerator's, its shard in host memory."""
+
+    def parameters(self, recurse=True):
+        yield types.SimpleNamespace(device_mesh=types.SimpleNamespace(device_type="cuda"),
+                                    device=torch.device("cpu"))
+
+
+def test_upload_on_an_accelerator_is_the_uploaders_copies():
+    model, timed = _OnTheDevice(), iter([9.0, 0.75])
+    offload_times.attach_upload_timer(model, lambda: next(timed))
+    times = offload_times.OffloadTimes(model, offload_times.StepClock())
+    times.begin()  # takes the 9 s of uploads before the update
+    times.backward_done()
+    assert times.fields()["offload_upload"] == 0.75
+
+
+def test_upload_is_left_out_on_an_accelerator_without_an_uploader():
+    """FSDP2's own non-blocking copies: its hook's host time is not theirs."""
+    times = offload_times.OffloadTimes(_OnTheDevice(), offload_times.StepClock())
+    times.begin()
+    times.backward_done()
+    fields = times.fields()
+    assert "offload_upload" not in fields and sorted(fields) == sorted(set(FIELDS) - {"offload_upload"})
 
 
 BLOCKS = 4

@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from shardtrain.core.registry import Registry
+from shardtrain.trainer.parallel.host_norms import host_total_norm
 
 BACKEND_REGISTRY = Registry("ddp_backend", flag="--ddp-backend")
 
@@ -126,6 +127,9 @@ class Backend:
     def grad_norm(self, params: Iterable[nn.Parameter]) -> torch.Tensor:
         """Norm of the full (unsharded) gradient, in fp32."""
         grads = [p.grad for p in params if p.grad is not None]
+        on_host = host_total_norm(grads)  # the same bits, the host's cores sharing the tensors
+        if on_host is not None:
+            return on_host
         if all(g.dtype == torch.float32 for g in grads):
             return torch.nn.utils.get_total_norm(grads, foreach=True)
         # fp16 gradients (--memory-efficient-fp16) hold loss_scale x the summed loss's

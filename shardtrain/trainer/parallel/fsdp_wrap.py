@@ -9,6 +9,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.models import capabilities
+from shardtrain.trainer.offload_times import attach_upload_timer
+from shardtrain.trainer.parallel.upload_ahead import DeviceStreams, UploadAhead, uploads_ahead
 
 
 def shard_group_size(world_size: int, requested: Optional[int], ranks_per_node: int) -> int:
@@ -86,6 +88,9 @@ def apply_fsdp(model: nn.Module, mesh, mp_policy: MixedPrecisionPolicy, *, resha
             unit.set_modules_to_forward_prefetch([units[i + 1]])
         if i > 0:
             unit.set_modules_to_backward_prefetch([units[i - 1]])
+    if uploads_ahead(offload, mesh):  # one rank gathers nothing, so the prefetch above overlaps no upload
+        upload = UploadAhead(model, units, DeviceStreams(mesh.device_type))  # its hooks keep it alive
+        attach_upload_timer(model, upload.upload_seconds)  # offload_upload: its copies, by their events
     return model
 
 

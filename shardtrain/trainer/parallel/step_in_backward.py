@@ -37,6 +37,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from shardtrain.core.torch_private import total_norm_of_shards
+from shardtrain.trainer.parallel.host_norms import local_norms
 
 logger = logging.getLogger(__name__)
 
@@ -127,33 +128,52 @@ class StepInBackward:
         self._queue.put((p, event))
 
     def _work(self) -> None:
+        ended = False
         try:
             if self.before_stepping is not None:
                 self.before_stepping()
             with torch.no_grad():  # grad mode is per thread
-                while True:
-                    item = self._queue.get()
-                    if item is None:
-                        return
-                    p, event = item
-                    start = time.perf_counter()
-                    if event is not None:
-                        event.synchronize()
-                        waited = time.perf_counter()
-                        if self.clock is not None:
-                            self.clock.waited(waited - start)
-                        start = waited
-                    self._norms[p] = _shard_norm(p)  # before the kernel writes the gradient back
-                    kept = self.optimizer.step_one(p, self._multiplier, self.keep, leave_grad=self.keep)
-                    if self.clock is not None:
-                        self.clock.worked(start, time.perf_counter())
-                    self._stepped.append(p)
-                    if self.keep:
-                        self._kept[p] = kept
+                while not ended:
+                    batch, ended = self._take()
+                    self._step(batch)
         except BaseException as e:  # re-raised by finish(), on the training thread
             self._error = e
-            while self._queue.get() is not None:
+            while not ended and self._queue.get() is not None:
                 pass
+
+    def _take(self):
+        """([(shard, event)...] handed over by now, at least one unless the update ended; whether it ended). FSDP2
+        hands a block's shards over together: their norms are taken side by side (host_norms)."""
+        batch, item = [], self._queue.get()
+        while item is not None:
+            batch.append(item)
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, False
+        return batch, True
+
+    def _step(self, batch) -> None:
+        start = time.perf_counter()
+        for p, event in batch:
+            if event is not None:
+                event.synchronize()
+        if batch and batch[0][1] is not None:
+            waited = time.perf_counter()
+            if self.clock is not None:
+                self.clock.waited(waited - start)
+            start = waited
+        params = [p for p, _ in batch]
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
+        for p, norm in zip(params, local_norms(grads)):  # before the kernel writes the gradients back
+            self._norms[p] = norm
+        for p in params:
+            kept = self.optimizer.step_one(p, self._multiplier, self.keep, leave_grad=self.keep)
+            self._stepped.append(p)
+            if self.keep:
+                self._kept[p] = kept
+        if batch and self.clock is not None:
+            self.clock.worked(start, time.perf_counter())
 
     def finish(self) -> None:
         """Wait until every shard the hooks handed over is stepped."""
