@@ -233,6 +233,10 @@ def _split_lines(measured: Optional[Dict[str, float]], planned: Estimate) -> str
     predicted = planned.offload_split()
     lines = ["\nwhere an update's time goes (median of the record fields; trainer/offload_times.py):"]
     for key, what, unit in _SPLIT_ROWS:
+        if key not in measured:  # offload_upload on several GPUs: FSDP2's hook time is not the copy's
+            lines.append(f"  {what:<32} {'-':>9} {unit} (not measured on this run), {predicted[key]:>9.3f} {unit} "
+                         "predicted")
+            continue
         lines.append(f"  {what:<32} {measured[key]:>9.3f} {unit} measured, {predicted[key]:>9.3f} {unit} predicted")
     lines.append(f"  {'waiting for gradients':<32} {measured['offload_grad_wait']:>9.3f} s measured (not priced: "
                  "in the host<->GPU copies)")

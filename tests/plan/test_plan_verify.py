@@ -84,3 +84,18 @@ def test_a_failed_measuring_run_is_refused_in_one_paragraph(monkeypatch):
     message = str(info.value)
     assert "failed: rank 0: RuntimeError: boom. Fix what the run names" in message
     assert "\n" not in message and "[rank0]" not in message
+
+
+def test_a_split_measured_without_the_upload_says_so_instead_of_failing():
+    """On several GPUs the run leaves offload_upload out (FSDP2's hook time is not the copy's): --verify's
+    printout says the field was not measured instead of raising KeyError."""
+    from types import SimpleNamespace
+
+    from shardtrain.plan import measure
+    predicted = {"offload_fwd_bwd": 1.0, "offload_upload": 0.25, "offload_cpu_step": 2.0, "offload_step_exposed": 0.5,
+                 "offload_hidden": 75.0}
+    measured = {"offload_fwd_bwd": 1.5, "offload_cpu_step": 2.5, "offload_step_exposed": 0.75, "offload_hidden": 70.0,
+                "offload_grad_wait": 0.125}
+    text = measure._split_lines(measured, SimpleNamespace(offload_split=lambda: predicted))
+    assert "  parameter upload                         - s (not measured on this run),     0.250 s predicted" in text
+    assert "  forward+backward                     1.500 s measured,     1.000 s predicted" in text
