@@ -16,6 +16,7 @@ VERIFY = TRUST + "::test_shard_verify_names_the_plugin_a_checkpoint_needs"
 HASHED = TRUST + "::test_the_record_hashes_the_plugins_py_files"
 CHANGED = TRUST + "::test_a_named_plugin_whose_files_changed_since_the_save_loads_with_a_warning"
 USER_DIR = "shardtrain/core/user_dir.py"
+USER_DIR_TESTS = "tests/core/test_user_dir.py"
 
 MUTANTS = [
     Mutant("checkpoint_records_no_plugin", "a checkpoint records the plugin's absolute path and module name",
@@ -83,4 +84,11 @@ MUTANTS = [
     Mutant("plugin_hash_crashes_on_a_dangling_link", "a plugin folder holding a dangling .py link still saves",
            "shardtrain/core/user_dir.py", "        except OSError:  # a dangling link", "        except KeyError:  # a dangling link",
            ("tests/core/test_plugin_trust.py::test_a_dangling_py_link_in_the_plugin_folder_is_hashed_not_a_crash",)),
+    Mutant("trailing_slash_empty_module", "an older checkpoint's plugin folder ending in / names its module",
+           USER_DIR, "os.path.basename(os.path.normpath(path))", "os.path.basename(path)",
+           (TRUST + "::test_an_older_checkpoints_folder_ending_in_a_slash_names_its_module",)),
+    Mutant("user_dir_clash_accepted", "a --user-dir named like an imported module is refused",
+           USER_DIR, "        raise ConfigError(f\"--user-dir {path}: a module named {name!r} is already imported",
+           "        return path\n        raise ConfigError(f\"--user-dir {path}: a module named {name!r} is already imported",
+           (USER_DIR_TESTS + "::test_a_user_dir_named_like_an_imported_module_is_refused",)),
 ]

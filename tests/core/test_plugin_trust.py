@@ -175,3 +175,9 @@ def test_the_plugin_folder_a_checkpoint_is_loaded_with(tmp_path, monkeypatch):
     assert for_checkpoint(None, state, "ck.pt") is None
     with pytest.raises(ConfigError, match="'other_plugin' from the folder /gone/other_plugin"):
         for_checkpoint(None, {"plugin": {"user_dir": "/gone/other_plugin", "module": "other_plugin"}}, "ck.pt")
+
+
+def test_an_older_checkpoints_folder_ending_in_a_slash_names_its_module():
+    state = {"cfg": {"common": {"user_dir": "/old/runs/my_plugin/"}}}  # before the header: the config's value only
+    with pytest.raises(ConfigError, match="trained with the plugin 'my_plugin' from the folder /old/runs/my_plugin/"):
+        for_checkpoint(None, state, "ck.pt")

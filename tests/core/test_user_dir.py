@@ -65,3 +65,12 @@ def test_architecture_preset_with_a_wrong_key_is_named(tmp_path):
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, \
             result.stderr[-2000:]
+
+
+def test_a_user_dir_named_like_an_imported_module_is_refused(tmp_path):
+    clash = tmp_path / "json"  # json is imported already: `import json` would answer with it, not the plugin
+    clash.mkdir()
+    (clash / "__init__.py").write_text("raise RuntimeError('the plugin was imported')\n")
+    with pytest.raises(ConfigError, match=f"--user-dir {clash}: a module named 'json' is already imported from "
+                                          "elsewhere. Rename the plugin folder"):
+        build_train_parser(["--user-dir", str(clash)])
