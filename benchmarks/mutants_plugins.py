@@ -91,4 +91,11 @@ MUTANTS = [
            USER_DIR, "        raise ConfigError(f\"--user-dir {path}: a module named {name!r} is already imported",
            "        return path\n        raise ConfigError(f\"--user-dir {path}: a module named {name!r} is already imported",
            (USER_DIR_TESTS + "::test_a_user_dir_named_like_an_imported_module_is_refused",)),
+    Mutant("plugin_irregular_py_imported", "a --user-dir holding a FIFO or device .py is refused in one paragraph",
+           USER_DIR, "    _refuse_irregular_files(path)\n", "",
+           (USER_DIR_TESTS + "::test_a_user_dir_holding_a_fifo_or_a_device_is_refused_in_one_paragraph",)),
+    Mutant("plugin_hash_reads_a_fifo", "a FIFO or device .py in the plugin folder is hashed without reading it",
+           USER_DIR, "            with open_regular(full) as f:\n                data = None if f is None else f.read()",
+           "            with open(full, \"rb\") as f:\n                data = f.read()",
+           (TRUST + "::test_a_fifo_or_a_device_in_the_plugin_folder_is_hashed_without_reading_it",)),
 ]

@@ -286,3 +286,18 @@ def test_the_cache_lives_under_xdg_cache_home(tmp_path, monkeypatch):
     assert help_cache.cache_dir() == str(tmp_path / "home" / ".cache" / "shardtrain")
     monkeypatch.setenv(help_cache.ENV_DIR, str(tmp_path / "mine"))
     assert help_cache.cache_dir() == str(tmp_path / "mine")
+
+
+def test_a_fifo_or_a_device_in_the_user_dir_is_keyed_without_reading_it(tmp_path):
+    import threading
+
+    plugin = tmp_path / "plug"
+    plugin.mkdir()
+    os.mkfifo(plugin / "notes.py")  # a read waits for a writer forever
+    (plugin / "zero.py").symlink_to("/dev/zero")  # a read never ends
+    keys = []
+    worker = threading.Thread(target=lambda: keys.append(help_key.key("shard-train", ["--user-dir", str(plugin)])),
+                              daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert len(keys) == 1 and len(keys[0]) == 32, "the key still reads after 30 s"

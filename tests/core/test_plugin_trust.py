@@ -181,3 +181,27 @@ def test_an_older_checkpoints_folder_ending_in_a_slash_names_its_module():
     state = {"cfg": {"common": {"user_dir": "/old/runs/my_plugin/"}}}  # before the header: the config's value only
     with pytest.raises(ConfigError, match="trained with the plugin 'my_plugin' from the folder /old/runs/my_plugin/"):
         for_checkpoint(None, state, "ck.pt")
+
+
+def in_a_thread(call, seconds=30):
+    """``call()``'s result, or a failure when it still runs after ``seconds`` (a FIFO read waits forever)."""
+    import threading
+
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
+    worker.start()
+    worker.join(timeout=seconds)
+    assert outcome, f"still running after {seconds} s"
+    return outcome[0]
+
+
+def test_a_fifo_or_a_device_in_the_plugin_folder_is_hashed_without_reading_it(tmp_path):
+    folder = tmp_path / "my_plugin"
+    folder.mkdir()
+    (folder / "__init__.py").write_bytes(b"A = 1\n")
+    os.mkfifo(folder / "notes.py")  # a read waits for a writer forever
+    (folder / "zero.py").symlink_to("/dev/zero")  # a read never ends
+    # sha256 of b"__init__.py\0" + 6 as 8 little-endian bytes + b"A = 1\n" + b"notes.py\0unreadable"
+    # + b"zero.py\0unreadable"
+    assert in_a_thread(lambda: files_sha256(str(folder))) == \
+        "4fefbcee968c38522cd15124db85f07d609d036070a459f1444055a5f56096cb"
