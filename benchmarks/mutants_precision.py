@@ -7,6 +7,8 @@ SCALER = "tests/trainer/test_loss_scaler.py"
 AMP = "tests/trainer/test_amp_flag.py"
 ME_BF16 = "tests/optim/test_memory_efficient_adam.py::test_memory_efficient_bf16_stores_bf16_and_steps_fp32"
 
+REGISTRATION = "tests/trainer/precision/test_precision_registration.py::"
+
 MUTANTS = [
     Mutant("loss_scale_not_halved", "an overflow halves the scale",
            T + "loss_scaler.py", "self.loss_scale /= self.scale_factor", "self.loss_scale /= 1.0",
@@ -71,4 +73,14 @@ MUTANTS += [
            "optimizer", "shardtrain/config/checks.py",
            "_precision(c) is k and not _keeps_fp32_state(c.components.optimizer)", "False",
            ("tests/cli/test_bad_input.py::test_each_compatibility_rule_is_refused_alone",)),
+    Mutant("precision_compute_unchecked", "a precision whose compute is not float16/bfloat16/None is refused",
+           T + "precision/registry.py", "    if cls.compute is not None and cls.compute not in COMPUTE_DTYPES:",
+           "    if False:", (REGISTRATION + "test_a_precision_with_a_wrong_attribute_is_refused_at_registration",
+                             REGISTRATION + "test_a_plugin_with_a_string_dtype_is_one_paragraph")),
+    Mutant("precision_flag_clash_allowed", "a precision cannot claim a flag another precision has",
+           T + "precision/registry.py", "    if clash:\n", "    if False:\n",
+           (REGISTRATION + "test_a_precision_with_a_wrong_attribute_is_refused_at_registration",)),
+    Mutant("precision_build_unchecked", "a precision's build() that returns no component is one paragraph",
+           T + "precision/choose.py", "    if not isinstance(built, Precision):", "    if False:",
+           (REGISTRATION + "test_a_build_that_returns_no_component_is_refused",)),
 ]

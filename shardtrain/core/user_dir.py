@@ -56,7 +56,7 @@ def import_user_dir(path: Optional[str]) -> Optional[str]:
     try:
         importlib.import_module(name)
     except Exception as e:  # noqa: BLE001 - any plugin failure is the user's to fix
-        raise ConfigError(f"--user-dir {path} failed to import: {type(e).__name__}: {e}. "
+        raise ConfigError(f"--user-dir {path} failed to import: {type(e).__name__}: {str(e).rstrip('.')}. "
                           f"Fix the error in the plugin (run `python -c 'import {name}'` from "
                           f"{parent} to see the traceback).") from e
     return path
