@@ -83,4 +83,13 @@ MUTANTS += [
     Mutant("precision_build_unchecked", "a precision's build() that returns no component is one paragraph",
            T + "precision/choose.py", "    if not isinstance(built, Precision):", "    if False:",
            (REGISTRATION + "test_a_build_that_returns_no_component_is_refused",)),
+    Mutant("me_fp16_needs_grad_multiplier", "a plugin optimizer without grad_multiplier steps --memory-efficient-fp16",
+           T + "precision/memory_efficient_fp16.py",
+           "    its gradients unscaled in place first, as fairseq's are (Precision.step).\"\"\"\n",
+           "    its gradients unscaled in place first, as fairseq's are (Precision.step).\"\"\"\n\n"
+           "    def step(self, optimizer, backend, params, grad_multiplier):\n"
+           "        assert hasattr(optimizer, \"grad_multiplier\"), type(optimizer)\n"
+           "        super().step(optimizer, backend, params, grad_multiplier)\n",
+           ("tests/trainer/test_fp16_gradient_range.py::"
+            "test_memory_efficient_fp16_steps_an_optimizer_without_a_grad_multiplier",)),
 ]
