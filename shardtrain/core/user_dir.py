@@ -13,6 +13,7 @@ hand over or edit a checkpoint could otherwise run code on this machine, and che
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import sys
@@ -127,7 +128,10 @@ def for_checkpoint(explicit: Optional[str], state: Dict, checkpoint: str) -> Opt
         if path is not None:
             _warn_if_changed(explicit, (state.get(HEADER_KEY) or {}).get("sha256"), checkpoint)
         return explicit
-    if path is None or _installed(module):
+    if path is None:
+        return None
+    if _installed(module):
+        _warn_if_installed_differs(module, (state.get(HEADER_KEY) or {}).get("sha256"), checkpoint)
         return None
     raise ConfigError(
         f"Checkpoint {checkpoint} was trained with the plugin {module!r} from the folder {path}"
@@ -146,6 +150,30 @@ def _relative_note(path: str) -> str:
 def _installed(module: str) -> bool:
     """Whether an installed entry point comes from ``module`` (load_plugins imports it anyway)."""
     return any(ep.module.split(".")[0] == module for ep in importlib.metadata.entry_points(group=GROUP))
+
+
+def warn_if_resumed_with_other_code(user_dir: Optional[str], state: Dict, checkpoint: str) -> None:
+    """A run that goes on from ``checkpoint`` (its ``state``) with its own ``--user-dir``: a warning when that
+    folder's .py files are not the ones the checkpoint recorded (its next save records the new ones)."""
+    if user_dir and (state.get(HEADER_KEY) or {}).get("sha256"):
+        _warn_if_changed(user_dir, state[HEADER_KEY]["sha256"], checkpoint)
+
+
+def _warn_if_installed_differs(module: str, recorded: Optional[str], checkpoint: str) -> None:
+    """The installed package ``module`` stands in for the recorded plugin: a warning when its .py files differ."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    if recorded is None or (folders and files_sha256(folders[0]) == recorded):
+        return
+    where = folders[0] if folders else (spec.origin if spec is not None else "not found")
+    logger.warning(f"warning: the installed plugin {module!r} ({where}) is not the code checkpoint {checkpoint} was "
+                   "saved with: its .py files differ from the ones recorded (their sha256 differs), so it may build "
+                   "other components than the ones trained. It is used, since an installed 'shardtrain.plugins' "
+                   "entry point provides that module; to load the recorded plugin instead, uninstall the package "
+                   "and pass --user-dir with the plugin's folder.")
 
 
 def _warn_if_changed(folder: str, recorded: Optional[str], checkpoint: str) -> None:
