@@ -85,8 +85,8 @@ MUTANTS += [
            (REGISTRATION + "test_a_build_that_returns_no_component_is_refused",)),
     Mutant("me_fp16_needs_grad_multiplier", "a plugin optimizer without grad_multiplier steps --memory-efficient-fp16",
            T + "precision/memory_efficient_fp16.py",
-           "    its gradients unscaled in place first, as fairseq's are (Precision.step).\"\"\"\n",
-           "    its gradients unscaled in place first, as fairseq's are (Precision.step).\"\"\"\n\n"
+           "    its gradients unscaled in place first, as fairseq's do (Precision.step).\"\"\"\n",
+           "    its gradients unscaled in place first, as fairseq's do (Precision.step).\"\"\"\n\n"
            "    def step(self, optimizer, backend, params, grad_multiplier):\n"
            "        assert hasattr(optimizer, \"grad_multiplier\"), type(optimizer)\n"
            "        super().step(optimizer, backend, params, grad_multiplier)\n",
