@@ -105,4 +105,7 @@ MUTANTS = [
            "shardtrain/trainer/checkpoint/resume.py",
            "    user_dir.warn_if_resumed_with_other_code(cfg.common.user_dir, state, path)\n", "",
            (TRUST + "::test_resuming_with_edited_plugin_code_warns",)),
+    Mutant("build_model_returns_nothing", "a plugin model whose build_model returns no nn.Module is one paragraph",
+           "shardtrain/tasks/base.py", "        if not isinstance(model, nn.Module):", "        if False:",
+           ("tests/docs/test_plugins_doc.py::test_a_build_model_that_returns_nothing_is_one_paragraph",)),
 ]
