@@ -1,7 +1,6 @@
 """Running shard-train on the visible GPUs for the GPU scenarios, with its JSON records read back."""
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -51,20 +50,7 @@ def train(data_bin: str, workdir: str, name: str, flags: List[str], timeout: int
             print(f.read(), flush=True)
     if done.returncode != 0:
         raise RunFailed(f"{name}: exit {done.returncode}\n{' '.join(argv)}\n{done.stderr[-3000:]}")
-    return {"records": records(log), "seconds": time.time() - start, "log": log, "skipped": skipped_updates(log),
-            "params": model_params(log)}
-
-
-# What shardtrain/trainer/parallel/prepare.py logs of the model it built (fairseq's line)
-PARAMS_LINE = re.compile(r" \| num\. model params: ([\d,]+) ")
-
-
-def model_params(log: str) -> int:
-    """The built model's parameter count, from the run's --log-file (0: not logged, which fails a target)."""
-    with open(log) as f:
-        found = [PARAMS_LINE.search(line) for line in f]
-    counts = [int(m.group(1).replace(",", "")) for m in found if m]
-    return counts[0] if counts else 0
+    return {"records": records(log), "seconds": time.time() - start, "log": log, "skipped": skipped_updates(log)}
 
 
 # What shardtrain/trainer/loss_scaler.py logs for each fp16 update it skips (its gradient overflowed): a
