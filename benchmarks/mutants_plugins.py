@@ -99,7 +99,7 @@ MUTANTS = [
            "            with open(full, \"rb\") as f:\n                data = f.read()",
            (TRUST + "::test_a_fifo_or_a_device_in_the_plugin_folder_is_hashed_without_reading_it",)),
     Mutant("installed_plugin_hash_unchecked", "an installed plugin that is not the recorded code loads with a warning",
-           USER_DIR, "        _warn_if_installed_differs(module, (state.get(HEADER_KEY) or {}).get(\"sha256\"), checkpoint)\n",
+           USER_DIR, "        _warn_if_installed_differs(module, recorded, checkpoint)\n",
            "", (TRUST + "::test_an_installed_plugin_that_is_not_the_recorded_code_loads_with_a_warning",)),
     Mutant("resume_plugin_hash_unchecked", "resuming with edited plugin code warns",
            "shardtrain/trainer/checkpoint/resume.py",
