@@ -16,6 +16,7 @@ VERIFY = TRUST + "::test_shard_verify_names_the_plugin_a_checkpoint_needs"
 HASHED = TRUST + "::test_the_record_hashes_the_plugins_py_files"
 CHANGED = TRUST + "::test_a_named_plugin_whose_files_changed_since_the_save_loads_with_a_warning"
 USER_DIR = "shardtrain/core/user_dir.py"
+USER_DIR_TESTS = "tests/core/test_user_dir.py"
 
 MUTANTS = [
     Mutant("checkpoint_records_no_plugin", "a checkpoint records the plugin's absolute path and module name",
@@ -83,4 +84,28 @@ MUTANTS = [
     Mutant("plugin_hash_crashes_on_a_dangling_link", "a plugin folder holding a dangling .py link still saves",
            "shardtrain/core/user_dir.py", "        except OSError:  # a dangling link", "        except KeyError:  # a dangling link",
            ("tests/core/test_plugin_trust.py::test_a_dangling_py_link_in_the_plugin_folder_is_hashed_not_a_crash",)),
+    Mutant("trailing_slash_empty_module", "an older checkpoint's plugin folder ending in / names its module",
+           USER_DIR, "os.path.basename(os.path.normpath(path))", "os.path.basename(path)",
+           (TRUST + "::test_an_older_checkpoints_folder_ending_in_a_slash_names_its_module",)),
+    Mutant("user_dir_clash_accepted", "a --user-dir named like an imported module is refused",
+           USER_DIR, "        raise ConfigError(f\"--user-dir {path}: a module named {name!r} is already imported",
+           "        return path\n        raise ConfigError(f\"--user-dir {path}: a module named {name!r} is already imported",
+           (USER_DIR_TESTS + "::test_a_user_dir_named_like_an_imported_module_is_refused",)),
+    Mutant("plugin_irregular_py_imported", "a --user-dir holding a FIFO or device .py is refused in one paragraph",
+           USER_DIR, "    _refuse_irregular_files(path)\n", "",
+           (USER_DIR_TESTS + "::test_a_user_dir_holding_a_fifo_or_a_device_is_refused_in_one_paragraph",)),
+    Mutant("plugin_hash_reads_a_fifo", "a FIFO or device .py in the plugin folder is hashed without reading it",
+           USER_DIR, "            with open_regular(full) as f:\n                data = None if f is None else f.read()",
+           "            with open(full, \"rb\") as f:\n                data = f.read()",
+           (TRUST + "::test_a_fifo_or_a_device_in_the_plugin_folder_is_hashed_without_reading_it",)),
+    Mutant("installed_plugin_hash_unchecked", "an installed plugin that is not the recorded code loads with a warning",
+           USER_DIR, "        _warn_if_installed_differs(module, recorded, checkpoint)\n",
+           "        pass\n", (TRUST + "::test_an_installed_plugin_that_is_not_the_recorded_code_loads_with_a_warning",)),
+    Mutant("resume_plugin_hash_unchecked", "resuming with edited plugin code warns",
+           "shardtrain/trainer/checkpoint/resume.py",
+           "    user_dir.warn_if_resumed_with_other_code(cfg.common.user_dir, state, path)\n", "",
+           (TRUST + "::test_resuming_with_edited_plugin_code_warns",)),
+    Mutant("build_model_returns_nothing", "a plugin model whose build_model returns no nn.Module is one paragraph",
+           "shardtrain/tasks/base.py", "        if not isinstance(model, nn.Module):", "        if False:",
+           ("tests/docs/test_plugins_doc.py::test_a_build_model_that_returns_nothing_is_one_paragraph",)),
 ]

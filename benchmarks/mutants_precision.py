@@ -7,6 +7,8 @@ SCALER = "tests/trainer/test_loss_scaler.py"
 AMP = "tests/trainer/test_amp_flag.py"
 ME_BF16 = "tests/optim/test_memory_efficient_adam.py::test_memory_efficient_bf16_stores_bf16_and_steps_fp32"
 
+REGISTRATION = "tests/trainer/precision/test_precision_registration.py::"
+
 MUTANTS = [
     Mutant("loss_scale_not_halved", "an overflow halves the scale",
            T + "loss_scaler.py", "self.loss_scale /= self.scale_factor", "self.loss_scale /= 1.0",
@@ -76,4 +78,23 @@ MUTANTS += [
            "shardtrain/trainer/precision/component.py", 'why = ("--spike-rollback rolls it back" if self.skip_nan == EVERY_UPDATE',
            'why = ("--spike-rollback rolls it back" if False',
            ("tests/trainer/precision/test_nan_skip_wording.py::test_a_rollback_s_skip_names_spike_rollback_not_a_count",)),
+    Mutant("precision_compute_unchecked", "a precision whose compute is not float16/bfloat16/None is refused",
+           T + "precision/registry.py", "    if cls.compute is not None and cls.compute not in COMPUTE_DTYPES:",
+           "    if False:", (REGISTRATION + "test_a_precision_with_a_wrong_attribute_is_refused_at_registration",
+                             REGISTRATION + "test_a_plugin_with_a_string_dtype_is_one_paragraph")),
+    Mutant("precision_flag_clash_allowed", "a precision cannot claim a flag another precision has",
+           T + "precision/registry.py", "    if clash:\n", "    if False:\n",
+           (REGISTRATION + "test_a_precision_with_a_wrong_attribute_is_refused_at_registration",)),
+    Mutant("precision_build_unchecked", "a precision's build() that returns no component is one paragraph",
+           T + "precision/choose.py", "    if not isinstance(built, Precision):", "    if False:",
+           (REGISTRATION + "test_a_build_that_returns_no_component_is_refused",)),
+    Mutant("me_fp16_needs_grad_multiplier", "a plugin optimizer without grad_multiplier steps --memory-efficient-fp16",
+           T + "precision/memory_efficient_fp16.py",
+           "    its gradients unscaled in place first, as fairseq's do (Precision.step).\"\"\"\n",
+           "    its gradients unscaled in place first, as fairseq's do (Precision.step).\"\"\"\n\n"
+           "    def step(self, optimizer, backend, params, grad_multiplier):\n"
+           "        assert hasattr(optimizer, \"grad_multiplier\"), type(optimizer)\n"
+           "        super().step(optimizer, backend, params, grad_multiplier)\n",
+           ("tests/trainer/test_fp16_gradient_range.py::"
+            "test_memory_efficient_fp16_steps_an_optimizer_without_a_grad_multiplier",)),
 ]

@@ -17,6 +17,7 @@ import sys
 from typing import Iterator, List, Optional, Sequence
 
 import shardtrain
+from shardtrain.core.fileio import open_regular
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(shardtrain.__file__))
 PLUGIN_GROUP = "shardtrain.plugins"  # core.plugins.GROUP, not imported: that module is the slow path's
@@ -79,7 +80,9 @@ def _describe(path: str) -> str:
     """The file's content digest; size and time for a large file; a marker for one that cannot be read (a
     dangling symlink: it may be fixed later, and its target's content then makes a new key)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
+            if f is None:  # a FIFO or a device: a read would hang or never end (the import refuses it)
+                return "not a regular file"
             stat = os.fstat(f.fileno())
             if stat.st_size > HASHED_UP_TO:
                 return f"size {stat.st_size} mtime {stat.st_mtime_ns}"

@@ -7,6 +7,7 @@ with a dot so nothing that lists checkpoints or splits ever picks one up.
 import contextlib
 import os
 import socket
+import stat
 import tempfile
 import uuid
 
@@ -119,3 +120,19 @@ def probe_writable_dir(path: str) -> None:
                 os.rmdir(directory)
             except OSError:
                 pass
+
+
+@contextlib.contextmanager
+def open_regular(path: str):
+    """``path`` (a link followed) open for reading if it is a regular file, else None: a FIFO is opened without
+    waiting for a writer and never read (a read would wait forever), a device never read (``/dev/zero`` never
+    ends). Raises OSError where ``open`` does (a dangling link; a socket: ENXIO)."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+        yield f if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
+
+
+def file_kind(mode: int) -> str:
+    """Words for what a ``st_mode`` is, for a refusal."""
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+    return next((words for test, words in kinds if test(mode)), "not a regular file")

@@ -58,6 +58,7 @@ def failure_message(ep: importlib.metadata.EntryPoint, error: Exception) -> str:
         remedy = f"or uninstall it (`pip uninstall {dist.name}`)"
     else:
         origin, remedy = "an unknown distribution", "or uninstall the package that declares it"
-    reason = " ".join(f"{type(error).__name__}: {error}".split())  # one paragraph, even for multi-line errors
+    # one paragraph, even for multi-line errors; its own full stop dropped (ours follows)
+    reason = " ".join(f"{type(error).__name__}: {str(error).rstrip('.')}".split())
     return (f"Plugin {ep.name!r} (entry point {ep.value!r} in group {GROUP!r}, from {origin}) failed to load: "
             f"{reason}. Fix the plugin (`python -c 'import {ep.module}'` shows the traceback) {remedy}.")

@@ -13,12 +13,15 @@ hand over or edit a checkpoint could otherwise run code on this machine, and che
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import logging
 import os
+import stat
 import sys
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.core.fileio import file_kind, open_regular
 from shardtrain.core.plugins import GROUP
 
 logger = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ def import_user_dir(path: Optional[str]) -> Optional[str]:
     if not os.path.isdir(path):
         raise ConfigError(f"--user-dir {path} does not exist or is not a directory. "
                           "Pass the path of a Python package whose __init__.py registers your components.")
+    _refuse_irregular_files(path)
     parent, name = os.path.split(path)
     if name in sys.modules:
         if os.path.dirname(os.path.abspath(getattr(sys.modules[name], "__file__", "") or "")) == path:
@@ -56,10 +60,34 @@ def import_user_dir(path: Optional[str]) -> Optional[str]:
     try:
         importlib.import_module(name)
     except Exception as e:  # noqa: BLE001 - any plugin failure is the user's to fix
-        raise ConfigError(f"--user-dir {path} failed to import: {type(e).__name__}: {e}. "
+        raise ConfigError(f"--user-dir {path} failed to import: {type(e).__name__}: {str(e).rstrip('.')}. "
                           f"Fix the error in the plugin (run `python -c 'import {name}'` from "
                           f"{parent} to see the traceback).") from e
     return path
+
+
+def _py_files(folder: str) -> List[str]:
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [os.path.join(root, f) for f in files if f.endswith(".py")]
+    return found
+
+
+def _refuse_irregular_files(folder: str) -> None:
+    """A ``.py`` name that is a FIFO or a device (or a link to one) is refused before anything reads it: reading
+    it to import or hash it waits forever (a FIFO) or never ends (``/dev/zero``). A dangling link is Python's
+    business: it is never read."""
+    for full in _py_files(folder):
+        try:
+            mode = os.stat(full).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"--user-dir {folder}: {full} is {file_kind(mode)}, not a regular file. A plugin's "
+                              ".py files are read to import them and to hash them into its checkpoints, and reading "
+                              f"this one would hang or never end. Remove it (rm {full}) or replace it with a "
+                              "regular file, and run again.")
 
 
 def with_user_dir_imported(values: Dict) -> Dict:
@@ -74,17 +102,15 @@ def with_user_dir_imported(values: Dict) -> Dict:
 def files_sha256(folder: str) -> str:
     """sha256 over the folder's ``.py`` files, in the order of their sorted relative paths ('/'-separated):
     for each, the path, a NUL byte, the content's length as 8 little-endian bytes, the content (a file that cannot
-    be read, a dangling link say: the path, a NUL byte and ``unreadable``)."""
-    found = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        found += [os.path.join(root, f) for f in files if f.endswith(".py")]
+    be read, a dangling link say, or one that is not a regular file: the path, a NUL byte and ``unreadable``)."""
     digest = hashlib.sha256()
-    for rel, full in sorted((os.path.relpath(p, folder).replace(os.sep, "/"), p) for p in found):
+    for rel, full in sorted((os.path.relpath(p, folder).replace(os.sep, "/"), p) for p in _py_files(folder)):
         try:
-            with open(full, "rb") as f:
-                data = f.read()
+            with open_regular(full) as f:
+                data = None if f is None else f.read()
         except OSError:  # a dangling link or an unreadable file: a save must not fail on it, and a later fix shows
+            data = None
+        if data is None:  # a FIFO or a device put there since the import: never read (a read hangs or never ends)
             digest.update(rel.encode() + b"\0unreadable")
             continue
         digest.update(rel.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
@@ -123,10 +149,13 @@ def for_checkpoint(explicit: Optional[str], state: Dict, checkpoint: str) -> Opt
     (``--user-dir``), or None when the checkpoint used none or an installed entry point provides its module.
     A recorded folder is never returned: without ``explicit`` a checkpoint that needs one is refused."""
     path, module = needed(state)
+    recorded = (state.get(HEADER_KEY) or {}).get("sha256")
     if explicit:
         if path is not None:
-            _warn_if_changed(explicit, (state.get(HEADER_KEY) or {}).get("sha256"), checkpoint)
+            _warn_if_changed(explicit, recorded, checkpoint)
         return explicit
+    if path is not None and _installed(module):  # it stands in for the recorded folder: is it the same code?
+        _warn_if_installed_differs(module, recorded, checkpoint)
     if path is None or _installed(module):
         return None
     raise ConfigError(
@@ -146,6 +175,31 @@ def _relative_note(path: str) -> str:
 def _installed(module: str) -> bool:
     """Whether an installed entry point comes from ``module`` (load_plugins imports it anyway)."""
     return any(ep.module.split(".")[0] == module for ep in importlib.metadata.entry_points(group=GROUP))
+
+
+def warn_if_resumed_with_other_code(user_dir: Optional[str], state: Dict, checkpoint: str) -> None:
+    """A run that goes on from ``checkpoint`` (its ``state``) with its own ``--user-dir``: a warning when that
+    folder's .py files are not the ones the checkpoint recorded (its next save records the new ones)."""
+    entry = state.get(HEADER_KEY) or {}
+    if user_dir and entry.get("sha256"):
+        _warn_if_changed(user_dir, entry["sha256"], checkpoint)
+
+
+def _warn_if_installed_differs(module: str, recorded: Optional[str], checkpoint: str) -> None:
+    """The installed package ``module`` stands in for the recorded plugin: a warning when its .py files differ."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    if recorded is None or (folders and files_sha256(folders[0]) == recorded):
+        return
+    where = folders[0] if folders else (spec.origin if spec is not None else "not found")
+    logger.warning(f"warning: the installed plugin {module!r} ({where}) is not the code checkpoint {checkpoint} was "
+                   "saved with: its .py files differ from the ones recorded (their sha256 differs), so it may build "
+                   "other components than the ones trained. It is used, since an installed 'shardtrain.plugins' "
+                   "entry point provides that module; to load the recorded plugin instead, uninstall the package "
+                   "and pass --user-dir with the plugin's folder.")
 
 
 def _warn_if_changed(folder: str, recorded: Optional[str], checkpoint: str) -> None:

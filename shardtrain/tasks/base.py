@@ -6,6 +6,8 @@ and register with ``@register_task("name", dataclass=Cfg)``.
 """
 from typing import Dict, Optional, Set
 
+from torch import nn
+
 from shardtrain.data.batching import batch_by_size, ordered_indices
 from shardtrain.data.iterators import EpochBatchIterator
 from shardtrain.core.errors import ConfigError
@@ -56,7 +58,12 @@ class Task:
 
     # -- components -----------------------------------------------------------
     def build_model(self, model_cls, model_cfg):
-        return model_cls.build_model(model_cfg, self)
+        model = model_cls.build_model(model_cfg, self)
+        if not isinstance(model, nn.Module):  # a plugin's build_model that forgot to return the model
+            raise ConfigError(f"Model {model_cls.__module__}.{model_cls.__qualname__}: its build_model(cfg, task) "
+                              f"returned {_short(model)}, not an nn.Module. Return the model from build_model "
+                              "(`return cls(...)`) and run again.")
+        return model
 
     def build_criterion(self, criterion_cls, criterion_cfg, sentence_avg: bool = False):
         return criterion_cls(criterion_cfg, self, sentence_avg=sentence_avg)
@@ -67,3 +74,8 @@ class Task:
         the criterion's; a task that logs more adds its own."""
         declared = getattr(criterion, "logged_metrics", None)  # a plugin criterion need not subclass ours
         return declared() if declared is not None else None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

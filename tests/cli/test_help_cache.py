@@ -254,3 +254,50 @@ def test_help_a_plugin_gives_through_the_equals_form_follows_a_same_size_edit(tm
     same_size_edit(plugin / "__init__.py", "alpha_one", "alpha_two")
     second = run()
     assert second.returncode == 0 and "--alpha-two" in second.stdout and "--alpha-one" not in second.stdout
+
+
+def test_the_terminal_width_is_in_the_key_without_columns(monkeypatch):
+    """argparse wraps help at the terminal's width, which $COLUMNS only overrides."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(os, "get_terminal_size", lambda *fd: os.terminal_size((100, 40)))
+    narrow = help_key.key("shard-train", ["--help"])
+    monkeypatch.setattr(os, "get_terminal_size", lambda *fd: os.terminal_size((160, 40)))
+    assert help_key.key("shard-train", ["--help"]) != narrow
+
+
+def test_a_symlinked_plugin_subpackage_is_keyed_by_content(tmp_path):
+    plugin, elsewhere = tmp_path / "plug", tmp_path / "elsewhere" / "models"
+    plugin.mkdir()
+    elsewhere.mkdir(parents=True)
+    (plugin / "__init__.py").write_text("from . import models\n")
+    (elsewhere / "__init__.py").write_text("WIDTH = 16\n")
+    (plugin / "models").symlink_to(elsewhere, target_is_directory=True)
+    before = help_key.key("shard-train", ["--user-dir", str(plugin), "--help"])
+    same_size_edit(elsewhere / "__init__.py", "16", "32")
+    assert help_key.key("shard-train", ["--user-dir", str(plugin), "--help"]) != before
+
+
+def test_the_cache_lives_under_xdg_cache_home(tmp_path, monkeypatch):
+    monkeypatch.delenv(help_cache.ENV_DIR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert help_cache.cache_dir() == str(tmp_path / "xdg" / "shardtrain")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert help_cache.cache_dir() == str(tmp_path / "home" / ".cache" / "shardtrain")
+    monkeypatch.setenv(help_cache.ENV_DIR, str(tmp_path / "mine"))
+    assert help_cache.cache_dir() == str(tmp_path / "mine")
+
+
+def test_a_fifo_or_a_device_in_the_user_dir_is_keyed_without_reading_it(tmp_path):
+    import threading
+
+    plugin = tmp_path / "plug"
+    plugin.mkdir()
+    os.mkfifo(plugin / "notes.py")  # a read waits for a writer forever
+    (plugin / "zero.py").symlink_to("/dev/zero")  # a read never ends
+    keys = []
+    worker = threading.Thread(target=lambda: keys.append(help_key.key("shard-train", ["--user-dir", str(plugin)])),
+                              daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert len(keys) == 1 and len(keys[0]) == 32, "the key still reads after 30 s"

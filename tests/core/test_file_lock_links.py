@@ -1,7 +1,8 @@
 """Issue 37: a lock file is written only into a plain file of its own folder. A symlink, a directory, a
-FIFO or a hard link at the lock's name, and a read-only folder, are each one paragraph; the owner line
+FIFO, a socket or a hard link at the lock's name, and a read-only folder, are each one paragraph; the owner line
 replaces a stale one whole. The lock function itself, in-process (each command once:
 tests/cli/test_lock_file_refusals.py)."""
+import fcntl
 import os
 import socket
 import threading
@@ -95,3 +96,53 @@ def test_the_owner_line_replaces_a_longer_stale_one_whole_and_names_the_holder(t
         assert held.value.owner == f"pid {os.getpid()} on {socket.gethostname()}"
     finally:
         os.close(fd)
+
+
+def test_a_holder_that_has_not_written_its_owner_line_yet_is_another_process(tmp_path):
+    lock = tmp_path / "x.lock"
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT)  # locked, its owner line not written yet: an empty file
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(LockHeld) as held:
+            lock_exclusively(str(lock))
+        assert held.value.owner == "another process"
+    finally:
+        os.close(holder)
+
+
+def test_a_socket_is_refused(tmp_path):
+    path = tmp_path / "x.lock"
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(path))
+        text = refusal(path)
+        assert "is not a regular file" in text and f"remove it (rm {path})" in text, text
+    finally:
+        server.close()
+
+
+def test_a_file_its_holder_replaced_after_we_opened_it_is_not_the_lock(tmp_path, monkeypatch):
+    """The holder unlinks the file we opened and a newer run locks a new one at the name before our flock:
+    our lock on the old file holds nothing, and a second run at once would hold the name's lock too."""
+    from shardtrain.core import file_lock
+
+    lock = tmp_path / "x.lock"
+    newer = []
+    opened = file_lock._open_plain_file
+
+    def open_then_replaced(path):
+        fd = opened(path)
+        if not newer:  # between our open and our flock: the old file goes, a newer run locks a new one
+            os.unlink(path)
+            newer.append(os.open(path, os.O_RDWR | os.O_CREAT))
+            fcntl.flock(newer[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(newer[0], b"pid 7 on newer-host")
+        return fd
+
+    monkeypatch.setattr(file_lock, "_open_plain_file", open_then_replaced)
+    try:
+        with pytest.raises(LockHeld) as held:
+            lock_exclusively(str(lock))
+        assert held.value.owner == "pid 7 on newer-host"
+    finally:
+        os.close(newer[0])

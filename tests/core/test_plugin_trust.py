@@ -175,3 +175,80 @@ def test_the_plugin_folder_a_checkpoint_is_loaded_with(tmp_path, monkeypatch):
     assert for_checkpoint(None, state, "ck.pt") is None
     with pytest.raises(ConfigError, match="'other_plugin' from the folder /gone/other_plugin"):
         for_checkpoint(None, {"plugin": {"user_dir": "/gone/other_plugin", "module": "other_plugin"}}, "ck.pt")
+
+
+def test_an_older_checkpoints_folder_ending_in_a_slash_names_its_module():
+    state = {"cfg": {"common": {"user_dir": "/old/runs/my_plugin/"}}}  # before the header: the config's value only
+    with pytest.raises(ConfigError, match="trained with the plugin 'my_plugin' from the folder /old/runs/my_plugin/"):
+        for_checkpoint(None, state, "ck.pt")
+
+
+def in_a_thread(call, seconds=30):
+    """``call()``'s result, or a failure when it still runs after ``seconds`` (a FIFO read waits forever)."""
+    import threading
+
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
+    worker.start()
+    worker.join(timeout=seconds)
+    assert outcome, f"still running after {seconds} s"
+    return outcome[0]
+
+
+def test_a_fifo_or_a_device_in_the_plugin_folder_is_hashed_without_reading_it(tmp_path):
+    folder = tmp_path / "my_plugin"
+    folder.mkdir()
+    (folder / "__init__.py").write_bytes(b"A = 1\n")
+    os.mkfifo(folder / "notes.py")  # a read waits for a writer forever
+    (folder / "zero.py").symlink_to("/dev/zero")  # a read never ends
+    # sha256 of b"__init__.py\0" + 6 as 8 little-endian bytes + b"A = 1\n" + b"notes.py\0unreadable"
+    # + b"zero.py\0unreadable"
+    assert in_a_thread(lambda: files_sha256(str(folder))) == \
+        "4fefbcee968c38522cd15124db85f07d609d036070a459f1444055a5f56096cb"
+
+
+def installed(tmp_path, monkeypatch, module, init):
+    """A package ``module`` installed under ``tmp_path/site`` with a 'shardtrain.plugins' entry point."""
+    import importlib
+
+    site = tmp_path / "site"
+    info = site / f"{module}-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[{GROUP}]\nmine = {module}\n")
+    (site / module).mkdir()
+    (site / module / "__init__.py").write_text(init)
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    return site / module
+
+
+def test_an_installed_plugin_that_is_not_the_recorded_code_loads_with_a_warning(tmp_path, monkeypatch, caplog):
+    name = f"st_installed_{uuid.uuid4().hex[:10]}"
+    recorded = tmp_path / "trained_with" / name
+    recorded.mkdir(parents=True)
+    (recorded / "__init__.py").write_text("LOSS_SCALE = 1\n")
+    state = {**record(str(recorded)), "cfg": {"common": {"user_dir": str(recorded)}}}
+    folder = installed(tmp_path, monkeypatch, name, "LOSS_SCALE = 1\n")
+    assert for_checkpoint(None, state, "ck.pt") is None  # the same code: nothing said
+    assert "warning" not in caplog.text
+    (folder / "__init__.py").write_text("LOSS_SCALE = 3\n")
+    assert for_checkpoint(None, state, "ck.pt") is None  # still provided by the installed package
+    assert f"warning: the installed plugin {name!r} ({folder}) is not the code checkpoint ck.pt was saved with: " \
+           "its .py files differ from the ones recorded" in caplog.text, caplog.text
+
+
+@pytest.mark.slow
+def test_resuming_with_edited_plugin_code_warns(trained, tmp_path, caplog):
+    data = trained[0]
+    folder, name = marking_plugin(tmp_path / "plugins")
+    argv = [data, *tiny_model_flags(), "--cpu", "--save-dir", str(tmp_path / "ck"), "--log-format", "none",
+            "--user-dir", str(folder)]
+    train.main(argv + ["--max-update", "1"])
+    train.main(argv + ["--max-update", "2"])  # resumed with the same code: nothing said
+    assert "warning: the plugin folder" not in caplog.text
+    with open(folder / "__init__.py", "a") as f:
+        f.write("CHANGED = True\n")
+    train.main(argv + ["--max-update", "3"])
+    checkpoint = str(tmp_path / "ck" / "checkpoint_last.pt")
+    assert WARNED.format(folder=folder, checkpoint=checkpoint) in caplog.text, caplog.text

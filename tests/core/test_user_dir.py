@@ -8,7 +8,7 @@ import pytest
 from shardtrain.cli import preprocess, train
 from shardtrain.config.run_config import build_train_parser
 from shardtrain.core.errors import ConfigError
-from st_testutils import MarkovChain, json_records, write_markov_corpus
+from st_testutils import MarkovChain, cli_refusal, json_records, write_markov_corpus
 
 PLUGIN = os.path.join(os.path.dirname(__file__), "toy_plugin")
 
@@ -65,3 +65,26 @@ def test_architecture_preset_with_a_wrong_key_is_named(tmp_path):
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, \
             result.stderr[-2000:]
+
+
+def test_a_user_dir_named_like_an_imported_module_is_refused(tmp_path):
+    clash = tmp_path / "json"  # json is imported already: `import json` would answer with it, not the plugin
+    clash.mkdir()
+    (clash / "__init__.py").write_text("raise RuntimeError('the plugin was imported')\n")
+    with pytest.raises(ConfigError, match=f"--user-dir {clash}: a module named 'json' is already imported from "
+                                          "elsewhere. Rename the plugin folder"):
+        build_train_parser(["--user-dir", str(clash)])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_user_dir_holding_a_fifo_or_a_device_is_refused_in_one_paragraph(tmp_path, capsys, kind):
+    plugin = tmp_path / f"irregular_{kind}_plugin"
+    plugin.mkdir()
+    (plugin / "__init__.py").write_text("")
+    notes = plugin / "notes.py"
+    os.mkfifo(notes) if kind == "fifo" else notes.symlink_to("/dev/zero")
+    said = {"fifo": "a FIFO (named pipe)", "device": "a character device"}[kind]
+    _, err = cli_refusal(train.main, [str(tmp_path / "data"), "--user-dir", str(plugin)], capsys)
+    assert f"--user-dir {plugin}: {notes} is {said}, not a regular file." in err, err
+    assert f"Remove it (rm {notes}) or replace it with a regular file" in err, err
+    assert "irregular_" not in " ".join(sys.modules)  # refused before the import

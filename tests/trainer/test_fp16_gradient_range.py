@@ -156,3 +156,18 @@ def test_memory_efficient_fp16_unscales_inside_the_optimizer(optimizer):
     assert (expected != 0).all()
     # fp16 parameters: the update lands rounded to the parameter's precision
     assert torch.allclose(moved, expected, atol=2 * torch.finfo(torch.float16).eps * init.float().abs().max())
+
+
+def test_memory_efficient_fp16_steps_an_optimizer_without_a_grad_multiplier():
+    """A plugin optimizer registered with supports_memory_efficient_fp16=True (docs/plugins.md) need not apply
+    the multiplier itself: its fp16 gradients are unscaled in place first, as fairseq's are (red team 4.6)."""
+    from shardtrain.trainer.parallel.base import Backend
+    from shardtrain.trainer.loss_scaler import DynamicLossScaler
+    from shardtrain.trainer.precision.memory_efficient_fp16 import MemoryEfficientFP16Precision
+
+    p16 = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float16))
+    p16.grad = torch.tensor([512.0, 1024.0], dtype=torch.float16)  # scaled: the true gradient is [0.5, 1.0]
+    backend = type("B", (), {"multiply_grads": lambda self, params, m: Backend.multiply_grads(self, params, m)})()
+    MemoryEfficientFP16Precision(DynamicLossScaler()).step(torch.optim.SGD([p16], lr=0.25), backend, [p16],
+                                                            1.0 / 1024)
+    assert p16.detach().tolist() == [0.875, -2.25]  # 1 - 0.25 * 0.5, -2 - 0.25 * 1.0

@@ -3,6 +3,7 @@ import logging
 import time
 from typing import Dict, List
 
+from shardtrain.core import user_dir
 from shardtrain.core.errors import CheckpointError
 from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, TENSOR_PARTS, load_parts, trainer_parts, without
 from shardtrain.trainer.checkpoint.fit import check_same_optimizer
@@ -50,6 +51,7 @@ def _load(cfg, trainer, parts: Dict, path: str) -> Dict:
     """Check the checkpoint fits, then load its tensors and every other part; return its state."""
     fmt = format_of(path)
     state = fmt.read_state(path)
+    user_dir.warn_if_resumed_with_other_code(cfg.common.user_dir, state, path)
     fmt.check_model(trainer, state, path, cfg)
     if state.get(NO_OPTIMIZER_STATE) and "optimizer" in parts:
         logger.warning(f"{path} was saved with --no-save-optimizer-state: the optimizer starts fresh (the "
@@ -67,6 +69,7 @@ def finetune_from(cfg, trainer, source: str) -> None:
     """Only the model weights; the optimizer, scheduler, meters and data position start fresh."""
     fmt = format_of(source)
     state = fmt.read_state(source, model_only=True)
+    user_dir.warn_if_resumed_with_other_code(cfg.common.user_dir, state, source)
     fmt.check_model(trainer, state, source, cfg)
     fmt.load_tensors(source, state, trainer_parts(trainer)["model"])
     logger.info(f"loaded model weights from {source} (optimizer, lr scheduler, meters and "

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional
 import torch
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.trainer.precision.component import Precision
 from shardtrain.trainer.precision.registry import PRECISION_REGISTRY, Dtypes, PrecisionKind, decide_dtypes
 from shardtrain.trainer.precision import fp32  # noqa: F401  (registers; the order is --precision's)
 from shardtrain.trainer.precision import bf16  # noqa: F401
@@ -101,7 +102,14 @@ def run_dtypes(cfg) -> Dtypes:
 
 def build_precision(cfg, backend, dtypes: Dtypes):
     """The precision component of a run on ``backend`` with ``dtypes`` (:func:`run_dtypes`)."""
-    return kind(dtypes.name).build(cfg, backend, dtypes)
+    chosen_kind = kind(dtypes.name)
+    built = chosen_kind.build(cfg, backend, dtypes)
+    if not isinstance(built, Precision):
+        raise ConfigError(f"Precision {chosen_kind.name!r} ({chosen_kind.__module__}.{chosen_kind.__qualname__}): "
+                          f"its build(cfg, backend, dtypes) returned {built!r}, not a "
+                          "shardtrain.trainer.precision.component.Precision (or a subclass). Return the component "
+                          "from build and run again.")
+    return built
 
 
 def inference_dtype(args) -> torch.dtype:

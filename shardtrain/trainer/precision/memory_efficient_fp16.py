@@ -1,7 +1,6 @@
 """fairseq's --memory-efficient-fp16: the model stored in float16, the optimizer keeping fp32 state."""
 import torch
 
-from shardtrain.trainer.precision.component import innermost
 from shardtrain.trainer.precision.fp16 import LossScaledPrecision, build_scaler
 from shardtrain.trainer.precision.registry import PrecisionKind, register_precision
 
@@ -24,11 +23,8 @@ class MemoryEfficientFP16(PrecisionKind):
 class MemoryEfficientFP16Precision(LossScaledPrecision):
     """fairseq's --memory-efficient-fp16: parameters and gradients stored in fp16, the
     optimizer (cpu_adam, adafactor) keeps fp32 state. The gradients stay scaled in fp16
-    and the optimizer applies the multiplier to each one once it is fp32: unscaled in
-    place (as fairseq does) they would be true gradients in fp16, whose small entries
-    flush to zero, and an adaptive optimizer would then miss their whole update."""
-
-    def step(self, optimizer, backend, params, grad_multiplier):
-        # the config checks allow --memory-efficient-fp16 only with optimizers that take it
-        assert hasattr(innermost(optimizer), "grad_multiplier"), type(optimizer)
-        super().step(optimizer, backend, params, grad_multiplier)
+    and an optimizer with a ``grad_multiplier`` (cpu_adam, adafactor) applies the multiplier
+    to each one once it is fp32: unscaled in place they would be true gradients in fp16, whose
+    small entries flush to zero, and an adaptive optimizer would then miss their whole update.
+    A plugin's optimizer registered with supports_memory_efficient_fp16 but without one gets
+    its gradients unscaled in place first, as fairseq's do (Precision.step)."""

@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from shardtrain.core.errors import ConfigError
 from shardtrain.core.registry import Registry
 
 PRECISION_REGISTRY = Registry("precision")
@@ -45,10 +46,38 @@ def register_precision(name: str):
     def decorator(cls):
         if not (isinstance(cls, type) and issubclass(cls, PrecisionKind)):
             raise TypeError(f"precision {name!r}: register a PrecisionKind subclass, got {cls!r}")
+        problem = attribute_problem(cls)
+        if problem:
+            raise ConfigError(f"Precision {name!r} ({cls.__module__}.{cls.__qualname__}) cannot be registered: "
+                              f"{problem}. Fix the class's attributes and run again.")
         cls.name = name
         PRECISION_REGISTRY.add(name, cls)
         return cls
     return decorator
+
+
+COMPUTE_DTYPES = (torch.float16, torch.bfloat16)  # what autocast and a casting backend compute in, besides fp32
+
+
+def attribute_problem(cls: type) -> str:
+    """What is wrong with a precision class's attributes (checked once, at registration), or ''."""
+    if cls.compute is not None and cls.compute not in COMPUTE_DTYPES:
+        return (f"its compute is {cls.compute!r} ({type(cls.compute).__name__}): it must be None (float32) or "
+                "torch.float16 or torch.bfloat16, the dtypes autocast computes in (any other trains in float32)")
+    wrong = [a for a in ("stores_in_compute", "loss_scaled", "planned") if not isinstance(getattr(cls, a), bool)]
+    if wrong:
+        return f"{wrong[0]} is {getattr(cls, wrong[0])!r}: it must be True or False"
+    for attribute in ("flags", "implies"):
+        value = getattr(cls, attribute)
+        if not (isinstance(value, tuple) and all(isinstance(v, str) and v for v in value)):
+            return f"{attribute} is {value!r}: it must be a tuple of names (('my_fp8',), or ())"
+    taken = {flag: e.name for e in PRECISION_REGISTRY.entries() for flag in e.obj.flags}
+    clash = next((flag for flag in cls.flags if flag in taken), None)
+    if clash:
+        return (f"its flag --{clash.replace('_', '-')} already picks the precision {taken[clash]!r}, and a flag "
+                f"picks one precision: give it a flag of its own (a CommonConfig field) or none (--precision NAME "
+                "picks it)")
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)
