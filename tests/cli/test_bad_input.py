@@ -123,7 +123,7 @@ CASES = {
     "hybrid group does not divide the world": (
         lambda b, t: [b, "--cpu", "--distributed-world-size", "2", "--ddp-backend", "fully_sharded",
                       "--fsdp-sharding-strategy", "hybrid_shard", "--shard-group-size", "3"],
-        ["--shard-group-size", "does not divide the world size 2"]),
+        ["--shard-group-size", "the groups must divide the world size", "Choose a --shard-group-size that divides"]),
     # data-bin damage
     "duplicate dict line": (lambda b, t: [copy_bin(b, t, lambda d: append(f"{d}/dict.txt", b"w1 5\n"))],
                             ["dict.txt, line 13", "'w1' appears twice", "Remove the duplicate line"]),
@@ -284,6 +284,9 @@ RULE_VIOLATIONS = {
     "--no-save and --save-interval-updates": ["--no-save", "--save-interval-updates", "10"],
     "--checkpoint-activations-every": ["--checkpoint-activations", "--checkpoint-activations-every", "0"],
     "--zero-sharding": ["--zero-sharding", "os", "--ddp-backend", "fully_sharded"],
+    "--shard-group-size must": ["--shard-group-size", "0"],
+    "--fsdp-sharding-strategy hybrid_*": ["--cpu", "--distributed-world-size", "4", "--ddp-backend", "fully_sharded",
+                                          "--fsdp-sharding-strategy", "hybrid_shard", "--shard-group-size", "3"],
 }
 
 
