@@ -61,5 +61,5 @@ MUTANTS = [
            .replace("self.precision.backward(loss if sample else loss * 0.0)",
                     "self.precision.backward(loss / max(sample_size, 1.0) if sample else loss * 0.0)")
            .replace("* ranks / max(sample_size, 1.0)", "* ranks"),
-           ("tests/trainer/test_fp16_gradient_range.py::test_logit_gradients_no_worse_than_fairseqs_scheme",)),
+           ("tests/trainer/precision/test_fp16_gradient_range.py::test_logit_gradients_no_worse_than_fairseqs_scheme",)),
 ]

@@ -53,9 +53,9 @@ def train(data_bin: str, workdir: str, name: str, flags: List[str], timeout: int
     return {"records": records(log), "seconds": time.time() - start, "log": log, "skipped": skipped_updates(log)}
 
 
-# What shardtrain/trainer/loss_scaler.py logs for each fp16 update it skips (its gradient overflowed): a
+# What shardtrain/trainer/precision/loss_scaler.py logs for each fp16 update it skips (its gradient overflowed): a
 # skipped update writes no train_inner record and does not count towards --max-update.
-OVERFLOW_LINE = " | shardtrain.trainer.loss_scaler | gradient overflow detected"
+OVERFLOW_LINE = " | shardtrain.trainer.precision.loss_scaler | gradient overflow detected"
 
 
 def skipped_updates(log: str) -> int:

@@ -7,6 +7,8 @@ from shardtrain.trainer.launch.start import call_main
 from fp16_mains import LOSS_INF_AT, SHARD_INF_AT, train_with_injected_overflows
 from st_testutils import make_space_data_bin
 
+TESTS_ROOM = "shardtrain.trainer.precision"  # it drives training runs: its imports cannot say which room it tests
+
 pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
 UPDATES = 8
