@@ -158,15 +158,9 @@ def _offload_bytes(cfg, count: int, facts: RunFacts, machine: Machine) -> int:
 
 
 def steps_during_backward(cfg, facts: RunFacts, machine: Machine) -> bool:
-    """Whether the run's optimizer steps each shard during backward, as trainer/parallel/step_in_backward.py
-    decides: sharded parameters in host memory (a CPU run, or --cpu-offload), an optimizer stepping there
-    tensor by tensor (cpu_adam on fp32 shards, without --fp16-adam-stats), and --cpu-step during-backward, or
-    auto on a GPU."""
-    on_host = machine.device == "cpu" or facts.state_on_host
-    when = cfg.distributed.cpu_step
-    chosen = when == "during-backward" or (when == "auto" and machine.device != "cpu")
-    return bool(facts.backend.shards_parameters and on_host and getattr(facts.spec.cls, "steps_on_host", False)
-                and facts.param_bytes == 4 and not getattr(cfg.optimizer, "fp16_adam_stats", False) and chosen)
+    """Whether the run's optimizer steps each shard during backward: the run's own decision
+    (``RunFacts.cpu_step_after_backward``, which the trainer's step is built from) on this machine's device."""
+    return facts.cpu_step_after_backward(machine.device) is None
 
 
 def _seconds(cfg, facts: RunFacts, count: int, micro_batch_flops: float, machine: Machine, comm: int,

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from shardtrain.config.epoch_lists import first
+from shardtrain.core.errors import ConfigError
 from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer.launch.threads import local_ranks
 from shardtrain.trainer.build import optimizer_spec
@@ -75,6 +76,46 @@ class RunFacts:
         """Optimizer state (and master copies) in host memory: offloaded, or an optimizer stepping there."""
         return self.state_on_host or self.spec.steps_on_cpu
 
+    @property
+    def steps_shards_on_host(self) -> bool:
+        """Sharded parameters and an optimizer that steps in host memory (cpu_adam): the runs ``--cpu-step`` is
+        about, whose updates' time is split (trainer/offload_times.py)."""
+        return bool(self.backend.shards_parameters and getattr(self.spec.cls, "steps_on_host", False))
+
+    def cpu_step_after_backward(self, device: str) -> Optional[str]:
+        """The one decision of when the CPU optimizer steps, for a run computing on ``device`` (a device type):
+        None where it steps each shard during backward (trainer/parallel/step_in_backward.py), else why it steps
+        after backward. The trainer builds its step from it, shard-plan prices it, ``Run`` refuses an explicit
+        ``--cpu-step during-backward`` it turns down (``cpu_step_cannot``)."""
+        why = self.cpu_step_cannot(device)
+        if why is None and self.distributed.cpu_step == "after-backward":
+            why = "--cpu-step after-backward"
+        if why is None and self.distributed.cpu_step == "auto" and device == "cpu":
+            # Measured (docs/precision_and_memory.md): a 4 x 512 transformer_lm, fully_sharded on a 2-core machine,
+            # 0.46-0.49 s an update stepping during backward, 0.42 s after it: the worker competes with backward
+            # for the cores, where on an accelerator it takes cores backward leaves idle.
+            why = ("on a CPU run backward computes on the same cores (--cpu-step during-backward steps during it "
+                   "all the same)")
+        return why
+
+    def cpu_step_cannot(self, device: str) -> Optional[str]:
+        """Why this run's optimizer cannot step each shard during backward, whatever ``--cpu-step`` says (None:
+        it can), and what would let it."""
+        d = self.distributed
+        if not self.backend.shards_parameters:
+            alone = " on one process" if self.world_size == 1 else ""
+            zero = ", --zero-sharding os shards only the optimizer state" if d.zero_sharding != "none" else ""
+            return (f"--ddp-backend {d.ddp_backend}{alone} does not shard the parameters{zero} (--ddp-backend "
+                    "fully_sharded does, on any number of processes)")
+        if not getattr(self.spec.cls, "steps_on_host", False):
+            return (f"the optimizer ({self.spec.cls.__name__}) steps all parameters at once (--optimizer cpu_adam "
+                    "steps them shard by shard)")
+        if device != "cpu" and not self.state_on_host:
+            return f"the shards are on the {device}, not in host memory (--cpu-offload puts them there)"
+        if self.spec.kwargs.get("fp16_adam_stats"):  # (sharded parameters are stored in fp32: see the flag checks)
+            return "some parameters step chunk by chunk (--fp16-adam-stats: fp16 moments; drop it to step whole shards)"
+        return None
+
 
 def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int, backend: type = None) -> RunFacts:
     """The facts of ``cfg`` (its ``components`` looked up) on ``world_size`` ranks, ``ranks_per_node`` a node
@@ -85,6 +126,17 @@ def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int,
     return RunFacts(backend, spec, run_dtypes(cfg), world_size, shards, cfg.distributed, _staged_kinds(cfg, backend),
                     first(cfg.optimization.update_freq), bool(cfg.optimization.spike_rollback), chosen(cfg.common),
                     ranks_per_node, checkpoint_every(cfg.distributed))
+
+
+def refuse_a_cpu_step_it_cannot_follow(facts: RunFacts, device: str) -> None:
+    """``--cpu-step during-backward`` asked for where the optimizer cannot step during backward is refused, as
+    ``--cpu-offload`` is where no shards are offloaded (``auto`` steps after backward there, and says why where the
+    run is of the kind the flag is about)."""
+    why = facts.cpu_step_cannot(device)
+    if facts.distributed.cpu_step == "during-backward" and why is not None:
+        raise ConfigError(f"--cpu-step during-backward asks the optimizer to step each shard during backward, but "
+                          f"{why}. Drop --cpu-step during-backward (the optimizer then steps after backward), or "
+                          "change the run as said.")
 
 
 def _staged_kinds(cfg, backend: type) -> tuple:
