@@ -8,6 +8,7 @@ STEP = T + "optimizer_step.py"
 FACTS = T + "run_facts.py"
 DECISION = "tests/trainer/test_cpu_step_decision.py::test_the_decision_for_each_condition"
 REFUSED = "tests/trainer/test_cpu_step_decision.py::test_during_backward_asked_for_where_it_cannot_apply_is_refused"
+REFUSED_CLI = "tests/trainer/test_cpu_step_decision.py::test_shard_train_refuses_it_in_one_paragraph_and_writes_nothing"
 ADAM = "shardtrain/optim/cpu_adam.py"
 F = "tests/trainer/parallel/test_step_in_backward.py::"
 # The 2-rank spawn (every case runs in it, whichever case a node id names)
@@ -116,16 +117,16 @@ MUTANTS = [
     Mutant("cpu_step_during_backward_unsharded", "parameters that are not sharded step after backward",
            FACTS, "        if not self.backend.shards_parameters:\n            alone",
            "        if False:\n            alone", (DECISION,)),
-    Mutant("cpu_step_during_backward_any_optimizer", "an optimizer stepping all parameters at once steps after backward",
-           FACTS, "        if not getattr(self.spec.cls, \"steps_on_host\", False):\n            return (f\"the optimizer",
-           "        if False:\n            return (f\"the optimizer", (DECISION,)),
+    Mutant("cpu_step_during_backward_any_optimizer", "an optimizer stepping all parameters at once steps after "
+           "backward", FACTS, "        if not getattr(self.spec.cls, \"steps_on_host\", False):\n            return (",
+           "        if False:\n            return (", (DECISION,)),
     Mutant("cpu_step_during_backward_shards_on_the_gpu", "shards on the GPU step after backward",
            FACTS, "        if device != \"cpu\" and not self.state_on_host:", "        if False:", (DECISION,)),
     Mutant("cpu_step_during_backward_fp16_moments", "--fp16-adam-stats steps after backward (by the facts)",
            FACTS, "        if self.spec.kwargs.get(\"fp16_adam_stats\"):", "        if False:", (DECISION,)),
     Mutant("cpu_step_refusal_skipped", "an explicit --cpu-step during-backward it cannot follow is refused",
            T + "run.py", "        refuse_a_cpu_step_it_cannot_follow(facts, ctx.device.type)", "        pass",
-           ("tests/trainer/test_cpu_step_decision.py::test_shard_train_refuses_it_in_one_paragraph_and_writes_nothing",)),
+           (REFUSED_CLI,)),
     Mutant("cpu_step_auto_refused", "--cpu-step auto is never refused: it steps after backward",
            FACTS, "    if facts.distributed.cpu_step == \"during-backward\" and why is not None:",
            "    if why is not None:", (REFUSED,)),

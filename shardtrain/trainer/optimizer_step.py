@@ -91,7 +91,8 @@ class StepDuringBackward(TimedStepAfterBackward):
             yield
             self.times.backward_done()
         except BaseException:
-            self.step_in_backward.abandon()  # an error in forward/backward: the worker ends, its steps undone where kept
+            # an error in forward/backward: the worker ends, its steps undone where kept
+            self.step_in_backward.abandon()
             raise
         self.step_in_backward.finish()  # every shard handed over is stepped with the multiplier, its norm taken first
 
