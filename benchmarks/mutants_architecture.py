@@ -56,8 +56,12 @@ MUTANTS = [
            "tests/architecture/test_test_layout.py", "            if not own:\n", "            if False:\n",
            ("tests/architecture/test_test_layout.py::test_a_test_file_filed_in_another_room_is_found",)),
     Mutant("layout_ignores_declared_rooms", "a command-driven test says which room it tests",
-           "tests/architecture/test_test_layout.py", "            modules.add(node.value.value)\n", "            pass\n",
+           "tests/architecture/test_test_layout.py", "    modules |= declared(tree)", "    modules |= set()",
            ("tests/architecture/test_test_layout.py::test_every_test_file_sits_in_the_room_it_tests",)),
+    Mutant("layout_accepts_a_sub_rooms_test_in_its_package", "a precision test that trains through the loop sits in "
+           "tests/trainer/precision/, not tests/trainer/", "tests/architecture/test_test_layout.py",
+           "            elif belongs_below(path, rel, folders):", "            elif False:",
+           ("tests/architecture/test_test_layout.py::test_a_test_file_filed_in_another_room_is_found",)),
     Mutant("layout_accepts_any_folder", "a folder that is no room holds no tests",
            "tests/architecture/test_test_layout.py", "                problems.append(f\"{shown}: tests/{rel}/ is no room",
            "                0 and problems.append(f\"{shown}: tests/{rel}/ is no room",

@@ -5,7 +5,7 @@ from mutant_spec import Mutant
 
 FT = "tests/config/test_fairseq_flag_table.py::"
 LISTS = "tests/optim/test_optim_epoch_lists.py"
-AMP = "tests/trainer/test_amp_flag.py"
+AMP = "tests/trainer/precision/test_amp_flag.py"
 HYDRA = "tests/cli/test_hydra_train.py::"
 KEYS = "tests/config/test_hydra_keys.py::"
 

@@ -4,7 +4,7 @@ from mutant_spec import Mutant
 
 E2E = "tests/e2e/test_cli_end_to_end.py::"
 MFU = "tests/trainer/metrics/test_mfu.py::"
-AMP = "tests/trainer/test_amp_flag.py::"
+AMP = "tests/trainer/precision/test_amp_flag.py::"
 BUSY = "tests/trainer/metrics/test_mfu_busy_machine.py::"
 AXES = "tests/trainer/metrics/test_gpu_peak_axes.py::"
 

@@ -16,8 +16,8 @@ MUTANTS = [
     Mutant("times_hidden_counts_work_after_backward", "only the work done before backward's end is hidden",
            TIMES, "max(0.0, min(b, self._backward_done) - a)", "(b - a)", (SPLIT, AFTER)),
     Mutant("times_training_thread_step_uncounted", "the step after backward counts as CPU optimizer work",
-           T + "trainer.py", "        with self.times.stepping() if self.times is not None else contextlib.nullcontext():",
-           "        with contextlib.nullcontext():", (AFTER,)),
+           T + "optimizer_step.py", "        return self.times.stepping()", "        return contextlib.nullcontext()",
+           (AFTER,)),
     Mutant("times_record_without_split", "each record carries the split",
            T + "metrics/run_metrics.py", "            for key, value in out.get(\"offload\", {}).items():",
            "            for key, value in {}.items():", (DURING,)),
@@ -31,6 +31,6 @@ MUTANTS = [
     Mutant("times_upload_not_reset_per_update", "each update's upload is its own", TIMES,
            "        self.unshards.seconds = 0.0\n", "", (SPLIT,)),
     Mutant("times_hooks_outlive_the_trainer", "closing the trainer removes its hooks from the model",
-           T + "trainer.py", "            if part is not None:\n                part.close()", "            pass",
+           T + "trainer.py", "        self.optimizer_step.close()\n", "        pass\n",
            (F + "test_closing_the_trainer_removes_its_hooks",)),
 ]

@@ -36,7 +36,7 @@ MUTANTS = [
            "        norm = super().grad_norm(params)\n        return norm.full_tensor() if isinstance(norm, DTensor) else norm\n",
            "        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]\n"
            "        return torch.nn.utils.get_total_norm(local, foreach=True)\n",
-           ("tests/trainer/test_fp16_loss_scaling.py::test_both_ranks_skip_in_lockstep",)),
+           ("tests/trainer/precision/test_fp16_loss_scaling.py::test_both_ranks_skip_in_lockstep",)),
     Mutant("fsdp_unsharded_accumulation_syncs", "--fsdp-unsharded-accumulation reduces once per update",
            T + "parallel/fully_sharded.py", "return _switched_off(module.set_requires_gradient_sync)",
            "return contextlib.nullcontext()",

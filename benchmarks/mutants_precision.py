@@ -1,20 +1,20 @@
-"""Mutants of shardtrain/trainer/precision/ and loss_scaler.py: fp16 loss scaling, bf16, --amp, non-finite
+"""Mutants of shardtrain/trainer/precision/ (loss_scaler.py among them): fp16 loss scaling, bf16, --amp, non-finite
 updates. Each mutant was seen to fail its tests."""
 from mutant_spec import T, Mutant
 
 STEP = "tests/trainer/test_trainer_step.py"
-SCALER = "tests/trainer/test_loss_scaler.py"
-AMP = "tests/trainer/test_amp_flag.py"
+SCALER = "tests/trainer/precision/test_loss_scaler.py"
+AMP = "tests/trainer/precision/test_amp_flag.py"
 ME_BF16 = "tests/optim/test_memory_efficient_adam.py::test_memory_efficient_bf16_stores_bf16_and_steps_fp32"
 
 REGISTRATION = "tests/trainer/precision/test_precision_registration.py::"
 
 MUTANTS = [
     Mutant("loss_scale_not_halved", "an overflow halves the scale",
-           T + "loss_scaler.py", "self.loss_scale /= self.scale_factor", "self.loss_scale /= 1.0",
+           T + "precision/loss_scaler.py", "self.loss_scale /= self.scale_factor", "self.loss_scale /= 1.0",
            (SCALER,)),
     Mutant("loss_scale_never_grows", "the scale grows after --fp16-scale-window clean updates",
-           T + "loss_scaler.py", "            self.loss_scale *= self.scale_factor\n",
+           T + "precision/loss_scaler.py", "            self.loss_scale *= self.scale_factor\n",
            "            pass\n",
            (SCALER,)),
     Mutant("fp16_overflow_not_skipped", "an overflow skips the update on every rank",

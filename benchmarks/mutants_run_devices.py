@@ -4,10 +4,10 @@ was seen to fail its tests (on the CPU; tests/gpu/test_run_devices_gpu.py needs 
 from mutant_spec import Mutant
 
 DEV = "tests/trainer/test_run_devices.py::"
-HOST = "tests/trainer/test_host_memory.py::"
-SNAP = "tests/trainer/test_spike_snapshot_memory.py::"
+HOST = "tests/trainer/memory/test_host_memory.py::"
+SNAP = "tests/trainer/memory/test_spike_snapshot_memory.py::"
 ASYNC = "tests/trainer/test_async_save_memory.py::"
-LOOP, START, HM = "shardtrain/trainer/loop.py", "shardtrain/trainer/launch/start.py", "shardtrain/trainer/host_memory.py"
+LOOP, START, HM = "shardtrain/trainer/loop.py", "shardtrain/trainer/launch/start.py", "shardtrain/trainer/memory/host_memory.py"
 FIT, EST = "shardtrain/trainer/memory/fit.py", "shardtrain/plan/estimate.py"
 RANK, FACTS = "shardtrain/trainer/memory/rank_memory.py", "shardtrain/trainer/run_facts.py"
 VALIDATION = "shardtrain/trainer/validation.py"

@@ -4,6 +4,11 @@ seen to fail its tests."""
 from mutant_spec import T, Mutant
 
 SIB = T + "parallel/step_in_backward.py"
+STEP = T + "optimizer_step.py"
+FACTS = T + "run_facts.py"
+DECISION = "tests/trainer/test_cpu_step_decision.py::test_the_decision_for_each_condition"
+REFUSED = "tests/trainer/test_cpu_step_decision.py::test_during_backward_asked_for_where_it_cannot_apply_is_refused"
+REFUSED_CLI = "tests/trainer/test_cpu_step_decision.py::test_shard_train_refuses_it_in_one_paragraph_and_writes_nothing"
 ADAM = "shardtrain/optim/cpu_adam.py"
 F = "tests/trainer/parallel/test_step_in_backward.py::"
 # The 2-rank spawn (every case runs in it, whichever case a node id names)
@@ -32,8 +37,8 @@ MUTANTS = [
            (F + "test_when_shards_step_during_backward_and_whether_copies_are_kept",
             SAME + "[fp16_overflow]")),
     Mutant("sib_armed_from_the_first_micro_batch", "--update-freq: only the last micro-batch's gradients step",
-           T + "trainer.py", "                if last and overlap is not None:\n",
-           "                if i == 0 and overlap is not None:\n",
+           T + "trainer.py", "                if last:\n                    self.optimizer_step.last_backward(",
+           "                if i == 0:\n                    self.optimizer_step.last_backward(",
            (SAME + "[update_freq_2]",)),
     Mutant("sib_hooks_stay_armed", "hooks of an earlier micro-batch are ignored, also after the first update",
            SIB, "        self._worker, self._multiplier = None, None\n", "        self._worker = None\n",
@@ -45,12 +50,12 @@ MUTANTS = [
            ADAM, "            del self.state[p]\n            return\n", "            return\n",
            (U + "test_restore_undoes_step_one_exactly_and_a_first_step_leaves_no_state",)),
     Mutant("sib_commits_when_clipped", "a clipped update steps with the clipped gradient",
-           T + "trainer.py", "if overlap is not None and not clipped:",
-           "if self.step_in_backward is not None:",
+           STEP, "        if not clipped:\n            self.step_in_backward.commit(multiplier)",
+           "        if True:\n            self.step_in_backward.commit(multiplier)",
            (SAME + "[fp32_clipped]",)),
     Mutant("sib_skipped_update_not_undone", "a skipped update (fp16 overflow, --skip-nan-updates) leaves no trace",
-           T + "trainer.py", "        elif overlap is not None:\n            overlap.undo()",
-           "        elif self.step_in_backward is not None:\n            pass",
+           STEP, "        self.step_in_backward.undo()  # a skipped update leaves no trace",
+           "        pass",
            (SAME + "[skip_nan_updates_2]",)),
     Mutant("sib_abandon_keeps_steps", "an error in backward leaves the shards as they were",
            SIB, "            if self.keep:\n                self.undo()\n            self._forget()",
@@ -60,7 +65,8 @@ MUTANTS = [
            SIB, "        self._queue.put((p, event))\n", "        pass\n",
            (F + "test_shards_step_while_earlier_blocks_are_still_in_backward", SAME + "[fp32_clipped]")),
     Mutant("sib_flag_ignored", "--cpu-step after-backward steps after backward",
-           SIB, "    if when == \"after-backward\":\n", "    if False:\n",
+           FACTS, "        if why is None and self.distributed.cpu_step == \"after-backward\":",
+           "        if False:",
            (F + "test_cpu_step_after_backward_steps_after_the_last_backward",)),
     Mutant("sib_stale_group_after_load", "a step during backward reads the lr of the groups a loaded state brings",
            "shardtrain/optim/cpu_adam.py", "        if group is None or not any(group is g for g in self.param_groups):",
@@ -80,9 +86,8 @@ MUTANTS = [
            (U + "test_the_norm_is_taken_before_stepping_and_only_what_may_be_undone_copies_the_gradient",
             SAME + "[update_freq_2]")),
     Mutant("sib_norm_of_written_back_gradients", "the trainer takes the norm the worker took, not the backend's",
-           T + "trainer.py",
-           "(overlap.grad_norm() if overlap is not None else self.backend.grad_norm(self.params))",
-           "self.backend.grad_norm(self.params)",
+           STEP, "        return self.step_in_backward.grad_norm()  # its worker",
+           "        return self.backend.grad_norm(self.params)  # its worker",
            (SAME + "[update_freq_2]",)),
     Mutant("sib_norm_reduced_once_after_stacking", "the per-shard norms reduce as get_total_norm over DTensors does",
            "shardtrain/core/torch_private.py",
@@ -99,15 +104,37 @@ MUTANTS = [
            SIB, "self.keep, leave_grad=self.keep)", "self.keep, leave_grad=True)",
            (U + "test_the_norm_is_taken_before_stepping_and_only_what_may_be_undone_copies_the_gradient",)),
     Mutant("sib_auto_during_on_a_cpu_run", "--cpu-step auto: after backward on a CPU run (the same cores)",
-           SIB, "    if when == \"auto\" and backend.device.type == \"cpu\":", "    if False:",
+           FACTS, "        if why is None and self.distributed.cpu_step == \"auto\" and device == \"cpu\":",
+           "        if False:",
            (F + "test_when_shards_step_during_backward_and_whether_copies_are_kept",)),
     Mutant("sib_auto_after_on_an_accelerator", "--cpu-step auto: during backward where the model is on an accelerator",
-           SIB, "    if when == \"auto\" and backend.device.type == \"cpu\":", "    if when == \"auto\":",
-           (F + "test_auto_steps_during_backward_where_the_model_computes_on_an_accelerator",)),
+           FACTS, "        if why is None and self.distributed.cpu_step == \"auto\" and device == \"cpu\":",
+           "        if why is None and self.distributed.cpu_step == \"auto\":", (DECISION,)),
     Mutant("sib_steps_during_an_async_write", "--async-save: the worker waits until the live state is written",
            SIB, "            if self.before_stepping is not None:\n                self.before_stepping()\n", "",
            ("tests/trainer/checkpoint/test_async_save_cpu.py::test_the_cpu_step_during_backward_waits_for_the_write_too",)),
     Mutant("sib_trainer_forgets_the_write", "the trainer's worker waits for --async-save's write",
            T + "trainer.py", "before_stepping=wait_for_live_writes)", "before_stepping=None)",
            ("tests/trainer/checkpoint/test_async_save_cpu.py::test_the_cpu_step_during_backward_waits_for_the_write_too",)),
+    # the one decision (RunFacts.cpu_step_after_backward), its refusal (issue 45, 4.9) and the step chosen from it
+    Mutant("cpu_step_during_backward_unsharded", "parameters that are not sharded step after backward",
+           FACTS, "        if not self.backend.shards_parameters:\n            alone",
+           "        if False:\n            alone", (DECISION,)),
+    Mutant("cpu_step_during_backward_any_optimizer", "an optimizer stepping all parameters at once steps after "
+           "backward", FACTS, "        if not getattr(self.spec.cls, \"steps_on_host\", False):\n            return (",
+           "        if False:\n            return (", (DECISION,)),
+    Mutant("cpu_step_during_backward_shards_on_the_gpu", "shards on the GPU step after backward",
+           FACTS, "        if device != \"cpu\" and not self.state_on_host:", "        if False:", (DECISION,)),
+    Mutant("cpu_step_during_backward_fp16_moments", "--fp16-adam-stats steps after backward (by the facts)",
+           FACTS, "        if self.spec.kwargs.get(\"fp16_adam_stats\"):", "        if False:", (DECISION,)),
+    Mutant("cpu_step_refusal_skipped", "an explicit --cpu-step during-backward it cannot follow is refused",
+           T + "run.py", "        refuse_a_cpu_step_it_cannot_follow(facts, ctx.device.type)", "        pass",
+           (REFUSED_CLI,)),
+    Mutant("cpu_step_auto_refused", "--cpu-step auto is never refused: it steps after backward",
+           FACTS, "    if facts.distributed.cpu_step == \"during-backward\" and why is not None:",
+           "    if why is not None:", (REFUSED,)),
+    Mutant("optimizer_step_untimed_under_offload", "an offloaded run's updates are timed, whatever its optimizer",
+           STEP, "    if not (facts.steps_shards_on_host or facts.state_on_host):",
+           "    if not facts.steps_shards_on_host:",
+           ("tests/trainer/test_optimizer_step.py::test_the_step_is_chosen_once_per_configuration",)),
 ]

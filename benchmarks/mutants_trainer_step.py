@@ -10,14 +10,6 @@ _BACKWARD_TO_MULTIPLIER = """\
                     self.precision.backward(loss if sample else loss * 0.0)
                 logs.append(log if sample else {k: 0 * v for k, v in log.items()})
             self.backend.reduce_grads(self.params)
-            if self.times is not None:
-                self.times.backward_done()
-        except BaseException:
-            if overlap is not None:
-                overlap.abandon()  # an error in forward/backward: the worker ends, its steps undone where kept
-            raise
-        if overlap is not None:
-            overlap.finish()  # every shard handed over is stepped with _multiplier(), its norm taken first
         return self._update(logs, sample_size)
 
     def _multiplier(self, sample_size: float) -> float:
@@ -61,5 +53,5 @@ MUTANTS = [
            .replace("self.precision.backward(loss if sample else loss * 0.0)",
                     "self.precision.backward(loss / max(sample_size, 1.0) if sample else loss * 0.0)")
            .replace("* ranks / max(sample_size, 1.0)", "* ranks"),
-           ("tests/trainer/test_fp16_gradient_range.py::test_logit_gradients_no_worse_than_fairseqs_scheme",)),
+           ("tests/trainer/precision/test_fp16_gradient_range.py::test_logit_gradients_no_worse_than_fairseqs_scheme",)),
 ]

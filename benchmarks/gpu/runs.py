@@ -67,9 +67,9 @@ def model_params(log: str) -> int:
     return counts[0] if counts else 0
 
 
-# What shardtrain/trainer/loss_scaler.py logs for each fp16 update it skips (its gradient overflowed): a
+# What shardtrain/trainer/precision/loss_scaler.py logs for each fp16 update it skips (its gradient overflowed): a
 # skipped update writes no train_inner record and does not count towards --max-update.
-OVERFLOW_LINE = " | shardtrain.trainer.loss_scaler | gradient overflow detected"
+OVERFLOW_LINE = " | shardtrain.trainer.precision.loss_scaler | gradient overflow detected"
 
 
 def skipped_updates(log: str) -> int:

@@ -37,7 +37,7 @@ def refusal() -> Optional[str]:
                 f"({build}) alone needs about {ADDRESS_SPACE[cuda] / MIB:.0f} MiB of address space, so it would "
                 "abort (std::bad_alloc). Raise the limit (`ulimit -v unlimited`, or the scheduler's memory option, "
                 "e.g. SLURM's --mem) and run the command again; `shard-plan` then says what the run itself needs.")
-    from shardtrain.trainer.host_memory import cgroup_headrooms  # reads /sys only, imports no torch
+    from shardtrain.trainer.memory.host_memory import cgroup_headrooms  # reads /sys only, imports no torch
 
     for headroom, where in cgroup_headrooms():
         if headroom < RESIDENT[cuda]:

@@ -178,8 +178,9 @@ def step_bytes(cfg, facts: RunFacts, machine: Machine) -> int:
 
 
 def steps_during_backward(cfg, facts: RunFacts, machine: Machine) -> bool:
-    """Whether the run's optimizer steps each shard during backward (RunFacts.steps_during_backward)."""
-    return facts.steps_during_backward(machine.device)
+    """Whether the run's optimizer steps each shard during backward: the run's own decision
+    (``RunFacts.cpu_step_after_backward``, which the trainer's step is built from) on this machine's device."""
+    return facts.cpu_step_after_backward(machine.device) is None
 
 
 def _seconds(cfg, facts: RunFacts, count: int, micro_batch_flops: float, machine: Machine, comm: int,

@@ -26,7 +26,7 @@ from shardtrain.trainer.metrics.flops import Utilisation, model_flops_per_token,
 from shardtrain.trainer.metrics.run_metrics import RunMetrics
 from shardtrain.trainer.parallel.base import unwrap
 from shardtrain.trainer.resolved import Components, build_criterion, build_model, build_task
-from shardtrain.trainer.run_facts import RunFacts, run_facts
+from shardtrain.trainer.run_facts import RunFacts, refuse_a_cpu_step_it_cannot_follow, run_facts
 from shardtrain.trainer.spike import SpikeGuard
 from shardtrain.trainer.train_state import TrainingClock
 from shardtrain.trainer.trainer import Trainer
@@ -45,6 +45,7 @@ class Run:
         # decided once: the backend, the fit check, the precision and the trainer read them
         self.facts = facts = run_facts(cfg, components, ctx.world_size, ctx.ranks_per_node,
                                        backend=chosen_backend_class(cfg, ctx))
+        refuse_a_cpu_step_it_cannot_follow(facts, ctx.device.type)  # before anything is started or written
         # One process has no group from the launcher; a backend that needs one anyway (FSDP2's mesh) gets it here.
         self.group = OneRankGroup(ctx.device) if facts.backend.needs_process_group else None
         try:

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from shardtrain.config.epoch_lists import first
+from shardtrain.core.errors import ConfigError
 from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer.build import optimizer_spec
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
@@ -45,7 +46,6 @@ class RunFacts:
     precision: type = None  # the registered PrecisionKind (trainer/precision/choose.py): what the dtypes came from
     ranks_per_node: int = 1  # ranks sharing a node (its memory, and a hybrid shard group without --shard-group-size)
     checkpoint_every: Optional[int] = None  # activation checkpointing: every Nth block, None when off
-    cpu_step: str = "auto"  # --cpu-step: when a CPU optimizer steps sharded parameters in host memory
     undoable: bool = False  # an update may be undone after backward: --clip-norm, a loss scale, --skip-nan-updates
 
     @property
@@ -76,20 +76,56 @@ class RunFacts:
         """Optimizer state (and master copies) in host memory: offloaded, or an optimizer stepping there."""
         return self.state_on_host or self.spec.steps_on_cpu
 
+    @property
+    def steps_shards_on_host(self) -> bool:
+        """Sharded parameters and an optimizer that steps in host memory (cpu_adam): the runs ``--cpu-step`` is
+        about, whose updates' time is split (trainer/offload_times.py)."""
+        return bool(self.backend.shards_parameters and getattr(self.spec.cls, "steps_on_host", False))
+
+    def cpu_step_after_backward(self, device: str) -> Optional[str]:
+        """The one decision of when the CPU optimizer steps, for a run computing on ``device`` (a device type):
+        None where it steps each shard during backward (trainer/parallel/step_in_backward.py), else why it steps
+        after backward. The trainer builds its step from it, shard-plan prices it, ``Run`` refuses an explicit
+        ``--cpu-step during-backward`` it turns down (``cpu_step_cannot``)."""
+        why = self.cpu_step_cannot(device)
+        if why is None and self.distributed.cpu_step == "after-backward":
+            why = "--cpu-step after-backward"
+        if why is None and self.distributed.cpu_step == "auto" and device == "cpu":
+            # Measured (docs/precision_and_memory.md): a 4 x 512 transformer_lm, fully_sharded on a 2-core machine,
+            # 0.46-0.49 s an update stepping during backward, 0.42 s after it: the worker competes with backward
+            # for the cores, where on an accelerator it takes cores backward leaves idle.
+            why = ("on a CPU run backward computes on the same cores (--cpu-step during-backward steps during it "
+                   "all the same)")
+        return why
+
+    def cpu_step_cannot(self, device: str) -> Optional[str]:
+        """Why this run's optimizer cannot step each shard during backward, whatever ``--cpu-step`` says (None:
+        it can), and what would let it."""
+        d = self.distributed
+        if not self.backend.shards_parameters:
+            alone = " on one process" if self.world_size == 1 else ""
+            zero = ", --zero-sharding os shards only the optimizer state" if d.zero_sharding != "none" else ""
+            return (f"--ddp-backend {d.ddp_backend}{alone} does not shard the parameters{zero} (--ddp-backend "
+                    "fully_sharded does, on any number of processes)")
+        if not getattr(self.spec.cls, "steps_on_host", False):
+            return (f"the optimizer ({self.spec.cls.__name__}) steps all parameters at once (--optimizer cpu_adam "
+                    "steps them shard by shard)")
+        if device != "cpu" and not self.state_on_host:
+            return f"the shards are on the {device}, not in host memory (--cpu-offload puts them there)"
+        if self.spec.kwargs.get("fp16_adam_stats"):  # (sharded parameters are stored in fp32: see the flag checks)
+            return "some parameters step chunk by chunk (--fp16-adam-stats: fp16 moments; drop it to step whole shards)"
+        return None
+
     def steps_during_backward(self, device_type: str) -> bool:
-        """Whether the optimizer steps each shard during backward, as trainer/parallel/step_in_backward.py decides on
-        a ``device_type`` run: sharded parameters in host memory (a CPU run's, --cpu-offload's), an optimizer stepping
-        there tensor by tensor (cpu_adam on fp32 shards, without --fp16-adam-stats), and --cpu-step during-backward,
-        or auto on an accelerator."""
-        on_host = device_type == "cpu" or self.state_on_host
-        chosen = self.cpu_step == "during-backward" or (self.cpu_step == "auto" and device_type != "cpu")
-        by_shard = getattr(self.spec.cls, "steps_on_host", False) and not self.spec.kwargs.get("fp16_adam_stats")
-        return bool(self.backend.shards_parameters and on_host and by_shard and self.param_bytes == 4 and chosen)
+        """Whether the optimizer steps each shard during backward on a ``device_type`` run: the one decision,
+        ``cpu_step_after_backward``, read as a yes or no (the memory estimate's question)."""
+        return self.cpu_step_after_backward(device_type) is None
 
     def keeps_undo_copies(self, device_type: str) -> bool:
         """The step during backward keeps a copy of each shard's parameter and moments until the update is decided
         (step_in_backward.py's ``keep``): an update that clipping, an overflow or a NaN may undo."""
         return self.undoable and self.steps_during_backward(device_type)
+
 
 
 def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int, backend: type = None) -> RunFacts:
@@ -100,13 +136,24 @@ def run_facts(cfg, components: Components, world_size: int, ranks_per_node: int,
     shards = backend.parameter_shards(cfg.distributed, world_size, ranks_per_node)
     return RunFacts(backend, spec, run_dtypes(cfg), world_size, shards, cfg.distributed, _staged_kinds(cfg, backend),
                     first(cfg.optimization.update_freq), bool(cfg.optimization.spike_rollback), chosen(cfg.common),
-                    ranks_per_node, checkpoint_every(cfg.distributed), cfg.distributed.cpu_step, _undoable(cfg))
+                    ranks_per_node, checkpoint_every(cfg.distributed), _undoable(cfg))
 
 
 def _undoable(cfg) -> bool:
     """An update may be undone once backward has ended (step_in_backward.py's ``keep``, from the same flags): clipped
     (--clip-norm), or skipped (a loss-scaled precision's overflow; --skip-nan-updates or --spike-rollback: skip_nan)."""
     return cfg.optimization.clip_norm > 0 or skip_nan(cfg) > 0 or chosen(cfg.common).loss_scaled
+
+
+def refuse_a_cpu_step_it_cannot_follow(facts: RunFacts, device: str) -> None:
+    """``--cpu-step during-backward`` asked for where the optimizer cannot step during backward is refused, as
+    ``--cpu-offload`` is where no shards are offloaded (``auto`` steps after backward there, and says why where the
+    run is of the kind the flag is about)."""
+    why = facts.cpu_step_cannot(device)
+    if facts.distributed.cpu_step == "during-backward" and why is not None:
+        raise ConfigError(f"--cpu-step during-backward asks the optimizer to step each shard during backward, but "
+                          f"{why}. Drop --cpu-step during-backward (the optimizer then steps after backward), or "
+                          "change the run as said.")
 
 
 def _staged_kinds(cfg, backend: type) -> tuple:

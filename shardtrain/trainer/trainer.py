@@ -12,9 +12,8 @@ import torch
 from shardtrain.trainer import build
 from shardtrain.trainer.checkpoint.async_staging import wait_for_live_writes
 from shardtrain.trainer.checkpoint.contents import load_parts, state_of, trainer_parts
-from shardtrain.trainer.offload_times import OffloadTimes, StepClock
+from shardtrain.trainer.optimizer_step import choose_optimizer_step
 from shardtrain.trainer.parallel.choose import Backend
-from shardtrain.trainer.parallel.step_in_backward import build_step_in_backward
 from shardtrain.trainer.precision.component import Precision  # noqa: F401 (re-exported)
 from shardtrain.trainer.precision.diverged import TrainingDivergedError  # noqa: F401 (re-exported)
 from shardtrain.trainer.resolved import Components
@@ -40,21 +39,25 @@ class Trainer:
         self.dummy_batch = None  # stands in for an empty filler batch (see set_dummy_batch)
         self.lr_scheduler = build.build_lr_scheduler(cfg, components, self.optimizer)
         self.state = TrainState()
-        # Where the optimizer steps in host memory beside sharded parameters: each record splits the update's time
-        # (trainer/offload_times.py); None elsewhere.
-        on_host = facts.backend.shards_parameters and getattr(self.optimizer, "steps_on_host", False)
-        clock = StepClock() if on_host or facts.state_on_host else None
-        self.times = OffloadTimes(model, clock) if clock is not None else None
-        # None, or the optimizer stepping each shard during the last backward (offload: see its module)
-        self.step_in_backward = build_step_in_backward(cfg, backend, self.optimizer, self.params, precision, clock,
-                                                       before_stepping=wait_for_live_writes)
+        # After backward, timed where the optimizer steps in host memory, or each shard during backward: chosen
+        # once, from the facts (trainer/optimizer_step.py)
+        self.optimizer_step = choose_optimizer_step(cfg, facts, backend, model, self.optimizer, self.params,
+                                                    precision, before_stepping=wait_for_live_writes)
+
+    @property
+    def step_in_backward(self):
+        """The optimizer stepping each shard during backward (parallel/step_in_backward.py), or None."""
+        return self.optimizer_step.step_in_backward
+
+    @property
+    def times(self):
+        """Where each update's time goes (offload_times.py), where the optimizer steps in host memory; or None."""
+        return self.optimizer_step.times
 
     def close(self) -> None:
         """Remove the hooks the trainer put on the model and its parameters (the step during backward's, the
         upload timer's): the model may outlive the run (tests, shard-plan --verify's several runs a process)."""
-        for part in (self.step_in_backward, self.times):
-            if part is not None:
-                part.close()
+        self.optimizer_step.close()
 
     @property
     def num_updates(self) -> int:
@@ -77,14 +80,11 @@ class Trainer:
         sizes = torch.tensor([float(self.criterion_sample_size(s)) for s in samples if s] or [0.0]).sum()
         sample_size = float(self.backend.all_reduce_sum(sizes.to(self.device)))
         logs = []
-        overlap = self.step_in_backward
-        if self.times is not None:
-            self.times.begin()
-        try:
+        with self.optimizer_step.backward():
             for i, sample in enumerate(samples):
                 last = i == len(samples) - 1
-                if last and overlap is not None:
-                    overlap.arm(self._multiplier(sample_size))
+                if last:
+                    self.optimizer_step.last_backward(self._multiplier(sample_size))
                 with contextlib.nullcontext() if last else self.backend.no_sync(self.model):
                     with self.precision.autocast():
                         loss, _, log = self.criterion(self.model, sample or self.dummy_batch)
@@ -94,14 +94,6 @@ class Trainer:
                     self.precision.backward(loss if sample else loss * 0.0)
                 logs.append(log if sample else {k: 0 * v for k, v in log.items()})
             self.backend.reduce_grads(self.params)
-            if self.times is not None:
-                self.times.backward_done()
-        except BaseException:
-            if overlap is not None:
-                overlap.abandon()  # an error in forward/backward: the worker ends, its steps undone where kept
-            raise
-        if overlap is not None:
-            overlap.finish()  # every shard handed over is stepped with _multiplier(), its norm taken first
         return self._update(logs, sample_size)
 
     def _multiplier(self, sample_size: float) -> float:
@@ -111,42 +103,34 @@ class Trainer:
         return self.precision.unscale_factor() * ranks / max(sample_size, 1.0)
 
     def _update(self, logs: List[Dict], sample_size: float) -> Dict:
-        with self.times.stepping() if self.times is not None else contextlib.nullcontext():
+        with self.optimizer_step.stepping():
             gnorm, clipped, stepped = self._step(sample_size)
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.lr_scheduler.step_update(self.num_updates)
         out = {"logs": self._reduce_logs(logs), "sample_size": sample_size, "gnorm": float(gnorm),
-               "clip": float(clipped), "lr": lr, "stepped": stepped, **self.precision.metrics()}
-        if self.times is not None:
-            out["offload"] = self.times.fields()
+               "clip": float(clipped), "lr": lr, "stepped": stepped, **self.precision.metrics(),
+               **self.optimizer_step.fields()}
         return out
 
     def _step(self, sample_size: float):
         """The gradient norm, the decision (step, clipped, or skip) and the step: (gnorm, clipped, stepped)."""
         multiplier = self._multiplier(sample_size)
-        overlap = self.step_in_backward  # its worker may have written the multiplied gradients back: its norm
-        gnorm = (overlap.grad_norm() if overlap is not None else self.backend.grad_norm(self.params)) * multiplier
+        gnorm = self.optimizer_step.grad_norm() * multiplier
         clip = self.cfg.optimization.clip_norm
         clipped = False
         try:
             stepped = self.precision.accept(gnorm, self.num_updates + 1)  # False: skipped (fp16 overflow, NaN)
-        except BaseException:  # the run stops (NaN/inf): leave the weights as they were where that is possible
-            if overlap is not None and overlap.keep:
-                overlap.undo()
+        except BaseException:  # the run stops (NaN/inf)
+            self.optimizer_step.stop()
             raise
         if stepped:
             clipped = clip > 0 and float(gnorm) > clip
             if clipped:  # torch's and fairseq's clip coefficient
                 multiplier *= clip / (float(gnorm) + 1e-6)
-            if overlap is not None and not clipped:
-                overlap.commit(multiplier)  # stepped during backward with this multiplier
-            else:
-                if overlap is not None:
-                    overlap.undo()  # speculated unclipped: step again, clipped
-                self.precision.step(self.optimizer, self.backend, self.params, multiplier)
+            self.optimizer_step.step(multiplier, clipped)
             self.state.num_updates += 1
-        elif overlap is not None:
-            overlap.undo()  # a skipped update leaves no trace
+        else:
+            self.optimizer_step.skip()
         return gnorm, clipped, stepped
 
     @torch.no_grad()

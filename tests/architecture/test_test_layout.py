@@ -6,7 +6,10 @@ What a file tests is read from what it imports (itself, and the helper modules b
 for a file that drives the commands and so imports no room's code, from its ``TESTS_ROOM = "shardtrain.<room>"``:
 - it imports at least one module of its folder's room(s);
 - it imports nothing from another room that has a folder while importing nothing of its own folder's but the
-  base every test uses (``core``, ``config``, ``cli``), i.e. it is not a test of another room filed here.
+  base every test uses (``core``, ``config``, ``cli``), i.e. it is not a test of another room filed here;
+- a file that itself imports a room whose folder lies below its own (``tests/trainer/precision/`` below
+  ``tests/trainer/``) and, of its own folder's room, only what builds or starts a run (DRIVERS) tests that room:
+  it is filed there (or says ``TESTS_ROOM``).
 A few folders are not rooms; each says what it holds in NOT_ROOMS."""
 import ast
 import os
@@ -29,6 +32,9 @@ NOT_ROOMS = {
     "fixtures": "files made by fairseq 0.12.2 (no tests)",
 }
 BASE = ("shardtrain.core", "shardtrain.config", "shardtrain.cli", "shardtrain.errors")
+# What a test imports to build or start a training run, whatever it tests: it does not make a file the test of
+# tests/trainer/ (a precision test that trains through the loop is still a precision test).
+DRIVERS = ("shardtrain.trainer.loop", "shardtrain.trainer.launch.start", "shardtrain.trainer.resolved")
 
 
 def rooms():
@@ -77,10 +83,24 @@ def imported(path):
             continue
         for name in names:
             (modules if name.startswith("shardtrain") else local).add(name)
-    for node in tree.body:  # a declared room counts as imported (and must be a room: owner() finds it or not)
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["TESTS_ROOM"]:
-            modules.add(node.value.value)
+    modules |= declared(tree)  # a declared room counts as imported (and must be a room: owner() finds it or not)
     return modules, local
+
+
+def declared(tree):
+    return {node.value.value for node in tree.body if isinstance(node, ast.Assign)
+            and [getattr(t, "id", None) for t in node.targets] == ["TESTS_ROOM"]}
+
+
+def belongs_below(path, rel, folders):
+    """The folder below tests/<rel>/ a file belongs in: it imports (itself, not through its helpers) that room's
+    code and, of its own folder's room, only DRIVERS; None where it is filed right."""
+    direct = imported(path)[0]
+    if declared(ast.parse(open(path).read(), path)):
+        return None
+    subjects = {owner(m, folders) for m in direct if not any(m == d or m.startswith(d + ".") for d in DRIVERS)}
+    below = sorted(o for o in subjects - {None} if o.startswith(rel + "/"))
+    return below[0] if below and rel not in subjects else None
 
 
 def file_imports(path):
@@ -120,6 +140,9 @@ def misplaced():
             if not own:
                 where = ", ".join(f"tests/{o}/" for o in sorted(others)) or "tests/e2e/ (it imports no room's code)"
                 problems.append(f"{shown}: imports nothing of the room(s) tests/{rel}/ tests; move it to {where}")
+            elif belongs_below(path, rel, folders):
+                problems.append(f"{shown}: imports of tests/{rel}/'s room only what starts a run ({', '.join(DRIVERS)})"
+                                f"; it tests the room below: move it to tests/{belongs_below(path, rel, folders)}/")
     return problems
 
 
@@ -128,7 +151,9 @@ def test_every_test_file_sits_in_the_room_it_tests():
 
 
 def test_a_test_file_filed_in_another_room_is_found(tmp_path, monkeypatch):
-    """The check itself: a checkpoint test filed under tests/data/ and a folder that is no room are named."""
+    """The check itself: a checkpoint test filed under tests/data/, a folder that is no room, and a precision test
+    that trains through the loop filed in tests/trainer/ (as five were before issue 45) are named; one that tests
+    the Trainer with fp16, or declares its room, is not."""
     fake = tmp_path / "tests"
     for rel, text in {"data/test_ok.py": "from shardtrain.data.dictionary import Dictionary\n",
                       "data/test_stray.py": "from shardtrain.trainer.checkpoint.names import x\n",
@@ -137,6 +162,14 @@ def test_a_test_file_filed_in_another_room_is_found(tmp_path, monkeypatch):
                       "trainer/test_stray2.py": "import shardtrain.trainer.checkpoint.names\n",
                       "nowhere/test_x.py": "import shardtrain.data\n",
                       "plot/test_declared.py": 'TESTS_ROOM = "shardtrain.plot"\n',
+                      "trainer/precision/test_p.py": "from shardtrain.trainer.precision import fp16\n",
+                      "trainer/test_amp_run.py": "from shardtrain.trainer.loop import train\n"
+                                                 "from shardtrain.trainer.precision.fp16 import build_scaler\n",
+                      "trainer/test_amp_step.py": "from shardtrain.trainer.trainer import Trainer\n"
+                                                  "from shardtrain.trainer.precision.fp16 import build_scaler\n",
+                      "trainer/test_amp_declared.py": "from shardtrain.trainer.loop import train\n"
+                                                      "from shardtrain.trainer.precision import fp16\n"
+                                                      'TESTS_ROOM = "shardtrain.trainer.loop"\n',
                       "plot/test_declared_elsewhere.py": 'TESTS_ROOM = "shardtrain.data"\n',
                       "plot/test_declared_nothing.py": 'TESTS_ROOM = "shardtrain.nothing"\n',
                       "helpers/test_h.py": "",
@@ -147,5 +180,7 @@ def test_a_test_file_filed_in_another_room_is_found(tmp_path, monkeypatch):
     found = misplaced()
     assert [line.split(":")[0] for line in found] == [
         "tests/data/test_stray.py", "tests/helpers/test_h.py", "tests/nowhere/test_x.py",
-        "tests/plot/test_declared_elsewhere.py", "tests/plot/test_declared_nothing.py", "tests/trainer/test_stray2.py"]
+        "tests/plot/test_declared_elsewhere.py", "tests/plot/test_declared_nothing.py", "tests/trainer/test_amp_run.py",
+        "tests/trainer/test_stray2.py"]
     assert "move it to tests/trainer/checkpoint/" in found[0] and "move it to tests/data/" in found[3]
+    assert "move it to tests/trainer/precision/" in found[5]

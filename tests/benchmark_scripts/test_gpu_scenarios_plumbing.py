@@ -98,7 +98,7 @@ def test_skipped_updates_are_counted_from_what_shard_train_logs(data_bin, tmp_pa
 
 
 def test_the_host_memory_and_the_peak_are_shardtrains(monkeypatch):
-    # cgroup-aware (tests/trainer/test_host_memory.py), where /proc/meminfo's MemAvailable is not
+    # cgroup-aware (tests/trainer/memory/test_host_memory.py), where /proc/meminfo's MemAvailable is not
     assert scenarios.host_available_bytes is memory_fit.host_available_bytes
     monkeypatch.setattr(scenarios, "host_available_bytes", lambda: 100 * 2 ** 30)  # a 100 GiB container
     assert scenarios.largest_fitting_arch()[0] == "transformer_lm_gpt3_2_7"  # 54 GB of 80 GiB, not 6.7B's 134

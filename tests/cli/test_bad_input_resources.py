@@ -112,7 +112,7 @@ def test_an_address_space_too_small_to_import_torch_is_refused_before_the_import
 
 def test_a_cgroup_too_full_to_import_torch_is_refused(monkeypatch):
     from shardtrain.cli import memory_floor
-    from shardtrain.trainer import host_memory
+    from shardtrain.trainer.memory import host_memory
 
     monkeypatch.setattr(host_memory, "cgroup_headrooms", lambda: [(100 * 2 ** 20, "memory.max 1 GiB of /job")])
     assert memory_floor.refusal().startswith("this process's memory cgroup leaves 100 MiB free (memory.max 1 GiB "

@@ -2,7 +2,7 @@
 the pre-launch memory check, from the facts on their own class and spec, with no other edit (issue 30).
 
 The model: transformer_lm, 1 layer, width 8, ffn 16, 16 symbols, --tokens-per-sample 16: 856 parameters
-(tests/trainer/test_spike_snapshot_memory.py counts them). The plugin's optimizer keeps an fp32 momentum and
+(tests/trainer/memory/test_spike_snapshot_memory.py counts them). The plugin's optimizer keeps an fp32 momentum and
 an fp16 copy of the gradient: 6 x 856 = 5,136 bytes of state; its spec says 6 bytes and that it steps in CPU
 memory. The plugin's backend says it keeps two copies of every fp32 gradient (2 x 4 x 856 = 6,848 bytes)
 and sends 3 x 4 bytes per parameter per update (10,272)."""

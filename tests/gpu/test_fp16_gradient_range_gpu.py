@@ -1,5 +1,5 @@
 """fp16 gradient range on a GPU (issue 12, item 5): the CPU checks of
-tests/trainer/test_fp16_gradient_range.py with the model on CUDA (CUDA autocast,
+tests/trainer/precision/test_fp16_gradient_range.py with the model on CUDA (CUDA autocast,
 CUDA fp16 kernels), where fp16 training actually runs."""
 import os
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 from conftest import needs_gpus
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "trainer"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "trainer", "precision"))
 from fp16_range_helpers import big_vocab_data_bin  # noqa: E402
 from test_fp16_gradient_range import CASES, PRECISIONS, check_fp16_follows_fp32, check_logit_gradients  # noqa: E402
 

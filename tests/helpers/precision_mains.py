@@ -3,7 +3,7 @@ backend trains 2 updates with a finite loss, its activations in the compute dtyp
 
 Importable by spawned children: one 2-rank spawn runs all the pytorch_ddp and fully_sharded cases
 one after the other on the same process group (each spawn costs seconds); the one-process cases
-run in the test's own process. Shared by tests/trainer/test_precision_matrix_cpu.py (CPU, gloo)
+run in the test's own process. Shared by tests/trainer/precision/test_precision_matrix_cpu.py (CPU, gloo)
 and tests/gpu/test_precision_matrix.py (CUDA).
 
 What is asserted about dtypes, and why it differs by how low precision is applied:

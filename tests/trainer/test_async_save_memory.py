@@ -3,7 +3,7 @@ check and by shard-plan (issue 37, item 1): with the state on the GPU, each rank
 model and optimizer state from its first save to the end of the run, and the ranks of a node share its host
 memory. State already in host memory (--cpu-offload's, cpu_adam's, a CPU run's) is written live, never copied.
 
-The model (as tests/trainer/test_spike_snapshot_memory.py's): transformer_lm, 1 layer, width 8, ffn 16, 16
+The model (as tests/trainer/memory/test_spike_snapshot_memory.py's): transformer_lm, 1 layer, width 8, ffn 16, 16
 symbols: embeddings 16 x 8 = 128, output projection 128, the layer 600 (q/k/v 3 x (64 + 8) = 216, out 64 + 8,
 two layer norms 2 x 16, fc1 128 + 16, fc2 128 + 8): 856 parameters. fully_sharded over 2 ranks in fp32 with
 Adam: each rank holds 856 x 4 / 2 = 1,712 bytes of parameters and 856 x 8 / 2 = 3,424 of moments, so each

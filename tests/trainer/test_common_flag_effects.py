@@ -13,6 +13,8 @@ from shardtrain.trainer.precision.fp16 import build_scaler
 from st_testutils import json_records, tiny_model_flags
 from small_trainer import blocks, data_bin, make_trainer, params  # noqa: F401 (data_bin is a fixture)
 
+TESTS_ROOM = "shardtrain.trainer.loop"  # [common] flags of several rooms, each seen in a run of the loop
+
 
 @pytest.mark.slow
 @pytest.mark.flag_effect("--seed")

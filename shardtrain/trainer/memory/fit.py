@@ -28,7 +28,7 @@ from typing import Dict, Optional
 import torch
 
 from shardtrain.core.errors import ConfigError
-from shardtrain.trainer.host_memory import host_memory
+from shardtrain.trainer.memory.host_memory import host_memory
 from shardtrain.trainer.run_facts import RunFacts
 from shardtrain.trainer.memory.model_sizes import model_sizes
 from shardtrain.trainer.memory.pinned import pinned_rounding
@@ -56,7 +56,7 @@ def estimate(cfg, components: Components, task, facts: RunFacts, device_type: st
 
 def host_available_bytes(root: str = "/") -> int:
     """The host memory this process may still use: MemAvailable, or less under a cgroup memory limit
-    (trainer/host_memory.py); ``root``: where /proc and /sys are (tests)."""
+    (memory/host_memory.py); ``root``: where /proc and /sys are (tests)."""
     return host_memory(root).available
 
 

@@ -42,26 +42,15 @@ from shardtrain.trainer.parallel.host_norms import local_norms
 logger = logging.getLogger(__name__)
 
 
-def build_step_in_backward(cfg, backend, optimizer, params, precision, clock=None,
-                           before_stepping=None) -> Optional["StepInBackward"]:
-    """The run's :class:`StepInBackward`, or None where the optimizer steps after backward (and why, said
-    once where the user may have expected otherwise). ``clock``: a trainer/offload_times.StepClock the worker
-    adds its work and waits to; ``before_stepping``: what the worker calls before its first step of an update
-    (the trainer's: wait until a background save's write of the live state has landed)."""
-    if not backend.shards_parameters or not getattr(optimizer, "steps_on_host", False):
-        return None
-    when = cfg.distributed.cpu_step
-    if when == "after-backward":
-        logger.info("--cpu-step after-backward: the optimizer steps after backward")
-        return None
-    if when == "auto" and backend.device.type == "cpu":
-        # Measured (docs/precision_and_memory.md): a 4 x 512 transformer_lm, fully_sharded on this 2-core machine,
-        # 0.46-0.49 s an update stepping during backward, 0.42 s after it: the worker competes with backward for
-        # the cores, where on an accelerator it takes cores backward leaves idle.
-        logger.info("the optimizer steps after backward: on a CPU run backward computes on the same cores "
-                    "(--cpu-step during-backward steps during it all the same)")
-        return None
-    why = StepInBackward.unsupported(optimizer, params)
+def build_step_in_backward(cfg, backend, optimizer, params, precision, clock=None, before_stepping=None,
+                           after_because: Optional[str] = None) -> Optional["StepInBackward"]:
+    """The run's :class:`StepInBackward`, or None where the optimizer steps after backward, said once.
+    ``after_because``: the run's facts' reason to step after backward (``RunFacts.cpu_step_after_backward``, the
+    one decision, which shard-plan prices too), None where they say during it; ``clock``: a
+    trainer/offload_times.StepClock the worker adds its work and waits to; ``before_stepping``: what the worker
+    calls before its first step of an update (the trainer's: wait until a background save's write of the live
+    state has landed)."""
+    why = after_because or StepInBackward.unsupported(optimizer, params)  # the latter: what no fact says
     if why is not None:
         logger.info(f"the optimizer steps after backward, not during it: {why}")
         return None

@@ -1,14 +1,14 @@
 """fp16: compute in float16 from fp32 weights, with a dynamic loss scale (``--fp16``, fairseq's ``--amp``).
 
 The loss is scaled before backward and the gradients unscaled after it; an overflowing update is skipped
-by every rank together and the scale lowered (``shardtrain.trainer.loss_scaler`` holds the policy).
+by every rank together and the scale lowered (``shardtrain.trainer.precision.loss_scaler`` holds the policy).
 """
 from typing import Optional
 
 import torch
 
 from shardtrain.config.epoch_lists import first
-from shardtrain.trainer.loss_scaler import DynamicLossScaler
+from shardtrain.trainer.precision.loss_scaler import DynamicLossScaler
 from shardtrain.trainer.precision.component import Precision
 from shardtrain.trainer.precision.registry import PrecisionKind, register_precision
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from shardtrain.data.collate import collate
-from shardtrain.trainer.loss_scaler import DynamicLossScaler, MinimumLossScaleError
+from shardtrain.trainer.precision.loss_scaler import DynamicLossScaler, MinimumLossScaleError
 from shardtrain.trainer.precision.component import Precision
 from shardtrain.trainer.precision.diverged import TrainingDivergedError
 from shardtrain.trainer.precision.fp16 import build_scaler

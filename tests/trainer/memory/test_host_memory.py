@@ -8,7 +8,7 @@ import pytest
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.memory import fit as memory_fit
-from shardtrain.trainer.host_memory import host_memory
+from shardtrain.trainer.memory.host_memory import host_memory
 from shardtrain.trainer.memory.fit import check_fits, host_available_bytes
 from shardtrain.trainer.memory.rank_memory import RankMemory
 

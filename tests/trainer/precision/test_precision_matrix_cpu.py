@@ -10,6 +10,8 @@ import pytest
 
 from precision_mains import assert_all_trained, make_data_bin, run_matrix
 
+TESTS_ROOM = "shardtrain.trainer.precision"  # it drives training runs: its imports cannot say which room it tests
+
 # every test here starts a process, a multi-rank group or a training run; its ranks are warm ones (kept alive
 # across tests, tests/helpers/warm_ranks.py): what the ranks do is the subject here, not how they start
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_ranks")]

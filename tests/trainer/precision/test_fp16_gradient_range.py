@@ -135,7 +135,7 @@ def test_memory_efficient_fp16_unscales_inside_the_optimizer(optimizer):
     from shardtrain.optim.adafactor import Adafactor
     from shardtrain.optim.cpu_adam import CPUAdam
     from shardtrain.trainer.parallel.base import Backend
-    from shardtrain.trainer.loss_scaler import DynamicLossScaler
+    from shardtrain.trainer.precision.loss_scaler import DynamicLossScaler
     from shardtrain.trainer.precision.memory_efficient_fp16 import MemoryEfficientFP16Precision
 
     generator = torch.Generator().manual_seed(0)

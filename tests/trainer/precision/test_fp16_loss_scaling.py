@@ -7,6 +7,8 @@ from shardtrain.trainer.launch.start import call_main
 from fp16_mains import LOSS_INF_AT, SHARD_INF_AT, train_with_injected_overflows
 from st_testutils import make_space_data_bin
 
+TESTS_ROOM = "shardtrain.trainer.precision"  # it drives training runs: its imports cannot say which room it tests
+
 # every test here starts a process, a multi-rank group or a training run; its ranks are warm ones (kept alive
 # across tests, tests/helpers/warm_ranks.py): what the ranks do is the subject here, not how they start
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_ranks")]
