@@ -61,7 +61,7 @@ MUTANTS += [
     Mutant("run_fit_check_bf16_as_fp32", "the run's own fit check counts activations in the compute dtype's bytes",
            "shardtrain/trainer/memory/fit.py",
            "compute_bytes=facts.dtypes.compute.itemsize if facts.dtypes.compute else 4)", "compute_bytes=4)",
-           ("tests/trainer/test_memory_fit.py::test_the_runs_own_check_counts_bf16_activations_in_two_bytes",)),
+           ("tests/trainer/memory/test_memory_fit.py::test_the_runs_own_check_counts_bf16_activations_in_two_bytes",)),
     Mutant("async_save_stages_the_unsaved_optimizer_state",
            "--async-save --no-save-optimizer-state stages the parameters alone",
            "shardtrain/trainer/run_facts.py", 'return ("params",) if c.no_save_optimizer_state else SAVED_KINDS',

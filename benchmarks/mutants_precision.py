@@ -95,6 +95,6 @@ MUTANTS += [
            "    def step(self, optimizer, backend, params, grad_multiplier):\n"
            "        assert hasattr(optimizer, \"grad_multiplier\"), type(optimizer)\n"
            "        super().step(optimizer, backend, params, grad_multiplier)\n",
-           ("tests/trainer/test_fp16_gradient_range.py::"
+           ("tests/trainer/precision/test_fp16_gradient_range.py::"
             "test_memory_efficient_fp16_steps_an_optimizer_without_a_grad_multiplier",)),
 ]
