@@ -137,4 +137,8 @@ MUTANTS = [
            STEP, "    if not (facts.steps_shards_on_host or facts.state_on_host):",
            "    if not facts.steps_shards_on_host:",
            ("tests/trainer/test_optimizer_step.py::test_the_step_is_chosen_once_per_configuration",)),
+    # issue 45: a NaN update that stops a --clip-norm run left the shards stepped during backward holding NaN
+    Mutant("sib_nan_stop_keeps_the_nan_steps", "a NaN that stops the run leaves every shard as before that update",
+           STEP, "        if self.step_in_backward.keep:  # leave the weights as they were where that is possible",
+           "        if False:", (F + "test_a_nan_update_that_stops_a_clipped_run_leaves_every_shard_as_before_it",)),
 ]

@@ -27,7 +27,7 @@ from shardtrain.plan.estimate import estimate as plan_estimate
 from shardtrain.plan.options import as_given
 from shardtrain.plan.planner import Plan, Planned
 from shardtrain.plan.report import _detail
-from shardtrain.trainer.host_memory import host_memory
+from shardtrain.trainer.memory.host_memory import host_memory
 from shardtrain.trainer.memory import fit as memory_fit
 from shardtrain.trainer.memory.fit import check_fits, check_run_fits, estimate, memory_needs
 from shardtrain.trainer.memory.pinned import pinned_block, shard_bytes

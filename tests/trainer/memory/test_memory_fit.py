@@ -9,7 +9,7 @@ from shardtrain.config.run_config import parse_train_args
 from shardtrain.config.components import resolve
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.resolved import Components, build_model, build_task
-from shardtrain.trainer.host_memory import host_memory
+from shardtrain.trainer.memory.host_memory import host_memory
 from shardtrain.trainer.memory import fit as memory_fit
 from shardtrain.trainer.memory.fit import check_fits, check_run_fits, estimate, memory_needs
 from shardtrain.trainer.memory.model_sizes import _meta_sizes, model_sizes

@@ -25,7 +25,8 @@ from shardtrain.optim.cpu_adam import CPUAdam
 from shardtrain.trainer.parallel.base import unwrap
 from small_trainer import blocks, make_trainer
 from st_testutils import make_space_data_bin
-from step_in_backward_mains import compare_case, counting_step_one, local_state
+from step_in_backward_mains import ScaledLoss, compare_case, counting_step_one, local_state
+from shardtrain.trainer.precision.diverged import TrainingDivergedError
 
 CALLS = 20
 CLIP = 10.0  # the unscaled runs' gradient norms are 0.4..1.8; x100 they are 40..180
@@ -234,6 +235,29 @@ def test_an_error_in_backward_undoes_the_shards_already_stepped(one_rank_group, 
     after = list(local_state(trainer).values())  # in trainer.params' order
     for (name, tensors), restored in zip(before.items(), after):
         assert all(torch.equal(x, y) for x, y in zip(tensors, restored)), name
+
+
+@pytest.mark.parametrize("flags", [["--clip-norm", str(CLIP)], ["--clip-norm", str(CLIP), "--bf16"]])
+def test_a_nan_update_that_stops_a_clipped_run_leaves_every_shard_as_before_it(one_rank_group, data_bin, flags):
+    """A NaN loss with --clip-norm (copies kept) and no --skip-nan-updates stops the run; the shards the worker
+    stepped during that backward, and their Adam state, are put back bit for bit: the save the loop makes next,
+    or a resume from memory, must not hold NaN (issue 45: they did, by a mutation run)."""
+    trainer, task = make_trainer(data_bin, "--ddp-backend", "fully_sharded", "--optimizer", "cpu_adam",
+                                 "--decoder-layers", str(BLOCKS), *flags, *DURING)
+    batch = [collate(blocks(task, range(4)), task.dictionary.pad())]
+    trainer.train_step(batch)
+    before = local_state(trainer)
+    assert all(torch.isfinite(t[0]).all() for t in before.values())
+    trainer.criterion = ScaledLoss(trainer.criterion)
+    trainer.criterion.scale = float("nan")
+    with counting_step_one() as counts, pytest.raises(TrainingDivergedError, match="NaN/inf at update 2"):
+        trainer.train_step(batch)
+    assert counts["worker"] == len(trainer.params)  # every shard was stepped during backward, then undone
+    after = local_state(trainer)
+    assert list(after) == list(before)
+    for name in before:
+        for part, x, y in zip(("param", "exp_avg", "exp_avg_sq", "step"), before[name], after[name]):
+            assert (x is None and y is None) or torch.equal(x, y), f"{name}.{part}"
 
 
 class _Failing(torch.autograd.Function):

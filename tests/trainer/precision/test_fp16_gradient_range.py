@@ -162,7 +162,7 @@ def test_memory_efficient_fp16_steps_an_optimizer_without_a_grad_multiplier():
     """A plugin optimizer registered with supports_memory_efficient_fp16=True (docs/plugins.md) need not apply
     the multiplier itself: its fp16 gradients are unscaled in place first, as fairseq's are (red team 4.6)."""
     from shardtrain.trainer.parallel.base import Backend
-    from shardtrain.trainer.loss_scaler import DynamicLossScaler
+    from shardtrain.trainer.precision.loss_scaler import DynamicLossScaler
     from shardtrain.trainer.precision.memory_efficient_fp16 import MemoryEfficientFP16Precision
 
     p16 = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float16))
