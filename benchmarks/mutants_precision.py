@@ -97,4 +97,10 @@ MUTANTS += [
            "        super().step(optimizer, backend, params, grad_multiplier)\n",
            ("tests/trainer/precision/test_fp16_gradient_range.py::"
             "test_memory_efficient_fp16_steps_an_optimizer_without_a_grad_multiplier",)),
+    # issue 45: a checkpoint resumed under another precision (no test resumed across precisions)
+    Mutant("fp16_resume_needs_a_scaler", "an fp32 or bf16 checkpoint resumes under --fp16 with a fresh loss scaler",
+           T + "precision/fp16.py", '        if "loss_scaler" in state:  # absent in checkpoints from fp32/bf16 runs',
+           '        if True:  # absent in checkpoints from fp32/bf16 runs',
+           ("tests/trainer/checkpoint/test_resume_other_precision.py::"
+            "test_a_checkpoint_resumes_under_another_precision_with_that_precisions_state",)),
 ]
