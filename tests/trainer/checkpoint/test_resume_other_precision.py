@@ -8,6 +8,8 @@ import pytest
 from shardtrain.cli import train
 from st_testutils import json_records, last_checkpoint_state, make_space_data_bin, tiny_model_flags
 
+TESTS_ROOM = "shardtrain.trainer.checkpoint"  # it drives training runs: its imports cannot say which room it tests
+
 pytestmark = pytest.mark.slow  # training runs, in this process
 FLAGS = {"fp32": [], "bf16": ["--bf16"], "fp16": ["--fp16", "--fp16-init-scale", "64"]}
 
