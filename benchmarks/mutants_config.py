@@ -8,6 +8,7 @@ LISTS = "tests/optim/test_optim_epoch_lists.py"
 AMP = "tests/trainer/precision/test_amp_flag.py"
 HYDRA = "tests/cli/test_hydra_train.py::"
 KEYS = "tests/config/test_hydra_keys.py::"
+MEMO = "tests/config/test_hydra_store_memo.py::"
 
 MUTANTS = [
     Mutant("epoch_lists_not_normalized", "one typed representation: --lr/--update-freq are lists in every config",
@@ -75,4 +76,15 @@ MUTANTS = [
     Mutant("skip_nan_refusal_names_every_scaled_flag", "--skip-nan-updates under --fp16 names --fp16 alone",
            "shardtrain/config/checks.py", "{_typed(c) or _flags_of('loss_scaled')}", "{_flags_of('loss_scaled')}",
            ("tests/config/test_refusals_name_typed_flags.py::test_skip_nan_updates_under_fp16_names_fp16_alone",)),
+    Mutant("hydra_store_memo_ignores_a_new_registration", "the store's nodes follow a name registered again",
+           "shardtrain/config/hydra_store.py", "if built is not None and built[0] == made_from:",
+           "if built is not None:", (MEMO + "test_a_second_fill_reuses_the_nodes_and_follows_a_changed_registration",)),
+    Mutant("hydra_store_memo_trusts_a_changed_store", "an option the store lost is stored again",
+           "shardtrain/config/hydra_store.py",
+           'if last is not None and last[0] is node and store.repo.get(group, {}).get(f"{name}.yaml") is last[1]:',
+           "if last is not None and last[0] is node:",
+           (MEMO + "test_a_second_fill_reuses_the_nodes_and_follows_a_changed_registration",)),
+    Mutant("hydra_store_memo_off", "a second fill reuses the stored nodes",
+           "shardtrain/config/hydra_store.py", "    if last is not None and last[0] is node and", "    if False and",
+           (MEMO + "test_a_second_fill_reuses_the_nodes_and_follows_a_changed_registration",)),
 ]
