@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_data import random_data_bin  # noqa: E402
 
 from shardtrain.models import init as init_mod  # noqa: E402
-from shardtrain.models import positions, transformer_layer, transformer_lm  # noqa: E402
+from shardtrain.models import positions  # noqa: E402
+from shardtrain.models.transformer_lm import layer as transformer_layer, model as transformer_lm  # noqa: E402
 
 ARCH, WORLD, VOCAB = "transformer_lm_gpt3_13", 8, 50_000
 TARGET_S = 20.0  # rank 0 holds 1/8 of 13B (1.6B elements); ~100M elements/s drawn, plus slack

@@ -11,7 +11,7 @@ TASK = "tests/trainer/test_task_flags.py::"
 RUN = "tests/trainer/test_run_control_flags.py::"
 SCHED = "shardtrain/optim/lr_scheduler/"
 OPTIMIZERS = "shardtrain/optim/optimizers.py"
-LM = "shardtrain/models/transformer_lm.py"
+LM = "shardtrain/models/transformer_lm/model.py"
 
 MUTANTS = [
     # lr schedulers

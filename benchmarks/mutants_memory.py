@@ -67,4 +67,8 @@ MUTANTS += [
            "shardtrain/trainer/run_facts.py", 'return ("params",) if c.no_save_optimizer_state else SAVED_KINDS',
            "return SAVED_KINDS",
            (ASYNC + "test_without_the_optimizer_state_only_the_parameters_are_staged",)),
+    Mutant("meta_sizes_ignore_the_tasks_batch", "the memory check's activations come from the task's own batch",
+           "shardtrain/trainer/memory/model_sizes.py", "task.dummy_batch(1, length, device=\"meta\")",
+           "type(task).__mro__[-2].dummy_batch(task, 1, length, device=\"meta\")",
+           ("tests/trainer/memory/test_meta_sizes_task_batch.py",)),
 ]

@@ -129,5 +129,8 @@ MUTANTS = [
     Mutant("plan_verify_bug_whole_traceback", "a rank's bug is told by its traceback's last line",
            MEASURE, 'return f"rank {error.rank}: {lines[-1]}"', "return str(error)",
            (VERIFY + "test_a_bug_in_a_measuring_rank_is_told_by_its_last_line",)),
+    Mutant("trace_ignores_the_tasks_batch", "shard-plan traces the task's own batch (task.dummy_batch)",
+           "shardtrain/plan/trace.py", "task.dummy_batch(*batch_shape(cfg, task))",
+           "type(task).__mro__[-2].dummy_batch(task, *batch_shape(cfg, task))",
+           ("tests/plan/test_trace_task_batch.py",)),
 ]
-

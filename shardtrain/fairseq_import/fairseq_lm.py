@@ -4,7 +4,7 @@ The model flags come from the checkpoint's own config (fairseq 0.10+:
 ``cfg['model']``/``cfg['task']``; older: the flat ``args`` namespace), which
 holds the values after fairseq applied the architecture preset, so every field
 is set explicitly here and our presets play no part. Weight names map as
-listed in ``models/transformer_lm.py``; positions need no conversion, since
+listed in ``models/transformer_lm/model.py``; positions need no conversion, since
 ours are numbered from ``padding_idx + 1`` exactly as fairseq's.
 """
 import argparse

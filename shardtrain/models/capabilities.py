@@ -1,13 +1,23 @@
 """What shardtrain may ask of a model beyond what every model must have, and the default when it
 does not say: the one place the trainer, the planner and the inference commands ask.
 
-Every model (registered with ``register_model``) must have ``build_model(cls, cfg, task)`` and
-``forward(src_tokens)`` returning logits ``[batch, time, vocab]``. Everything below is optional;
-docs/plugins.md describes each, and tests/models/test_capabilities.py holds the table to it.
+Every model (registered with ``register_model``) must have ``build_model(cls, cfg, task)`` and a
+``forward`` that takes its task's ``net_input`` as keywords (``model(**sample["net_input"])``, as in
+fairseq) and returns logits ``[batch, time, vocab]``: ``src_tokens`` always, and whatever else the task
+puts there (positions, a document mask). Everything below is optional; docs/plugins.md describes each,
+and tests/models/test_capabilities.py holds the table to it.
 """
-from typing import Optional
+import functools
+import inspect
+from typing import Dict, FrozenSet, Optional
 
 from torch import nn
+
+from shardtrain.core.errors import ConfigError
+
+# What a task may give that a model is free not to take: fairseq's models take src_lengths, and most ignore
+# it, so a forward(src_tokens) written for an older shardtrain still runs.
+IGNORABLE_INPUTS = ("src_lengths",)
 
 # name -> what a model without it gets (docs/plugins.md lists the same)
 DEFAULTS = {
@@ -19,6 +29,48 @@ DEFAULTS = {
     "blocks": "FSDP wraps units of --min-params-to-wrap parameters; --checkpoint-activations and --compile refuse",
     "repeated_layers_field": "the memory check and shard-plan build the whole model on the meta device",
 }
+
+
+def forward_inputs(model: nn.Module, net_input: Dict) -> Dict:
+    """The keywords ``model(**...)`` gets from a task's ``net_input``: all of it, less the inputs the model's
+    forward does not take and may go without; an input it does not take and may not go without (a document
+    mask) is refused, since the model would silently compute something else."""
+    taken = _taken_inputs(_inner(model))
+    if taken is None:
+        return dict(net_input)
+    refused = [k for k in net_input if k not in taken and k not in IGNORABLE_INPUTS]
+    if refused:
+        model_cls = type(_inner(model)).__name__
+        raise ConfigError(
+            f"The task gives the model {', '.join(refused)}, which {model_cls}.forward does not take "
+            f"(it takes {', '.join(sorted(taken)) or 'nothing by name'}). Use a model that takes "
+            f"{'them' if len(refused) > 1 else 'it'}, or drop the task option that adds "
+            f"{'them' if len(refused) > 1 else 'it'}.")
+    return {k: v for k, v in net_input.items() if k in taken}
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    """The model a wrapper forwards to: DDP's ``module``, torch.compile's ``_orig_mod`` (FSDP2 keeps the
+    model's own class and forward)."""
+    while _taken_inputs(model) is None:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
+    return model
+
+
+@functools.lru_cache(maxsize=None)
+def _taken_by_class(model_cls: type) -> Optional[FrozenSet[str]]:
+    params = list(inspect.signature(model_cls.forward).parameters.values())[1:]  # after self
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None  # takes anything
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _taken_inputs(model: nn.Module) -> Optional[FrozenSet[str]]:
+    """The keywords ``model``'s forward takes, None when it takes any (``**kwargs``)."""
+    return _taken_by_class(type(model))
 
 
 def max_positions(model: nn.Module) -> Optional[int]:

@@ -128,8 +128,8 @@ def _trace_on(cfg, task, sizes: "many_ranks.TraceSizes"):
                 model.to_empty(device=backend.device)
             params = [p for p in model.parameters() if p.requires_grad]
             optimizer = build.build_optimizer(cfg, components, params, backend.optimizer_device)
-            peak = _peak_of_two_updates(model, optimizer, criterion, precision, _fake_sample(
-                *batch_shape(cfg, task), len(task.dictionary)))
+            peak = _peak_of_two_updates(model, optimizer, criterion, precision,
+                                        task.dummy_batch(*batch_shape(cfg, task)))
     out = dict(EMPTY)
     for kind, size in peak.items():
         if kind != "Total":
@@ -155,13 +155,6 @@ def _peak_of_two_updates(model, optimizer, criterion, precision, sample) -> Dict
 
 def _no_values() -> None:
     """A traced model's init_weights."""
-
-
-def _fake_sample(sequences: int, length: int, vocab: int) -> Dict:
-    tokens = torch.randint(4, max(5, vocab), (sequences, length))
-    return {"id": torch.arange(sequences), "nsentences": sequences, "ntokens": sequences * length,
-            "net_input": {"src_tokens": tokens, "src_lengths": torch.full((sequences,), length)},
-            "target": torch.randint(4, max(5, vocab), (sequences, length))}
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ and register with ``@register_task("name", dataclass=Cfg)``.
 """
 from typing import Dict, Optional, Set
 
+import torch
 from torch import nn
 
 from shardtrain.data.batching import batch_by_size, ordered_indices
@@ -50,6 +51,20 @@ class Task:
                                 required_batch_size_multiple=required_batch_size_multiple)
         return EpochBatchIterator(dataset, self.collater, batches, seed=seed, num_shards=num_shards,
                                   shard_id=shard_id, epoch=epoch, shuffle=shuffle)
+
+    def dummy_batch(self, sequences: int, length: int, device=None) -> Dict:
+        """A batch of ``sequences`` x ``length`` made-up tokens shaped as this task's batches are: what
+        shard-plan traces on fake tensors and the memory check runs on the meta device. This one is a
+        language model's (``net_input``: ``src_tokens`` and ``src_lengths``; ``target``: next tokens); a
+        task whose batches hold more (positions, a document mask) gives them here too."""
+        dictionary = getattr(self, "source_dictionary", None)
+        vocab = max(5, len(dictionary)) if dictionary is not None else 5
+        tokens = torch.randint(4, vocab, (sequences, length), device=device)  # above fairseq's 4 specials
+        return {"id": torch.arange(sequences, device=device), "nsentences": sequences,
+                "ntokens": sequences * length,
+                "net_input": {"src_tokens": tokens,
+                              "src_lengths": torch.full((sequences,), length, device=device)},
+                "target": torch.randint(4, vocab, (sequences, length), device=device)}
 
     def fingerprint(self) -> Dict[str, str]:
         """What a checkpoint must match to be used with this task's data (its

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from shardtrain.core.fields import field
+from shardtrain.models.capabilities import forward_inputs
 from shardtrain.tasks.registry import register_criterion
 
 LN2 = math.log(2)
@@ -27,7 +28,7 @@ class Criterion:
 
     def __call__(self, model, sample):
         """-> (summed loss tensor, sample_size, logging_output of detached tensors/ints)."""
-        logits = model(sample["net_input"]["src_tokens"])
+        logits = model(**forward_inputs(model, sample["net_input"]))
         loss, extra = self.compute_loss(logits, sample["target"])
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {"loss": loss.detach(), "ntokens": sample["ntokens"],
@@ -136,7 +137,8 @@ class AdaptiveLossCriterion(Criterion):
 
     def __call__(self, model, sample):
         target = sample["target"]
-        (head, *tails), (head_target, *tail_targets) = model(sample["net_input"]["src_tokens"], target=target)
+        inputs = forward_inputs(model, sample["net_input"])
+        (head, *tails), (head_target, *tail_targets) = model(**inputs, target=target)
         loss = F.cross_entropy(head.float(), head_target, ignore_index=self.padding_idx, reduction="sum")
         for part, part_target in zip(tails, tail_targets):
             loss = loss + F.cross_entropy(part.float(), part_target, reduction="sum")

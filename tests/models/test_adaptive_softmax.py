@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from shardtrain.core.errors import ConfigError
-from shardtrain.models.adaptive import AdaptiveInput
+from shardtrain.models.transformer_lm.adaptive import AdaptiveInput
 from shardtrain.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 from shardtrain.tasks.criterions import AdaptiveLossCriterion
 

@@ -294,8 +294,8 @@ def test_build_model_reads_the_task():
 
 def test_model_files_import_nothing_distributed():
     import shardtrain.models.positions as positions
-    import shardtrain.models.transformer_layer as layer
-    import shardtrain.models.transformer_lm as lm
+    import shardtrain.models.transformer_lm.layer as layer
+    import shardtrain.models.transformer_lm.model as lm
 
     for module in (lm, layer, positions):
         with open(module.__file__) as source:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from shardtrain.models.capabilities import forward_inputs
 from shardtrain.trainer.memory.layers import layer_split
 from shardtrain.trainer.resolved import Components
 
@@ -45,7 +46,7 @@ def _meta_sizes(model_cls, model_cfg, task, length: Optional[int] = None) -> Tup
     """``length``: count the activations of one sequence this long (None: not counted)."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"):  # the RNG as it was, for the run
         model = task.build_model(model_cls, model_cfg)
-        activations = _saved_bytes(model, length) if length else 0
+        activations = _saved_bytes(model, task, length) if length else 0
     return (sum(p.numel() for p in model.parameters()),
             sum(b.numel() * b.element_size() for b in model.buffers()), len(list(model.parameters())), activations)
 
@@ -68,8 +69,9 @@ class _FusedAttention(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _saved_bytes(model, length: int) -> int:
-    """Bytes autograd keeps from the forward of one ``length``-token sequence on the meta model (attention
+def _saved_bytes(model, task, length: int) -> int:
+    """Bytes autograd keeps from the forward of one ``length``-token sequence of the task's dummy batch on the
+    meta model (attention
     as the fused kernels keep it: _FusedAttention): each saved tensor's storage once, parameters left out.
     A model that cannot run on meta or takes other inputs (a plugin's) counts 0."""
     params = {id(p) for p in model.parameters()}
@@ -84,7 +86,7 @@ def _saved_bytes(model, length: int) -> int:
     model.eval()
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention():
-            model(torch.zeros(1, length, dtype=torch.long, device="meta"))
+            model(**forward_inputs(model, task.dummy_batch(1, length, device="meta")["net_input"]))
     except Exception as e:  # noqa: BLE001 - any failure only means the activations go uncounted
         logger.info(f"activations not estimated: the model's forward could not run on the meta device ({e})")
         return 0

@@ -64,7 +64,7 @@ def apply_activation_checkpointing(model: nn.Module, every: int, offload: bool,
         raise ConfigError(
             f"--checkpoint-activations checkpoints each of the model's repeated blocks, but "
             f"{type(model).__name__} has no `blocks` attribute (an nn.ModuleList of its transformer layers). "
-            "Add one (see shardtrain/models/transformer_lm.py) or drop --checkpoint-activations and "
+            "Add one (see shardtrain/models/transformer_lm/model.py) or drop --checkpoint-activations and "
             "--offload-activations.")
     if every < 1:
         raise ConfigError(f"--checkpoint-activations-every must be at least 1 (got {every}).")

@@ -29,7 +29,7 @@ def apply_compile(model: nn.Module) -> int:
     if blocks is None:
         raise ConfigError(
             f"--compile compiles each of the model's repeated blocks, but {type(model).__name__} has no `blocks` "
-            "attribute (an nn.ModuleList of its layers). Add one (see shardtrain/models/transformer_lm.py) or drop "
+            "attribute (an nn.ModuleList of its layers). Add one (see shardtrain/models/transformer_lm/model.py) or drop "
             "--compile.")
     # Inductor draws dropout masks from its own generator unless told to use eager's: with this, a
     # compiled run draws the masks an eager run draws (same seed, same masks), so compiled and eager

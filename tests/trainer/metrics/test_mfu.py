@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from shardtrain.cli import train
 from shardtrain.models.transformer_lm import TransformerLanguageModel
-from shardtrain.models.transformer_lm_config import TransformerLanguageModelConfig
+from shardtrain.models.transformer_lm.config import TransformerLanguageModelConfig
 from shardtrain.trainer.metrics import flops
 from st_testutils import json_records, make_space_data_bin, tiny_model_flags
 

@@ -39,7 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shardtrain.core.errors import ConfigError
-from shardtrain.models.adaptive import AdaptiveInput, AdaptiveSoftmax, parse_cutoff
+from shardtrain.models.transformer_lm.adaptive import AdaptiveInput, AdaptiveSoftmax, parse_cutoff
 from shardtrain.models.flops import decoder_flops_per_token
 from shardtrain.models.init import init_
 from shardtrain.models.layerdrop import LayerDrop
@@ -50,8 +50,8 @@ from shardtrain.models.positions import (
     make_positions,
 )
 from shardtrain.models.registry import register_model
-from shardtrain.models.transformer_layer import KVCache, TransformerDecoderBlock
-from shardtrain.models.transformer_lm_config import (
+from shardtrain.models.transformer_lm.layer import KVCache, TransformerDecoderBlock
+from shardtrain.models.transformer_lm.config import (
     TransformerLanguageModelConfig,
     check_config,
     io_dims,

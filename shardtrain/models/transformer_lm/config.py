@@ -4,8 +4,8 @@ from typing import Optional
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.core.fields import field
-from shardtrain.models.adaptive import adaptive_checks
-from shardtrain.models.transformer_layer import ACTIVATION_FNS
+from shardtrain.models.transformer_lm.adaptive import adaptive_checks
+from shardtrain.models.transformer_lm.layer import ACTIVATION_FNS
 
 
 @dataclasses.dataclass
