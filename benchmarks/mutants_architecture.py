@@ -96,4 +96,8 @@ MUTANTS = [
            T + "parallel/choose.py", "from shardtrain.trainer.parallel import ddp  # noqa: F401\n",
            "from shardtrain.trainer.parallel import ddp  # noqa: F401\nimport shardtrain.trainer.parallel.ddp  # noqa\n",
            ("tests/architecture/test_component_files.py::test_each_built_in_is_its_file_and_one_import_line_in_its_chooser",)),
+    Mutant("family_field_named_outside_models", "nothing outside models/ names a model family's config fields",
+           "shardtrain/cli/import_fairseq.py", 'f"{len(task.source_dictionary)} symbols"',
+           'f"{cfg.model.decoder_layers} layers, {len(task.source_dictionary)} symbols"',
+           ("tests/architecture/test_model_fields_stay_in_models.py",)),
 ]

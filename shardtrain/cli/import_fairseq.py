@@ -61,8 +61,9 @@ def main(argv):
     updates = num_updates(state)
     with atomic_open(args.output) as f:
         torch.save(checkpoint, f)
-    logger.info(f"wrote {args.output}: fairseq transformer_lm ({cfg.model.decoder_layers} layers, "
-                f"{cfg.model.decoder_embed_dim} dims, {len(task.source_dictionary)} symbols"
+    weights = sum(t.numel() for t in checkpoint["model"].values() if t.is_floating_point())
+    logger.info(f"wrote {args.output}: fairseq transformer_lm ({weights / 1e6:.1f}M weights, "
+                f"{len(task.source_dictionary)} symbols"
                 + (f", {updates} updates" if updates is not None else "") + ")")
     return args.output
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from shardtrain.fairseq_import.fairseq_lm import convert_weights, to_shardtrain
+from shardtrain.fairseq_import.fairseq_lm import to_shardtrain
+from shardtrain.models.transformer_lm.fairseq_checkpoint import convert_weights
 from shardtrain.fairseq_import.fairseq_pickle import FairseqStandIn, RestrictedUnpickler
 from shardtrain.cli import import_fairseq, train, validate
 from shardtrain.config.run_config import from_dict

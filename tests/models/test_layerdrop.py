@@ -64,7 +64,7 @@ def test_relu_dropout_is_fairseqs_fallback_for_activation_dropout():
 
 
 def test_fairseq_import_keeps_the_layerdrop_of_the_checkpoint():
-    from shardtrain.fairseq_import.fairseq_lm import model_values
+    from shardtrain.models.transformer_lm.fairseq_checkpoint import model_values
 
     values = model_values({"_name": "transformer_lm", "decoder_layerdrop": 0.2}, {}, "checkpoint.pt")
     assert values["decoder_layerdrop"] == 0.2  # fine-tuning goes on dropping layers, as in fairseq
