@@ -6,7 +6,7 @@ from shardtrain.models.registry import (
     register_model,
     register_model_architecture,
 )
-from shardtrain.models import transformer_lm  # noqa: F401  registers the built-in families
+from shardtrain.models import llama, transformer_lm  # noqa: F401  registers the built-in families
 
 __all__ = [
     "ARCH_REGISTRY",

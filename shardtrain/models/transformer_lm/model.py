@@ -50,7 +50,8 @@ from shardtrain.models.positions import (
     make_positions,
 )
 from shardtrain.models.registry import register_model
-from shardtrain.models.transformer_lm.layer import KVCache, TransformerDecoderBlock
+from shardtrain.models.kv_cache import KVCache
+from shardtrain.models.transformer_lm.layer import TransformerDecoderBlock
 from shardtrain.models.transformer_lm.config import (
     TransformerLanguageModelConfig,
     check_config,

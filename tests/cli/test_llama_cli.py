@@ -1,0 +1,46 @@
+"""``--arch llama*`` and ``--arch qwen3*`` from the command line: the family's flags in --help, its mistakes
+refused in one paragraph (exit 2) before any rank starts and with nothing written."""
+import pytest
+
+from shardtrain.cli import train
+from shardtrain.trainer.launch import start
+from st_testutils import cli_refusal, make_space_data_bin
+
+LLAMA = ["--arch", "llama3_debug", "--decoder-layers", "1", "--decoder-embed-dim", "32",
+         "--decoder-attention-heads", "4", "--tokens-per-sample", "16", "--batch-size", "2"]
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    return make_space_data_bin(str(tmp_path_factory.mktemp("llama_cli")), n_words=6, train_tokens=1000,
+                               valid_tokens=200, line_len=20)
+
+
+@pytest.mark.parametrize("arch", ["llama3_debug", "qwen3_0_6b"])
+def test_help_lists_the_familys_flags(arch, capsys):
+    with pytest.raises(SystemExit) as info:
+        train.main(["--arch", arch, "--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    for flag in ("--decoder-kv-heads", "--decoder-head-dim", "--rope-theta", "--rope-factor", "--rms-norm-eps",
+                 "--qk-norm", "--ffn-dim-multiplier", "--ffn-multiple-of"):
+        assert flag in out, flag
+    assert "--adaptive-softmax-cutoff" not in out  # transformer_lm's, not this family's
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--decoder-kv-heads", "3"], "--decoder-attention-heads (4) must be a multiple of --decoder-kv-heads (3)"),
+    (["--decoder-head-dim", "7"], "the head width (7) must be even and positive"),
+    (["--rope-factor", "0.5"], "--rope-factor must be at least 1 (got 0.5)"),
+    (["--decoder-attention-heads", "5"], "--decoder-embed-dim (32) is not a multiple of --decoder-attention-heads"),
+])
+def test_a_mistake_is_one_paragraph_before_any_rank_starts(flags, said, data_bin, tmp_path, capsys, monkeypatch):
+    def no_rank(*args, **kwargs):
+        raise AssertionError("a rank was started")
+    monkeypatch.setattr(start, "_spawn", no_rank)
+    monkeypatch.setattr(start, "_run_rank", no_rank)
+    save = tmp_path / "save"
+    _, err = cli_refusal(train.main, [data_bin, *LLAMA, "--distributed-world-size", "2", "--save-dir", str(save),
+                                      *flags], capsys)
+    assert "Invalid llama settings" in err and said in err, err
+    assert not save.exists()
