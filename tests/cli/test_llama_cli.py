@@ -44,3 +44,34 @@ def test_a_mistake_is_one_paragraph_before_any_rank_starts(flags, said, data_bin
                                       *flags], capsys)
     assert "Invalid llama settings" in err and said in err, err
     assert not save.exists()
+
+
+@pytest.mark.slow
+def test_a_llama_run_trains_validates_generates_and_composes_in_hydra(data_bin, tmp_path, capsys):
+    """The run's own commands on the family: shard-train (loss falls), shard-validate on its checkpoint (the
+    loss the run logged at its end), shard-generate (greedy, through the KV cache: the same tokens as
+    recomputing), and Hydra's model=llama3_debug giving the flags' config."""
+    from omegaconf import OmegaConf
+
+    from shardtrain.cli import generate, hydra_train, validate
+    from shardtrain.config.run_config import parse_train_args
+    from st_testutils import json_records
+
+    save, log = tmp_path / "ck", str(tmp_path / "train.log")
+    flags = [*LLAMA, "--decoder-kv-heads", "2", "--lr", "0.003", "--lr-scheduler", "fixed", "--max-update", "30", "--log-format", "json",
+             "--log-interval", "1", "--log-file", log, "--threads", "1", "--cpu", "--no-epoch-checkpoints"]
+    train.main([data_bin, *flags, "--save-dir", str(save)])
+    losses = [r["loss"] for r in json_records(log, "train_inner")]
+    assert len(losses) == 30 and sum(losses[-5:]) < sum(losses[:5])
+    logged = json_records(log, "valid")[-1]["valid_loss"]
+    capsys.readouterr()
+    assert validate.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--cpu"])["valid"]["loss"] == \
+        pytest.approx(logged, abs=0.005)  # the log rounds to 2 decimals
+    words = generate.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--prompt", "w1 w2", "--beam", "1",
+                           "--max-len", "6", "--cpu"])
+    assert words
+    cfg = hydra_train.build_config(hydra_train.parse_command_line(
+        ["model=llama3_debug", f"task.data={data_bin}", "model.decoder_layers=1", "model.decoder_kv_heads=2"]))
+    expected = parse_train_args([data_bin, "--arch", "llama3_debug", "--decoder-layers", "1",
+                                 "--decoder-kv-heads", "2"])
+    assert OmegaConf.to_container(cfg.model) == OmegaConf.to_container(expected.model)
