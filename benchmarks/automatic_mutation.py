@@ -28,10 +28,23 @@ TARGET = 0.80  # mutmut's changes include log wording and equivalent rewrites: n
 MODULES = {
     "pinned": ("shardtrain/trainer/memory/pinned.py", ["tests/trainer/test_step_copies_and_pinned_memory.py"]),
     "host_norms": ("shardtrain/trainer/parallel/host_norms.py", ["tests/trainer/parallel/test_host_norms.py"]),
+    "foreign": ("shardtrain/trainer/checkpoint/foreign.py", ["tests/trainer/checkpoint/test_foreign_files.py"]),
+    "precision_registry": ("shardtrain/trainer/precision/registry.py",
+                           ["tests/trainer/precision/test_precision_registration.py",
+                            "tests/trainer/precision/test_fsdp_mixed_precision.py"]),
+    "override_wins": ("shardtrain/config/override_wins.py", ["tests/config/test_override_wins.py"]),
+    "help_key": ("shardtrain/cli/help_key.py", ["tests/cli/test_help_cache.py", "tests/cli/test_start_messages.py"]),
+    "run_facts": ("shardtrain/trainer/run_facts.py",
+                  ["tests/trainer/test_run_facts.py", "tests/trainer/test_cpu_step_decision.py",
+                   "tests/trainer/launch/test_ranks_per_node.py"]),
+    "optimizer_step": ("shardtrain/trainer/optimizer_step.py", ["tests/trainer/test_optimizer_step.py"]),
 }
 
+# forkserver: a worker forked straight from the process that ran the tests inherits torch's thread pools, and a
+# mutant that reaches a ThreadPoolExecutor (host_norms.py) then hangs until the CPU limit: a timeout, not a verdict
 SETUP_CFG = """[mutmut]
 source_paths = shardtrain
+process_isolation = forkserver
 only_mutate = {module}
 pytest_add_cli_args =
     -p
