@@ -24,7 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TARGET = 0.80  # mutmut's changes include log wording and equivalent rewrites: not every survivor is a missing test
 
-# name -> (module to mutate, its tests): the tests are the ones that import the module, fast tier only
+# name -> (module to mutate, its tests): the tests are the ones that import the module, fast tier only. run_facts
+# and optimizer_step are listed but were not yet run (2026-12-02: time ran out after help_key)
 MODULES = {
     "pinned": ("shardtrain/trainer/memory/pinned.py", ["tests/trainer/test_step_copies_and_pinned_memory.py"]),
     "host_norms": ("shardtrain/trainer/parallel/host_norms.py", ["tests/trainer/parallel/test_host_norms.py"]),
