@@ -135,13 +135,15 @@ def test_installed_plugins_are_keyed_by_their_files_only(tmp_path, monkeypatch):
     (site / "hc_installed_pkg").mkdir(parents=True)
     (site / "hc_installed_pkg" / "__init__.py").write_text("")
     (site / "hc_installed_pkg" / "models.py").write_text("WIDTH = 16\n")
+    (site / "hc_installed_pkg" / "layers.py").write_text("HEADS = 16\n")  # beside the entry point's module
     (site / "hc_single_module.py").write_text("DEPTH = 16\n")
     (site / "unrelated.py").write_text("X = 16\n")  # another package of site-packages
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     points = [importlib.metadata.EntryPoint("models", "hc_installed_pkg.models:register", "shardtrain.plugins"),
-              importlib.metadata.EntryPoint("single", "hc_single_module", "shardtrain.plugins")]
-    monkeypatch.setattr(help_key.importlib.metadata, "entry_points", lambda group: points)
+              importlib.metadata.EntryPoint("single", "hc_single_module:register", "shardtrain.plugins")]
+    monkeypatch.setattr(help_key.importlib.metadata, "entry_points",
+                        lambda group: points if group == "shardtrain.plugins" else [])
     keys = [help_key.key("shard-train", ["--help"])]
     same_size_edit(site / "hc_installed_pkg" / "models.py", "16", "32")
     keys.append(help_key.key("shard-train", ["--help"]))
@@ -149,7 +151,9 @@ def test_installed_plugins_are_keyed_by_their_files_only(tmp_path, monkeypatch):
     keys.append(help_key.key("shard-train", ["--help"]))
     same_size_edit(site / "unrelated.py", "16", "32")  # not walked: site-packages may hold thousands of files
     keys.append(help_key.key("shard-train", ["--help"]))
-    assert len(set(keys)) == 3 and keys[2] == keys[3]
+    same_size_edit(site / "hc_installed_pkg" / "layers.py", "16", "32")  # the whole package is walked
+    keys.append(help_key.key("shard-train", ["--help"]))
+    assert len(set(keys)) == 4 and keys[2] == keys[3]
 
 
 def test_versions_and_argument_boundaries_are_in_the_key(monkeypatch):
@@ -301,3 +305,45 @@ def test_a_fifo_or_a_device_in_the_user_dir_is_keyed_without_reading_it(tmp_path
     worker.start()
     worker.join(timeout=30)
     assert len(keys) == 1 and len(keys[0]) == 32, "the key still reads after 30 s"
+
+
+def test_the_torch_version_and_the_command_stay_in_a_user_dirs_key(tmp_path, monkeypatch):
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    argv = ["--user-dir", str(plugin), "--help"]
+    assert help_key.key("shard-train", argv) != help_key.key("shard-validate", argv)
+    before = help_key.key("shard-train", argv)
+    versions = {"torch": "2.99.0"}
+
+    def version(distribution):
+        if distribution not in versions:
+            raise help_key.importlib.metadata.PackageNotFoundError(distribution)
+        return versions[distribution]
+
+    monkeypatch.setattr(help_key.importlib.metadata, "version", version)
+    with_torch = help_key.key("shard-train", argv)
+    versions["torch"] = "2.99.1"
+    assert len({before, with_torch, help_key.key("shard-train", argv)}) == 3
+
+
+def test_user_dir_forms_at_the_edges():
+    assert help_key.user_dirs(["--help", "--user-dir"]) == []  # no path after it: argparse's error, not ours
+    assert help_key.user_dirs(["--user-dir=/plugins/a=b"]) == ["/plugins/a=b"]  # only the first '=' splits
+
+
+def test_a_symlink_loop_is_walked_once_and_the_walk_goes_on(tmp_path):
+    root = tmp_path / "plugin"
+    (root / "a").mkdir(parents=True)
+    (root / "z").mkdir()
+    os.symlink(root, root / "a" / "loop")  # back to the top: followed once, then not again
+    (root / "a" / "one.py").write_text("")
+    (root / "z" / "two.py").write_text("")
+    assert list(help_key._walk(str(root))) == [str(root / "a" / "one.py"), str(root / "z" / "two.py")]
+
+
+def test_a_file_of_exactly_the_limit_is_hashed(tmp_path, monkeypatch):
+    monkeypatch.setattr(help_key, "HASHED_UP_TO", 4)
+    (tmp_path / "four.py").write_bytes(b"abcd")
+    assert help_key._describe(str(tmp_path / "four.py")) == hashlib.sha256(b"abcd").hexdigest()
+    (tmp_path / "five.py").write_bytes(b"abcde")
+    assert help_key._describe(str(tmp_path / "five.py")).startswith("size 5 mtime ")

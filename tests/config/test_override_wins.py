@@ -6,7 +6,7 @@ import os
 import pytest
 
 from shardtrain.cli import hydra_train
-from shardtrain.config import hydra_files
+from shardtrain.config import hydra_files, override_wins
 from shardtrain.core.errors import ConfigError
 from st_testutils import json_records, make_space_data_bin
 
@@ -99,3 +99,10 @@ def test_an_fp16_override_wins_over_the_files_precision_by_name(tmp_path, capsys
     with pytest.raises(ConfigError, match=r"^--precision bf16 and --fp16 both pick the precision"):
         hydra_config("--config-dir", str(tmp_path), "--config-name", "named", "common.fp16=true",
                      "common.precision=bf16")  # both on the command line: refused, as from one file
+
+
+def test_a_value_is_shown_as_an_override_writes_it():
+    """Booleans and None as Hydra spells them; anything else as it is: a plugin's precision may be named
+    "MyFP8", and the notice must name what the file said."""
+    assert [override_wins._shown(v) for v in (True, False, None, 100, "MyFP8")] == ["true", "false", "null", "100",
+                                                                                      "MyFP8"]

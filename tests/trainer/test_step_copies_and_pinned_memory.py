@@ -95,6 +95,12 @@ def test_pinned_blocks_are_rounded_up_to_powers_of_two(data):
     assert _estimate(data, MODEL).pinned == 0
 
 
+def test_a_shard_pads_dim_0_and_keeps_every_other_dim():
+    assert shard_bytes((5, 3, 2), 2, 4) == 72  # 3 rows of the first chunk x 3 x 2, fp32: every later dim counts
+    assert shard_bytes((7,), 4, 2) == 4  # 2 of 7 rows (the first chunk's), bf16
+    assert shard_bytes((), 2, 4) == 4  # a 0-dim parameter: one element on each rank, not split
+
+
 def test_the_fit_check_refuses_what_the_old_count_let_through(data):
     clipped = _estimate(data, [*OFFLOAD, "--clip-norm", "1.0"])
     need = memory_needs(clipped, 2)["host"]

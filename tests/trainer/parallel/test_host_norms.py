@@ -5,7 +5,7 @@ import threading
 
 import pytest
 import torch
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from shardtrain.trainer.parallel import host_norms
 from shardtrain.trainer.parallel.host_norms import host_total_norm, local_norms
@@ -56,3 +56,59 @@ def test_other_gradients_are_left_to_torch():
     assert host_total_norm([torch.ones(2, dtype=torch.float16)]) is None  # fp16: the fp32 accumulation recipe
     assert host_total_norm([torch.ones(2), torch.ones(2, dtype=torch.float64)]) is None  # torch groups by dtype
     assert host_total_norm([]) is None
+
+
+def _threads_used(monkeypatch, run) -> set:
+    """Which threads took the tensors' norms while ``run()`` ran (torch itself says it has 4 threads)."""
+    used, norm = set(), host_norms._norm
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(host_norms, "_norm", lambda t: used.add(threading.current_thread()) or norm(t))
+    run()
+    return used
+
+
+def test_the_callers_thread_count_wins_and_one_thread_is_this_one(monkeypatch, one_rank_group):
+    here = {threading.main_thread()}
+    two = [torch.ones(4), torch.ones(3)]
+    assert _threads_used(monkeypatch, lambda: local_norms(two, threads=1)) == here
+    assert _threads_used(monkeypatch, lambda: host_total_norm(two, threads=1)) == here
+    shards = [distribute_tensor(t, one_rank_group, [Shard(0)]) for t in two]
+    assert _threads_used(monkeypatch, lambda: host_total_norm(shards, threads=1)) == here
+    assert here.isdisjoint(_threads_used(monkeypatch, lambda: local_norms(two)))  # torch's 4 threads: a pool
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert here.isdisjoint(_threads_used(monkeypatch, lambda: local_norms(two, threads=2)))
+    meta = [torch.ones(4, device="meta"), torch.ones(3, device="meta")]  # not the host's: kernels only queued
+    assert _threads_used(monkeypatch, lambda: local_norms(meta, threads=2)) == here
+
+
+def test_the_largest_tensors_are_handed_out_first(monkeypatch):
+    seen = {}
+
+    class Pool:  # runs in order, and remembers how it was made and what it was handed
+        def __init__(self, workers, thread_name_prefix):
+            seen.update(workers=workers, prefix=thread_name_prefix)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, order):
+            seen["order"] = list(order)
+            return [fn(i) for i in seen["order"]]
+
+    monkeypatch.setattr(host_norms, "ThreadPoolExecutor", Pool)
+    sizes = [1, 5, 3, 4]
+    norms = local_norms([torch.ones(n) for n in sizes], threads=3)
+    assert seen == {"workers": 3, "prefix": "grad-norm", "order": [1, 3, 2, 0]}
+    assert [float(n) ** 2 for n in norms] == pytest.approx(sizes)  # back in the caller's order
+    local_norms([torch.ones(2), torch.ones(2)], threads=8)
+    assert seen["workers"] == 2  # no more threads than tensors
+
+
+def test_one_sharded_gradient_and_a_replicated_one(one_rank_group):
+    t = torch.arange(12.0)
+    one = [distribute_tensor(t, one_rank_group, [Shard(0)])]
+    assert torch.equal(host_total_norm(one, 2), torch.nn.utils.get_total_norm(one, foreach=True).full_tensor())
+    assert host_total_norm([distribute_tensor(t, one_rank_group, [Replicate()])]) is None  # not the shards' recipe

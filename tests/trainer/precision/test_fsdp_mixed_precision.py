@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from shardtrain.trainer.precision.registry import mixed_precision
+from shardtrain.trainer.precision.registry import Dtypes, PrecisionKind, decide_dtypes, mixed_precision
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -22,3 +22,15 @@ def test_reduce_in_low_precision_reduces_in_the_compute_dtype(dtype):
 
 def test_fp32_is_torchs_default_policy():
     assert mixed_precision(None, reduce_in_low_precision=False) == MixedPrecisionPolicy()
+
+
+def test_a_runs_dtypes_follow_its_precisions_facts():
+    """decide_dtypes on kinds made here (not the registered ones): the model is cast only where it is stored in
+    the compute dtype, and the policy is the one above."""
+    mixed = type("Mixed", (PrecisionKind,), {"name": "st_mixed", "compute": torch.float16})
+    stored = type("Stored", (PrecisionKind,), {"name": "st_stored", "compute": torch.bfloat16,
+                                               "stores_in_compute": True})
+    fp16_policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+    assert decide_dtypes(mixed, False) == Dtypes("st_mixed", torch.float16, None, fp16_policy)
+    bf16_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    assert decide_dtypes(stored, True) == Dtypes("st_stored", torch.bfloat16, torch.bfloat16, bf16_policy)

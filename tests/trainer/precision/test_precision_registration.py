@@ -11,7 +11,7 @@ import torch
 from shardtrain.cli import plan, train
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.precision import choose, fp32
-from shardtrain.trainer.precision.registry import PrecisionKind, register_precision
+from shardtrain.trainer.precision.registry import PRECISION_REGISTRY, PrecisionKind, register_precision
 from st_testutils import cli_refusal, small_data_bin
 
 
@@ -23,7 +23,12 @@ from st_testutils import cli_refusal, small_data_bin
     ({"loss_scaled": "yes"}, "loss_scaled is 'yes': it must be True or False"),
     ({"flags": "my_fp8"}, "flags is 'my_fp8': it must be a tuple of names"),
     ({"implies": ("fp16", None)}, "implies is ('fp16', None): it must be a tuple of names"),
-    ({"flags": ("fp16",)}, "its flag --fp16 already picks the precision 'fp16', and a flag picks one precision"),
+    ({"implies": ("fp16", 3)}, "implies is ('fp16', 3): it must be a tuple of names"),
+    ({"flags": ("",)}, "flags is ('',): it must be a tuple of names"),
+    ({"flags": ("fp16",)}, "its flag --fp16 already picks the precision 'fp16', and a flag picks one precision: give "
+                           "it a flag of its own (a CommonConfig field) or none (--precision NAME picks it)."),
+    ({"flags": ("memory_efficient_fp16",)}, "its flag --memory-efficient-fp16 already picks the precision "
+                                            "'memory_efficient_fp16'"),
 ])
 def test_a_precision_with_a_wrong_attribute_is_refused_at_registration(attributes, said):
     kind = type("BadKind", (PrecisionKind,), attributes)
@@ -33,6 +38,21 @@ def test_a_precision_with_a_wrong_attribute_is_refused_at_registration(attribute
     assert text.startswith(f"Precision 'st_bad_precision' ({__name__}.BadKind) cannot be registered: {said}"), text
     assert "\n" not in text and text.endswith("Fix the class's attributes and run again.")
     assert "st_bad_precision" not in choose.user_choices()
+
+
+def test_a_good_precision_registers_under_its_name(monkeypatch):
+    monkeypatch.setattr(PRECISION_REGISTRY, "_entries", dict(PRECISION_REGISTRY._entries))  # gone after the test
+    kind = type("GoodKind", (PrecisionKind,), {"flags": ("st_good_flag",), "compute": torch.bfloat16})
+    assert register_precision("st_good_precision")(kind) is kind
+    assert kind.name == "st_good_precision" and PRECISION_REGISTRY.get("st_good_precision").obj is kind
+    with pytest.raises(NotImplementedError, match="^precision 'st_good_precision' builds no component$"):
+        kind.build(None, None, None)
+
+
+def test_only_a_precision_kind_registers():
+    with pytest.raises(TypeError, match=r"^precision 'st_int': register a PrecisionKind subclass, got <class 'int'>$"):
+        register_precision("st_int")(int)
+    assert "st_int" not in PRECISION_REGISTRY
 
 
 def test_a_build_that_returns_no_component_is_refused(monkeypatch):
