@@ -197,3 +197,18 @@ def test_fully_sharded_on_two_ranks_wraps_by_size_and_learns(mnist, tmp_path):
     assert valid[0]["valid_accuracy"] < valid[-1]["valid_accuracy"] and valid[-1]["valid_accuracy"] > 60
     # 32 images per rank: the loss is summed over both ranks' 64 images
     assert {r["bsz"] for r in json_records(log, "train_inner")} == {64}
+
+
+def test_shard_plan_traces_the_tasks_own_image_batch(mnist, plugin):
+    """The task's dummy_batch (images, not tokens) is what shard-plan's trace runs: before it, the trace fed the
+    tutorial's Net an LM batch and failed."""
+    from shardtrain.config.run_config import parse_train_args
+    from shardtrain.plan.trace import _traced
+    from shardtrain.trainer.resolved import Components, build_task
+
+    cfg = parse_train_args([mnist, "--user-dir", PLUGIN, "--task", "image_classification", "--arch", "mnist_net",
+                            "--criterion", "image_cross_entropy", "--batch-size", "4"])
+    task = build_task(cfg, Components.of(cfg))
+    batch = task.dummy_batch(3, 7)
+    assert batch["net_input"]["images"].shape == (3, 1, 28, 28) and batch["target"].shape == (3,)
+    assert _traced(cfg, task, 1, 1)["activations"] > 0

@@ -86,6 +86,15 @@ class ImageClassificationTask(Task):
         raise DataError(f"{self.cfg.data!r} holds neither train-images-idx3-ubyte nor t10k-images-idx3-ubyte "
                         f"(nor their .gz forms), so it is not an MNIST directory. {REGENERATE}")
 
+    def dummy_batch(self, sequences: int, length: int, device=None) -> Dict:
+        """``sequences`` made-up images of this task's size, shaped as collate_images makes them: what shard-plan
+        traces and the memory check runs (``length``, a sequence length, means nothing for images)."""
+        rows, cols = self.image_shape
+        return {"id": torch.arange(sequences, device=device),
+                "net_input": {"images": torch.randn(sequences, 1, rows, cols, device=device)},
+                "target": torch.randint(0, self.num_classes, (sequences,), device=device),
+                "ntokens": sequences, "nsentences": sequences}
+
     def fingerprint(self) -> Dict[str, str]:
         rows, cols = self.image_shape
         return {"image_shape": f"{rows}x{cols}", "num_classes": str(self.num_classes)}
