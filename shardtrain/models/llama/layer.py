@@ -97,7 +97,7 @@ class FeedForward(nn.Module):
 
 class LlamaBlock(nn.Module):
     """x + attention(norm(x)), then + feed_forward(norm(x)): the unit FSDP2, activation checkpointing and
-    --compile wrap from outside. ``depth_std``: the std of its output projections (torchtitan's init)."""
+    --compile wrap from outside. ``out_std``: the std of its output projections (torchtitan's init)."""
 
     def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, ffn_dim: int, *, eps: float,
                  qk_norm: bool, out_std: float):

@@ -1,6 +1,6 @@
 """``llama``: the decoder of Llama 3 and Qwen3 (Hugging Face's ``LlamaForCausalLM`` and ``Qwen3ForCausalLM``,
-number for number). A pure ``nn.Module``: FSDP2, activation checkpointing and --compile wrap its ``blocks``
-from outside.
+within 1e-5 in fp32: tests/models/test_llama_vs_hf.py). A pure ``nn.Module``: FSDP2, activation checkpointing
+and --compile wrap its ``blocks`` from outside.
 
 ``forward(src_tokens [B, T], cache=None) -> logits [B, T, V]``. Embedding row i is token i of the task's
 dictionary; there is no padding row (Hugging Face's models have none either): pad targets are ignored by the
