@@ -120,4 +120,8 @@ MUTANTS = [
            "shardtrain/models/llama/layer.py", "    def init_weights(self) -> None:\n        nn.init.ones_(self.weight)",
            "    def init_weights(self) -> None:\n        pass",
            ("tests/trainer/parallel/test_llama_backends.py",)),
+    Mutant("init_draws_the_shard_as_if_whole", "a model built on the meta device and sharded starts from one "
+           "process's weights", "shardtrain/models/init.py", "        _fill_rows(local, shape, rows, key, law)",
+           "        _fill_rows(local, tuple(local.shape), (0, local.shape[0]), key, law)",
+           ("tests/trainer/test_llama_components.py::test_the_meta_built_sharded_model_starts_from_one_process_weights",)),
 ]

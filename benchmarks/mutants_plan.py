@@ -133,4 +133,8 @@ MUTANTS = [
            "shardtrain/plan/trace.py", "task.dummy_batch(*batch_shape(cfg, task))",
            "type(task).__mro__[-2].dummy_batch(task, *batch_shape(cfg, task))",
            ("tests/plan/test_trace_task_batch.py",)),
+    Mutant("trace_line_through_one_and_two_blocks", "deep models are extrapolated from 3 and 4 traced blocks",
+           "shardtrain/plan/trace.py", "TRACED_BLOCKS = 3 ", "TRACED_BLOCKS = 1 ",
+           ("tests/plan/test_plan_llama_measured.py::"
+            "test_a_llama_is_planned_within_fifteen_percent_of_its_measured_runs",)),
 ]

@@ -103,4 +103,7 @@ MUTANTS += [
            '        if True:  # absent in checkpoints from fp32/bf16 runs',
            ("tests/trainer/checkpoint/test_resume_other_precision.py::"
             "test_a_checkpoint_resumes_under_another_precision_with_that_precisions_state",)),
+    Mutant("fp16_gradients_left_scaled", "fp16's loss scale is taken out of the gradients before the step",
+           T + "precision/fp16.py", "        return 1.0 / self.scaler.loss_scale", "        return 1.0",
+           ("tests/trainer/test_llama_components.py::test_half_precisions_track_fp32[fp16-0.005]",)),
 ]

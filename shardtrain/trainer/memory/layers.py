@@ -24,25 +24,25 @@ def with_layers(cfg, components: Components, layers: int):
     return with_overrides(cfg, {f"model.{field}": layers})
 
 
-def layer_split(cfg, components: Components, measure: Measure) -> Tuple[Dict, Dict, int]:
-    """(``measure`` of all but the repeated layers, of one of them, how many), from ``cfg`` with one and two of
-    them; for a model that names none, (``measure(cfg)``, zeros, 0)."""
+def layer_split(cfg, components: Components, measure: Measure, base: int = 1) -> Tuple[Dict, Dict, int]:
+    """(``measure`` of all but the repeated layers, of one of them, how many), from ``cfg`` with ``base`` and
+    ``base + 1`` of them; for a model that names none, (``measure(cfg)``, zeros, 0)."""
     _, layers = repeated_layers(cfg, components)
     if not layers:
         whole = dict(measure(cfg))
         return whole, {key: 0 for key in whole}, 0
-    one, two = (measure(with_layers(cfg, components, n)) for n in (1, 2))
-    per_layer = {key: two[key] - one[key] for key in one}
-    return {key: one[key] - per_layer[key] for key in one}, per_layer, layers
+    low, high = (measure(with_layers(cfg, components, n)) for n in (base, base + 1))
+    per_layer = {key: high[key] - low[key] for key in low}
+    return {key: low[key] - base * per_layer[key] for key in low}, per_layer, layers
 
 
-def extrapolated(cfg, components: Components, measure: Measure, whole_up_to: int = 0) -> Dict:
+def extrapolated(cfg, components: Components, measure: Measure, whole_up_to: int = 0, base: int = 1) -> Dict:
     """``measure`` of the model ``cfg`` describes: of ``cfg`` itself where the model names no repeated layers or has
-    at most ``whole_up_to``, else the rest plus each layer (``layer_split``)."""
+    at most ``whole_up_to``, else the rest plus each layer (``layer_split`` from ``base`` and ``base + 1``)."""
     _, layers = repeated_layers(cfg, components)
-    if not layers or layers <= whole_up_to:
+    if not layers or layers <= max(whole_up_to, base + 1):
         return dict(measure(cfg))
-    rest, per_layer, layers = layer_split(cfg, components, measure)
+    rest, per_layer, layers = layer_split(cfg, components, measure, base)
     return {key: rest[key] + layers * per_layer[key] for key in rest}
 
 
