@@ -49,11 +49,12 @@ def test_a_mistake_is_one_paragraph_before_any_rank_starts(flags, said, data_bin
 @pytest.mark.slow
 def test_a_llama_run_trains_validates_generates_and_composes_in_hydra(data_bin, tmp_path, capsys):
     """The run's own commands on the family: shard-train (loss falls), shard-validate on its checkpoint (the
-    loss the run logged at its end), shard-generate (greedy, through the KV cache: the same tokens as
-    recomputing), and Hydra's model=llama3_debug giving the flags' config."""
+    loss the run logged at its end), shard-eval-lm (the same loss; a context window scores each token once),
+    shard-generate (greedy, through the KV cache: the same tokens as recomputing), and Hydra's model=llama3_debug
+    giving the flags' config."""
     from omegaconf import OmegaConf
 
-    from shardtrain.cli import generate, hydra_train, validate
+    from shardtrain.cli import eval_lm, generate, hydra_train, validate
     from shardtrain.config.run_config import parse_train_args
     from st_testutils import json_records
 
@@ -65,8 +66,13 @@ def test_a_llama_run_trains_validates_generates_and_composes_in_hydra(data_bin, 
     assert len(losses) == 30 and sum(losses[-5:]) < sum(losses[:5])
     logged = json_records(log, "valid")[-1]["valid_loss"]
     capsys.readouterr()
-    assert validate.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--cpu"])["valid"]["loss"] == \
-        pytest.approx(logged, abs=0.005)  # the log rounds to 2 decimals
+    valid = validate.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--cpu"])["valid"]["loss"]
+    assert valid == pytest.approx(logged, abs=0.005)  # the log rounds to 2 decimals
+    scored = eval_lm.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--gen-subset", "valid", "--cpu"])
+    assert scored["loss"] == pytest.approx(valid, abs=6e-4)  # shard-validate rounds to 3 decimals
+    windowed = eval_lm.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--gen-subset", "valid", "--cpu",
+                             "--context-window", "8"])
+    assert windowed["tokens"] == scored["tokens"] and windowed["loss"] != scored["loss"]
     words = generate.main([data_bin, "--path", f"{save}/checkpoint_last.pt", "--prompt", "w1 w2", "--beam", "1",
                            "--max-len", "6", "--cpu"])
     assert words
