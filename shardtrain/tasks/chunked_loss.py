@@ -133,6 +133,6 @@ class _ChunkedLoss(torch.autograd.Function):
                 if need_weight and grad.dtype == grad_weight.dtype:
                     grad_weight.addmm_(grad.t(), f)  # no [V, D] temporary
                 elif need_weight:
-                    grad_weight += (grad.t() @ f).float()
+                    grad_weight += grad.t() @ f  # added into the fp32 sum as it is read: no fp32 copy of it
                 del grad  # before the next chunk's logits are made
         return grad_features, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
