@@ -97,6 +97,11 @@ def test_the_incoming_gradient_scales_every_gradient():
         within(got, 1024 * want, 1e-6)
     half = run(chunks_of(4, 0.1), *args, scale=0.5)
     within(half[3], 0.5 * one[3], 1e-6)
+    # in fp16, as fp16 training runs it: the scaled logit gradients cast to fp16, as the unchunked loss's are
+    args = inputs(torch.float16)
+    for got, want in zip(run(chunks_of(4, 0.1), *args, scale=256.0)[2:],
+                         run(lambda f, w, t: reference(f, w, t, 0.1), *args, scale=256.0)[2:]):
+        within(got.float(), want.float(), 2e-3)  # fp16 steps: 2^-11 = 4.9e-4 (measured 0, and 4.1e-4 for the weight)
 
 
 class LargestTensor(TorchDispatchMode):
