@@ -13,6 +13,7 @@ import mutants_architecture
 import mutants_checkpoint_reading
 import mutants_checkpoint_staging
 import mutants_checkpoint_writing
+import mutants_chunked_loss
 import mutants_cli
 import mutants_cli_errors
 import mutants_cli_start
@@ -69,7 +70,7 @@ AREAS = (
     mutants_checkpoint_writing, mutants_checkpoint_staging, mutants_checkpoint_reading, mutants_keep_policy,
     mutants_integrity,
     # shardtrain/optim/, models/, data/ and tasks/
-    mutants_optim, mutants_models, mutants_data, mutants_data_bin,
+    mutants_optim, mutants_models, mutants_data, mutants_data_bin, mutants_chunked_loss,
     # shardtrain/config/ and the flags' effects
     mutants_config, mutants_config_fairseq_flags, mutants_flag_coverage, mutants_flag_effects,
     # shardtrain/cli/, plan/, plot/, core/

@@ -9,8 +9,9 @@ and tests/models/test_capabilities.py holds the table to it.
 """
 import functools
 import inspect
-from typing import Dict, FrozenSet, Optional
+from typing import Dict, FrozenSet, Iterator, Optional
 
+import torch
 from torch import nn
 
 from shardtrain.core.errors import ConfigError
@@ -28,6 +29,7 @@ DEFAULTS = {
     "init_weights": "the constructor's initialisation (refused by backends that build on the meta device)",
     "blocks": "FSDP wraps units of --min-params-to-wrap parameters; --checkpoint-activations and --compile refuse",
     "repeated_layers_field": "the memory check and shard-plan build the whole model on the meta device",
+    "output_weight": "the loss takes the whole batch's logits from forward (--loss-chunks above 1 is refused)",
 }
 
 
@@ -52,12 +54,19 @@ def forward_inputs(model: nn.Module, net_input: Dict) -> Dict:
 def _inner(model: nn.Module) -> nn.Module:
     """The model a wrapper forwards to: DDP's ``module``, torch.compile's ``_orig_mod`` (FSDP2 keeps the
     model's own class and forward)."""
+    *_, inner = _layers(model)
+    return inner
+
+
+def _layers(model: nn.Module) -> Iterator[nn.Module]:
+    """``model``, then each module it wraps, down to the model itself (see ``_inner``)."""
+    yield model
     while _taken_inputs(model) is None:
         inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
         if not isinstance(inner, nn.Module):
             break
         model = inner
-    return model
+        yield model
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,3 +131,21 @@ def blocks(model: nn.Module) -> Optional[nn.ModuleList]:
 def repeated_layers_field(model_cls: type) -> Optional[str]:
     """The config field that counts the model's repeated layers (a class attribute), None if not said."""
     return getattr(model_cls, "repeated_layers_field", None)
+
+
+def output_weight(model: nn.Module) -> Optional[torch.Tensor]:
+    """The [vocab, width] matrix whose ``F.linear`` of ``model(..., features_only=True)`` are forward's logits,
+    for a loss that projects the features chunk by chunk (tasks/chunked_loss.py); call it after that forward,
+    which gathers a sharded weight. None when the model cannot be chunked: its forward takes no
+    ``features_only``, it has no ``output_weight()`` or that says None (an adaptive softmax), or a wrapper finds
+    unused parameters (DDP's ``find_unused_parameters`` would mark an untied weight that the loss uses after
+    forward as unused, then fail when its gradient arrives)."""
+    layers = list(_layers(model))
+    if any(getattr(layer, "find_unused_parameters", False) is True for layer in layers):
+        return None
+    inner = layers[-1]
+    taken, method = _taken_inputs(inner), getattr(inner, "output_weight", None)
+    if taken is None or "features_only" not in taken or not callable(method):
+        return None
+    weight = method()
+    return weight if isinstance(weight, torch.Tensor) else None

@@ -5,6 +5,9 @@ normalises it; the trainer backpropagates the summed loss (fp16 gradients keep
 their range) and then divides the gradients by the total sample size across
 accumulation steps and ranks, so every rank and ``--update-freq`` computes the
 same update as one big batch. Losses are reported in base 2, as fairseq does.
+``cross_entropy`` and ``label_smoothed_cross_entropy`` project and score large
+batches chunk by chunk (``--loss-chunks``, chunked_loss.py), so that their
+logits never exist whole.
 """
 import dataclasses
 import math
@@ -14,7 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from shardtrain.core.fields import field
+from shardtrain.models import capabilities
 from shardtrain.models.capabilities import forward_inputs
+from shardtrain.tasks.chunked_loss import LOGITS_BUDGET, check_requested, chunk_count, chunked_loss
 from shardtrain.tasks.registry import register_criterion
 
 LN2 = math.log(2)
@@ -29,7 +34,10 @@ class Criterion:
     def __call__(self, model, sample):
         """-> (summed loss tensor, sample_size, logging_output of detached tensors/ints)."""
         logits = model(**forward_inputs(model, sample["net_input"]))
-        loss, extra = self.compute_loss(logits, sample["target"])
+        return self.outputs(*self.compute_loss(logits, sample["target"]), sample)
+
+    def outputs(self, loss, extra: Dict, sample):
+        """(loss, sample_size, logging_output) of a summed loss and compute_loss's extra logging values."""
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {"loss": loss.detach(), "ntokens": sample["ntokens"],
                           "nsentences": sample["target"].size(0), "sample_size": sample_size, **extra}
@@ -77,13 +85,48 @@ def _sum(logging_outputs: List[Dict]) -> Dict[str, float]:
     return {k: float(sum(log.get(k, 0) for log in logging_outputs)) for k in keys}
 
 
+class ProjectedLoss(Criterion):
+    """A loss of the output projection's logits, which projects a batch chunk by chunk when ``--loss-chunks``
+    (``cfg.loss_chunks``) says so: 0, the default, where the batch's fp32 logits would exceed
+    chunked_loss.LOGITS_BUDGET and the model allows (capabilities.output_weight), else the whole batch."""
+
+    def __init__(self, cfg, task, sentence_avg: bool = False):
+        super().__init__(cfg, task, sentence_avg)
+        check_requested(cfg.loss_chunks)
+
+    def __call__(self, model, sample):
+        target = self.kept(sample["target"])
+        weight = capabilities.output_weight(model)  # before forward only its shape counts (it may be a shard)
+        vocab = 0 if weight is None else weight.size(0)
+        chunks = chunk_count(self.cfg.loss_chunks, target.numel(), vocab, weight is not None)
+        if chunks == 1:
+            return super().__call__(model, sample)
+        features = self.kept(model(**forward_inputs(model, sample["net_input"]), features_only=True))
+        loss, nll = chunked_loss(features.reshape(-1, features.size(-1)), capabilities.output_weight(model),
+                                 target.reshape(-1), chunks=chunks, ignore_index=self.padding_idx,
+                                 label_smoothing=self.smoothing())
+        return self.outputs(loss, {"nll_loss": nll.detach()} if self.returns_nll_loss else {}, sample)
+
+    def kept(self, x: torch.Tensor) -> torch.Tensor:
+        """The time steps of ``x`` [batch, time, ...] that the loss scores."""
+        return x
+
+    def smoothing(self) -> float:
+        return 0.0
+
+
+LOSS_CHUNKS_HELP = ("chunks of the output projection and the loss per batch, so the whole batch's logits never "
+                    f"exist: 0 chunks batches whose fp32 logits would exceed {LOGITS_BUDGET // 2 ** 20} MiB, in as "
+                    "few chunks as keep each within it; 1 never chunks")
+
+
 @dataclasses.dataclass
 class CrossEntropyConfig:
-    pass
+    loss_chunks: int = field(0, help=LOSS_CHUNKS_HELP)
 
 
 @register_criterion("cross_entropy", dataclass=CrossEntropyConfig)
-class CrossEntropyCriterion(Criterion):
+class CrossEntropyCriterion(ProjectedLoss):
     def compute_loss(self, logits, target):
         # float(): low-precision logits are upcast for a stable log-softmax.
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), target.view(-1),
@@ -95,18 +138,25 @@ class CrossEntropyCriterion(Criterion):
 class LabelSmoothedCrossEntropyConfig:
     label_smoothing: float = field(0.0, help="epsilon for label smoothing, 0 means no label smoothing")
     ignore_prefix_size: int = field(0, help="ignore the first N target tokens of every sample")
+    loss_chunks: int = field(0, help=LOSS_CHUNKS_HELP)
 
 
 @register_criterion("label_smoothed_cross_entropy", dataclass=LabelSmoothedCrossEntropyConfig)
-class LabelSmoothedCrossEntropyCriterion(Criterion):
+class LabelSmoothedCrossEntropyCriterion(ProjectedLoss):
     """fairseq's formula: eps_i = eps / (V - 1); loss = (1 - eps - eps_i) * nll + eps_i * smooth."""
 
     returns_nll_loss = True
 
-    def compute_loss(self, logits, target):
+    def kept(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.ignore_prefix_size > 0:
-            logits = logits[:, self.cfg.ignore_prefix_size:]
-            target = target[:, self.cfg.ignore_prefix_size:]
+            return x[:, self.cfg.ignore_prefix_size:]
+        return x
+
+    def smoothing(self) -> float:
+        return self.cfg.label_smoothing
+
+    def compute_loss(self, logits, target):
+        logits, target = self.kept(logits), self.kept(target)
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(-1, logits.size(-1))
         target = target.reshape(-1, 1)
         pad_mask = target.eq(self.padding_idx)

@@ -38,10 +38,35 @@ def test_a_bare_model_gets_the_documented_defaults():
     assert capabilities.padding_idx(bare, 1) == 1 and not capabilities.has_kv_cache(bare)
     assert capabilities.blocks(bare) is None and not capabilities.has_init_weights(bare)
     assert capabilities.repeated_layers_field(Bare) is None
+    assert capabilities.output_weight(bare) is None  # its loss takes forward's logits
     bare.max_positions, bare.padding_idx = 4, 2
     bare.flops_per_token = lambda seq_len: 100.0 * seq_len
     assert capabilities.room_after(bare, 3, 7) == 1 and capabilities.padding_idx(bare, 1) == 2
     assert capabilities.flops_per_token(bare, 10) == 1000.0
+
+
+class Projecting(Bare):
+    def output_weight(self):
+        return self.weight
+
+
+class Featured(Projecting):
+    def forward(self, src_tokens, features_only=False):
+        return super().forward(src_tokens)
+
+
+class AnyInputs(Projecting):
+    def forward(self, src_tokens, **kwargs):
+        return super().forward(src_tokens)
+
+
+def test_output_weight_is_asked_only_of_a_forward_that_takes_features_only():
+    assert capabilities.output_weight(Projecting()) is None  # forward(src_tokens) could not return the features
+    assert capabilities.output_weight(AnyInputs()) is None  # **kwargs: no telling that it would
+    featured = Featured()
+    assert capabilities.output_weight(featured) is featured.weight
+    featured.output_weight = lambda: None  # a model that has none this time (an adaptive softmax)
+    assert capabilities.output_weight(featured) is None
 
 
 def test_generation_without_max_positions_padding_idx_or_cache():
@@ -61,7 +86,7 @@ def test_every_capability_is_documented_and_probed_only_in_capabilities():
     with open(os.path.join(ROOT, "docs", "plugins.md")) as f:
         docs = f.read()
     expected = {"max_positions", "flops_per_token", "padding_idx", "new_kv_cache", "init_weights", "blocks",
-                "repeated_layers_field"}
+                "repeated_layers_field", "output_weight"}
     assert set(capabilities.DEFAULTS) == expected
     for name in expected:
         assert re.search(rf"^\| `{name}", docs, re.M), f"docs/plugins.md has no row for {name}"

@@ -5,6 +5,9 @@ and --compile wrap its ``blocks`` from outside.
 ``forward(src_tokens [B, T], cache=None) -> logits [B, T, V]``. Embedding row i is token i of the task's
 dictionary; there is no padding row (Hugging Face's models have none either): pad targets are ignored by the
 loss, and causal attention keeps right-padding from reaching real tokens.
+
+``forward(..., features_only=True)``: the hidden states [B, T, width] the output projection takes
+(``F.linear(features, output_weight())`` are the logits), for a loss that projects them chunk by chunk.
 """
 from typing import Optional
 
@@ -75,8 +78,12 @@ class LlamaModel(nn.Module):
             weights += self.embed_tokens.weight.numel()
         return decoder_flops_per_token(weights, len(self.blocks), self.attention_dim, seq_len)
 
-    def forward(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
-        return F.linear(self.extract_features(src_tokens, cache), self.output_weight())
+    def forward(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None, *,
+                features_only: bool = False) -> torch.Tensor:
+        features = self.extract_features(src_tokens, cache)
+        # features_only: through forward, so that FSDP2 gathers the output weight (and DDP and --compile wrap it)
+        # for a loss that projects the features chunk by chunk (tasks/chunked_loss.py)
+        return features if features_only else F.linear(features, self.output_weight())
 
     def extract_features(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
         """Hidden states [B, T, width] after the final norm; with ``cache``, positions continue from it."""

@@ -67,6 +67,9 @@ class TransformerLanguageModel(nn.Module):
     is causal only: fairseq also masks pad keys, which changes nothing for
     the right-padded batches its LM tasks produce (a query never sees a later
     key), so pad-key masking is dropped in exchange for ``is_causal`` kernels.
+
+    ``forward(..., features_only=True)``: the hidden states [B, T, output_dim]
+    the output projection (or the adaptive softmax) takes.
     """
 
     #: the config field that counts the identical blocks (trainer/memory/layers.py extrapolates from one and two)
@@ -165,19 +168,24 @@ class TransformerLanguageModel(nn.Module):
             weights += self.embed_tokens.weight.numel()  # --share-decoder-input-output-embed
         return decoder_flops_per_token(weights, len(self.blocks), self.embed_dim, seq_len)
 
-    def output_weight(self) -> torch.Tensor:
-        """The [V, output_dim] matrix that maps features to logits."""
+    def output_weight(self) -> Optional[torch.Tensor]:
+        """The [V, output_dim] matrix that maps features to logits; None with an adaptive softmax (which has none)."""
+        if self.adaptive_softmax is not None:
+            return None
         if self.output_projection is None:
             return self.embed_tokens.weight
         return self.output_projection.weight
 
     def forward(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None,
-                target: Optional[torch.Tensor] = None):
+                target: Optional[torch.Tensor] = None, *, features_only: bool = False):
         """Logits [B, T, V]; with an adaptive softmax, log-probabilities [B, T, V] instead
         (a softmax of either gives the same distribution), or with ``target`` the
         adaptive softmax's (logits, targets) lists that ``adaptive_loss`` sums over.
-        The adaptive softmax runs inside forward so FSDP2 and DDP see its parameters used."""
+        The adaptive softmax runs inside forward so FSDP2 and DDP see its parameters used.
+        ``features_only``: the features, for a loss that projects them chunk by chunk (tasks/chunked_loss.py)."""
         features = self.extract_features(src_tokens, cache)
+        if features_only:
+            return features
         if self.adaptive_softmax is None:
             if target is not None:
                 raise ConfigError("--criterion adaptive_loss needs a model with an adaptive softmax: set "
