@@ -48,13 +48,19 @@ def chunk_count(requested: int, tokens: int, vocab: int, chunkable: bool) -> int
             "forward(..., features_only=True) and have an output_weight() (an adaptive softmax has none), and "
             "--find-unused-parameters must be off (DDP would mark the output weight, used after forward, unused). "
             f"Use {FLAG} 1, or {FLAG} 0 to chunk where the model allows.")
+    # A batch shorter than the chunks asked for (an epoch's last, a validation batch) gets a chunk per token: the
+    # count was held against the run's largest batch before it started (check_largest_batch).
+    return min(requested, max(1, tokens))
+
+
+def check_largest_batch(requested: int, tokens: int) -> None:
+    """Refuse, before a run starts, more chunks than its largest batch (``tokens``, padding included) has rows."""
     if requested > tokens:
         raise ConfigError(
-            f"{FLAG} {requested} splits a batch's tokens into {requested} chunks, but this batch has only "
-            f"{tokens} tokens (padding included). Use {FLAG} {tokens} or fewer (at most the smallest batch's "
-            f"tokens), or {FLAG} 0 to let shardtrain choose (it chunks only batches whose fp32 logits exceed "
+            f"{FLAG} {requested} splits a batch's tokens into {requested} chunks, but this run's batches hold at "
+            f"most {tokens} tokens (--batch-size x --tokens-per-sample, or --max-tokens). Use {FLAG} {tokens} or "
+            f"fewer, or {FLAG} 0 to let shardtrain choose (it chunks only batches whose fp32 logits exceed "
             f"{LOGITS_BUDGET // 2 ** 20} MiB).")
-    return requested
 
 
 def chunked_loss(features: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *, chunks: int,

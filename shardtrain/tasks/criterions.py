@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from shardtrain.core.fields import field
 from shardtrain.models import capabilities
 from shardtrain.models.capabilities import forward_inputs
-from shardtrain.tasks.chunked_loss import LOGITS_BUDGET, check_requested, chunk_count, chunked_loss
+from shardtrain.tasks.chunked_loss import LOGITS_BUDGET, check_largest_batch, check_requested, chunk_count, chunked_loss
 from shardtrain.tasks.registry import register_criterion
 
 LN2 = math.log(2)
@@ -106,6 +106,10 @@ class ProjectedLoss(Criterion):
                                  target.reshape(-1), chunks=chunks, ignore_index=self.padding_idx,
                                  label_smoothing=self.smoothing())
         return self.outputs(loss, {"nll_loss": nll.detach()} if self.returns_nll_loss else {}, sample)
+
+    def check_batch_tokens(self, tokens: int) -> None:
+        """Refuse a --loss-chunks above the run's largest batch (``tokens``), before the run starts."""
+        check_largest_batch(self.cfg.loss_chunks, tokens)
 
     def kept(self, x: torch.Tensor) -> torch.Tensor:
         """The time steps of ``x`` [batch, time, ...] that the loss scores."""

@@ -25,6 +25,10 @@ def check_before_launch(cfg) -> None:
         for split in [d.train_subset] + ([] if d.disable_validation else d.valid_subset.split(",")):
             check_split(split)
     criterion = build_criterion(cfg, components, task)
+    check_batch_tokens = getattr(criterion, "check_batch_tokens", None)  # criterions.ProjectedLoss: --loss-chunks
+    tokens = largest_batch_tokens(cfg, task)
+    if check_batch_tokens is not None and tokens is not None:
+        check_batch_tokens(tokens)
     if not cfg.dataset.disable_validation:
         build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, task, criterion)
     with torch.random.fork_rng(devices=[]), torch.device("meta"):  # no memory, and the RNG as it was
@@ -34,3 +38,12 @@ def check_before_launch(cfg) -> None:
     build.build_lr_scheduler(cfg, components, optimizer)
     if cfg.common.tensorboard_logdir:
         TensorboardWriter.check_logdir(cfg.common.tensorboard_logdir)
+
+
+def largest_batch_tokens(cfg, task):
+    """The rows of the run's largest training batch, padding included: --batch-size blocks of the task's longest
+    sample, within --max-tokens; None where neither bounds it."""
+    d, length = cfg.dataset, task.max_positions()
+    bounds = [d.batch_size * length if d.batch_size and length else None, d.max_tokens]
+    bounds = [b for b in bounds if b]
+    return min(bounds) if bounds else None

@@ -138,8 +138,12 @@ def test_by_default_batches_past_the_budget_are_chunked(monkeypatch):
 
 def test_refusals_through_the_criterion():
     sample = batch()
-    with pytest.raises(ConfigError, match="this batch has only 64 tokens"):
-        criterion("--loss-chunks", "65")(transformer_lm(), sample)
+    with pytest.raises(ConfigError, match="this run's batches hold at most 64 tokens"):
+        criterion("--loss-chunks", "65").check_batch_tokens(64)
+    criterion("--loss-chunks", "64").check_batch_tokens(64)
+    with Projections() as seen:  # a batch shorter than the chunks asked for (an epoch's last): a chunk a token
+        loss_and_grads(transformer_lm(), criterion("--loss-chunks", "65"), sample)
+    assert seen.rows == [1] * 128
     with pytest.raises(ConfigError, match="--loss-chunks -2 is not a chunk count"):
         criterion("--loss-chunks", "-2")
     adaptive = transformer_lm(adaptive_softmax_cutoff="20")

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # torch's hook on ev
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.tasks import chunked_loss as chunked
-from shardtrain.tasks.chunked_loss import check_requested, chunk_count, chunked_loss
+from shardtrain.tasks.chunked_loss import check_largest_batch, check_requested, chunk_count, chunked_loss
 
 PAD = 1
 N, D, V = 37, 16, 101  # 37 rows: chunks of unequal sizes
@@ -160,9 +160,11 @@ def test_refusals_name_the_flag_and_the_fix():
     with pytest.raises(ConfigError, match=r"--loss-chunks -1 is not a chunk count: use 0"):
         check_requested(-1)
     check_requested(0)
-    with pytest.raises(ConfigError, match=r"--loss-chunks 65 splits .* this batch has only 64 tokens .* "
-                                          r"Use --loss-chunks 64 or fewer"):
-        chunk_count(65, 64, 101, True)
+    with pytest.raises(ConfigError, match=r"--loss-chunks 65 splits .* this run's batches hold at most 64 tokens "
+                                          r".* Use --loss-chunks 64 or fewer"):
+        check_largest_batch(65, 64)
+    check_largest_batch(64, 64)
+    assert chunk_count(65, 64, 101, True) == 64  # a shorter batch than the run's largest: a chunk a row
     with pytest.raises(ConfigError, match=r"--loss-chunks 2 projects the logits chunk by chunk, which this run "
                                           r"cannot: .*features_only.*--find-unused-parameters.*Use --loss-chunks 1"):
         chunk_count(2, 64, 101, False)
