@@ -23,6 +23,7 @@ import mutants_core
 import mutants_data
 import mutants_data_bin
 import mutants_demo
+import mutants_document_mask
 import mutants_docs
 import mutants_eval_lm
 import mutants_eval_lm_remove_bpe
@@ -70,7 +71,7 @@ AREAS = (
     mutants_checkpoint_writing, mutants_checkpoint_staging, mutants_checkpoint_reading, mutants_keep_policy,
     mutants_integrity,
     # shardtrain/optim/, models/, data/ and tasks/
-    mutants_optim, mutants_models, mutants_data, mutants_data_bin, mutants_chunked_loss,
+    mutants_optim, mutants_models, mutants_document_mask, mutants_data, mutants_data_bin, mutants_chunked_loss,
     # shardtrain/config/ and the flags' effects
     mutants_config, mutants_config_fairseq_flags, mutants_flag_coverage, mutants_flag_effects,
     # shardtrain/cli/, plan/, plot/, core/

@@ -131,9 +131,11 @@ CASES: List[Case] = [
          scenario="headline-uf1"),
     Case("scenario-headline-uf4", 4, 240, "as uf1, with 4 micro-batches an update (each moves the "
          "parameters and gradients over PCIe again): 38 + 30 x 6.7", scenario="headline-uf4"),
-    # ---- tier 5: 230 s + probe 10
+    # ---- tier 5: 290 s + probe 10
     Case("scenario-headline-offload-activations", 5, 140, "as uf1 + the checkpoints' copies to the host",
          scenario="headline-offload-activations"),
+    Case("document-mask-flex", 5, 60, "pytest 6 + compiling FlexAttention's forward and backward for 2 head "
+         "shapes (llama's grouped-query, transformer_lm's) 2 x 25, unmeasured", _t("test_document_mask_gpu.py")),
     Case("scenario-compile", 5, 90, "data-bin 5 + eager run of 60 updates (125M) 15 + compiled run 15 + "
          "compiling a 12-layer model 55", scenario="compile"),
     # ---- tier 6 (2 GPUs): 325 s + probe 10; a 2-rank run: 10 (both ranks start in parallel, NCCL init)

@@ -37,3 +37,15 @@ def collate(samples: List[dict], pad: int) -> dict:
         },
         "target": target,
     }
+
+
+def document_ids(src_tokens: torch.Tensor, eos: int) -> torch.Tensor:
+    """[B, T]: which document of its row each source token is in (``--attn-mask-type block_causal``).
+
+    A document starts at each ``eos``: a source block is its target shifted right by one, so the ``</s>`` that
+    ends a line stands before the next line, as its start token (the one a sample of ``--sample-break-mode eos``
+    begins with). Each line is then computed exactly as that one-line sample would be. The tokens before a row's
+    first ``eos`` (a line cut at the row's start) are document 0. Right padding continues the last document;
+    its targets are pad and ignored.
+    """
+    return torch.cumsum(src_tokens == eos, dim=1)

@@ -19,6 +19,8 @@ from shardtrain.core.errors import ConfigError
 # What a task may give that a model is free not to take: fairseq's models take src_lengths, and most ignore
 # it, so a forward(src_tokens) written for an older shardtrain still runs.
 IGNORABLE_INPUTS = ("src_lengths",)
+# The inputs shardtrain's own tasks add on request, and the option that adds each (the refusal names it).
+ADDED_BY = {"document_ids": "--attn-mask-type block_causal"}
 
 # name -> what a model without it gets (docs/plugins.md lists the same)
 DEFAULTS = {
@@ -43,11 +45,12 @@ def forward_inputs(model: nn.Module, net_input: Dict) -> Dict:
     refused = [k for k in net_input if k not in taken and k not in IGNORABLE_INPUTS]
     if refused:
         model_cls = type(_inner(model)).__name__
+        them = "them" if len(refused) > 1 else "it"
+        options = sorted({ADDED_BY[k] for k in refused if k in ADDED_BY}) or [f"the task option that adds {them}"]
         raise ConfigError(
             f"The task gives the model {', '.join(refused)}, which {model_cls}.forward does not take "
-            f"(it takes {', '.join(sorted(taken)) or 'nothing by name'}). Use a model that takes "
-            f"{'them' if len(refused) > 1 else 'it'}, or drop the task option that adds "
-            f"{'them' if len(refused) > 1 else 'it'}.")
+            f"(it takes {', '.join(sorted(taken)) or 'nothing by name'}). Use a model that takes {them} "
+            f"(docs/plugins.md: what a model's forward takes), or drop {' and '.join(options)}.")
     return {k: v for k, v in net_input.items() if k in taken}
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from shardtrain.models.document_mask import first_of_document
 from shardtrain.models.init import init_, zero_row_
 
 
@@ -23,6 +24,16 @@ def make_positions(tokens: torch.Tensor, padding_idx: int, offset: int = 0) -> t
     came before, for incremental decoding with a KV cache."""
     mask = tokens.ne(padding_idx).long()
     return (torch.cumsum(mask, dim=1) + offset) * mask + padding_idx
+
+
+def document_positions(tokens: torch.Tensor, padding_idx: int, document_ids: torch.Tensor) -> torch.Tensor:
+    """:func:`make_positions` restarted at each document's first token (``document_ids``, models/document_mask.py):
+    each document's tokens get the positions the document alone would get."""
+    mask = tokens.ne(padding_idx).long()
+    counted = torch.cumsum(mask, dim=1)
+    first = first_of_document(document_ids)
+    before = counted.gather(1, first) - mask.gather(1, first)  # the non-pad tokens before the document
+    return (counted - before) * mask + padding_idx
 
 
 def sinusoidal_table(

@@ -4,7 +4,7 @@ import hashlib
 import os
 
 from shardtrain.core.fields import field
-from shardtrain.data.collate import collate
+from shardtrain.data.collate import collate, document_ids
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.indexed_dataset import MMapIndexedDataset
 from shardtrain.data.manifest import log_state_at_start
@@ -15,6 +15,7 @@ from shardtrain.tasks.base import Task
 from shardtrain.tasks.registry import register_task
 
 BREAK_MODES = ("none", "complete", "complete_doc", "eos")
+ATTN_MASK_TYPES = ("causal", "block_causal")  # torchtitan's names
 
 
 @dataclasses.dataclass
@@ -28,6 +29,10 @@ class LanguageModelingConfig:
     add_bos_token: bool = field(False, help="prepend beginning of sentence token (<s>) to each sample's input and "
                                 "target (blocks are then cut one token shorter, so a sample still fits "
                                 "--tokens-per-sample)")
+    attn_mask_type: str = field("causal", choices=ATTN_MASK_TYPES, help=(
+        "causal: a token attends to every earlier token of its sample; block_causal: to the earlier tokens of "
+        "its own document only (documents start at each </s>), its position restarting there, so documents packed "
+        "into one sample are trained as if each were alone (the model must take document_ids)"))
 
 
 @register_task("language_modeling", dataclass=LanguageModelingConfig)
@@ -104,4 +109,14 @@ class LanguageModelingTask(Task):
                             "file is damaged. Re-run shard-preprocess for all splits together.")
 
     def collater(self, samples):
-        return collate(samples, pad=self.dictionary.pad())
+        return self._with_documents(collate(samples, pad=self.dictionary.pad()))
+
+    def dummy_batch(self, sequences: int, length: int, device=None):
+        return self._with_documents(super().dummy_batch(sequences, length, device))
+
+    def _with_documents(self, batch):
+        """The batch, with ``document_ids`` in its net_input under --attn-mask-type block_causal."""
+        if self.cfg.attn_mask_type == "block_causal" and batch:  # {}: a short shard's filler batch
+            net_input = batch["net_input"]
+            net_input["document_ids"] = document_ids(net_input["src_tokens"], self.dictionary.eos())
+        return batch

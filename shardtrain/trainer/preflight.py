@@ -4,12 +4,15 @@ The components check their own settings when they are built (a schedule its warm
 an architecture its heads against its width, a criterion its metric): so the launcher builds the cheap
 ones once, up front, in the process that will spawn the ranks: the task (its dictionary, and that every
 split the run names exists and holds lines), the criterion,
-the model on the meta device (no memory; one of its repeated layers), the optimizer and the lr schedule over one dummy parameter.
+the model on the meta device (no memory; one of its repeated layers) and that its forward takes what the task's
+batches hold (a document mask: ``capabilities.forward_inputs``, which the first step would refuse too, but only
+after the ranks started and built everything), the optimizer and the lr schedule over one dummy parameter.
 A mistake is then reported in seconds, before any rank starts, in the same words as in a rank.
 """
 import torch
 
 from shardtrain.config.epoch_lists import first
+from shardtrain.models.capabilities import forward_inputs
 from shardtrain.trainer import build
 from shardtrain.trainer.memory.layers import one_layer_config
 from shardtrain.trainer.metrics.tensorboard import TensorboardWriter
@@ -32,7 +35,8 @@ def check_before_launch(cfg) -> None:
     if not cfg.dataset.disable_validation:
         build.check_best_checkpoint_metric(cfg.checkpoint.best_checkpoint_metric, task, criterion)
     with torch.random.fork_rng(devices=[]), torch.device("meta"):  # no memory, and the RNG as it was
-        task.build_model(components.model, one_layer_config(cfg, components))
+        model = task.build_model(components.model, one_layer_config(cfg, components))
+        forward_inputs(model, task.dummy_batch(1, 1, device="meta")["net_input"])  # refuses what it cannot take
     spec = components.optimizer(cfg.optimizer, torch.device("cpu"))
     optimizer = spec.build([torch.nn.Parameter(torch.zeros(1))], first(cfg.optimization.lr))
     build.build_lr_scheduler(cfg, components, optimizer)

@@ -4,14 +4,18 @@ torch.backends.cuda.matmul (and cudnn's flags) serve allow_tf32 from C++ state t
 properties, so the attribute is not in the module object's __dict__; pytest 9.2's monkeypatch restores such an
 attribute by deleting it, which raises at teardown (12 errors on a fresh machine, 2026-12-01). conftest's
 hygiene fixture restores the switches instead; these tests hold both halves."""
+import importlib.util
 import pathlib
 import re
 
 import torch
 
-import conftest
-
 TESTS = pathlib.Path(__file__).resolve().parents[1]
+# tests/conftest.py by its path: ``import conftest`` gets whichever conftest pytest imported last under that name
+# (tests/data has one too), so the test failed when collected after tests/data.
+_spec = importlib.util.spec_from_file_location("suite_conftest", TESTS / "conftest.py")
+conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conftest)
 PATCHING_TORCH_BACKENDS = re.compile(r"monkeypatch\.(setattr|delattr)\(\s*['\"]?torch\.backends")
 
 

@@ -159,3 +159,24 @@ def test_refused_before_any_rank_starts_in_each_front_ends_words(name, data_bin,
                                             *overrides], capsys)
     assert said_as_keys in err and not set(re.findall(r"--[a-z0-9-]+", err)) & set(flag_table()), err
     assert not save.exists()
+
+
+GRU_PLUGIN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "core", "gru_plugin")  # forward(src_tokens)
+
+
+@pytest.mark.flag_effect("--attn-mask-type")
+def test_a_document_mask_for_a_model_that_cannot_take_one_is_refused_before_any_rank(data_bin, tmp_path, capsys,
+                                                                                     monkeypatch):
+    from shardtrain.trainer.launch import start
+
+    def no_rank(*args, **kwargs):
+        raise AssertionError("a rank was started: the refusal came at the first step, not before launch")
+    monkeypatch.setattr(start, "_spawn", no_rank)
+    monkeypatch.setattr(start, "_run_rank", no_rank)
+    save = tmp_path / "save"
+    _, err = cli_refusal(train.main, [data_bin, "--user-dir", GRU_PLUGIN, "--arch", "gru_lm", "--gru-dim", "8",
+                                      "--tokens-per-sample", "16", "--batch-size", "4", "--cpu", "--max-update", "1",
+                                      "--save-dir", str(save), "--attn-mask-type", "block_causal"], capsys)
+    assert "The task gives the model document_ids, which GRULM.forward does not take (it takes src_tokens)" in err
+    assert "drop --attn-mask-type block_causal" in err, err
+    assert not save.exists()

@@ -1,8 +1,8 @@
 import torch
 
-from shardtrain.data.collate import collate
+from shardtrain.data.collate import collate, document_ids
 
-from fakes import PAD
+from fakes import EOS, PAD
 
 
 def sample(i, source, target):
@@ -34,3 +34,11 @@ def test_missing_target_means_the_source_is_the_target():
 
 def test_no_samples_give_an_empty_batch():
     assert collate([], pad=PAD) == {}
+
+
+def test_a_document_starts_at_each_eos_of_the_source():
+    src = torch.tensor([[5, 6, EOS, 7, EOS, EOS, 8, PAD],  # a line cut at the start, one of 2, one of 1, one cut
+                        [EOS, 9, 9, 9, 9, 9, 9, 9]])  # one line filling the row
+    # by hand: the tokens before the first </s> are document 0; each </s> starts the next; padding continues
+    assert document_ids(src, EOS).tolist() == [[0, 0, 1, 1, 2, 3, 3, 3], [1, 1, 1, 1, 1, 1, 1, 1]]
+    assert document_ids(src, EOS).dtype == torch.long

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from shardtrain.models.document_mask import Mask, attend
 from shardtrain.models.init import init_
 from shardtrain.models.kv_cache import LayerKVCache
 from shardtrain.models.llama.rope import apply_rotary
@@ -55,7 +56,8 @@ class Attention(nn.Module):
                 norm.init_weights()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Optional[LayerKVCache] = None) -> torch.Tensor:
+                cache: Optional[LayerKVCache] = None, mask: Mask = None) -> torch.Tensor:
+        """``mask``: None (causal) or the packed documents' (models/document_mask.py; never with a cache)."""
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.heads, self.head_dim)
         k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim)
@@ -69,7 +71,7 @@ class Attention(nn.Module):
             k, v = cache.append(k, v)
         gqa = self.kv_heads != self.heads
         if past == 0:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            out = attend(q, k, v, mask, enable_gqa=gqa)
         else:
             # is_causal aligns the mask top-left, wrong with more keys than queries: query i sees keys up to past + i
             allowed = torch.ones(length, past + length, dtype=torch.bool, device=x.device).tril(diagonal=past)
@@ -115,8 +117,8 @@ class LlamaBlock(nn.Module):
         self.mlp.init_weights(self.out_std)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Optional[LayerKVCache] = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+                cache: Optional[LayerKVCache] = None, mask: Mask = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -2,7 +2,9 @@
 within 1e-5 in fp32: tests/models/test_llama_vs_hf.py). A pure ``nn.Module``: FSDP2, activation checkpointing
 and --compile wrap its ``blocks`` from outside.
 
-``forward(src_tokens [B, T], cache=None) -> logits [B, T, V]``. Embedding row i is token i of the task's
+``forward(src_tokens [B, T], cache=None, document_ids=None) -> logits [B, T, V]``; with ``document_ids`` [B, T]
+(``--attn-mask-type block_causal``) each packed document attends within itself and its rotary positions restart
+at its first token (models/document_mask.py). Embedding row i is token i of the task's
 dictionary; there is no padding row (Hugging Face's models have none either): pad targets are ignored by the
 loss, and causal attention keeps right-padding from reaching real tokens.
 
@@ -16,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.models.document_mask import attention_mask, index_in_document, refuse_cache_with_documents
 from shardtrain.models.flops import decoder_flops_per_token
 from shardtrain.models.init import init_
 from shardtrain.models.kv_cache import KVCache
@@ -35,7 +38,8 @@ class LlamaModel(nn.Module):
         check_config(cfg, vocab_size, max_positions)
         dim, layers = cfg.decoder_embed_dim, cfg.decoder_layers
         self.max_positions = max_positions
-        self.embed_dim, self.attention_dim = dim, cfg.decoder_attention_heads * head_dim(cfg)
+        self.embed_dim, self.head_dim = dim, head_dim(cfg)
+        self.attention_dim = cfg.decoder_attention_heads * self.head_dim
         self.embed_tokens = nn.Embedding(vocab_size, dim)
         self.blocks = nn.ModuleList(
             LlamaBlock(dim, cfg.decoder_attention_heads, kv_heads(cfg), head_dim(cfg), ffn_dim(cfg),
@@ -78,27 +82,34 @@ class LlamaModel(nn.Module):
             weights += self.embed_tokens.weight.numel()
         return decoder_flops_per_token(weights, len(self.blocks), self.attention_dim, seq_len)
 
-    def forward(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None, *,
-                features_only: bool = False) -> torch.Tensor:
-        features = self.extract_features(src_tokens, cache)
+    def forward(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None,
+                document_ids: Optional[torch.Tensor] = None, *, features_only: bool = False) -> torch.Tensor:
+        features = self.extract_features(src_tokens, cache, document_ids)
         # features_only: through forward, so that FSDP2 gathers the output weight (and DDP and --compile wrap it)
         # for a loss that projects the features chunk by chunk (tasks/chunked_loss.py)
         return features if features_only else F.linear(features, self.output_weight())
 
-    def extract_features(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
-        """Hidden states [B, T, width] after the final norm; with ``cache``, positions continue from it."""
+    def extract_features(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None,
+                         document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Hidden states [B, T, width] after the final norm; with ``cache``, positions continue from it; with
+        ``document_ids``, they restart at each document and attention stays within it."""
+        refuse_cache_with_documents(cache, document_ids, type(self).__name__)
         past = 0 if cache is None else cache.length
         if self.max_positions is not None and past + src_tokens.size(1) > self.max_positions:
             raise ConfigError(
                 f"The input has {past + src_tokens.size(1)} tokens but the model takes at most "
                 f"{self.max_positions}. Use shorter inputs (--tokens-per-sample) or a larger --max-target-positions.")
         x = self.embed_tokens(src_tokens)
-        positions = torch.arange(past, past + src_tokens.size(1), device=src_tokens.device)
+        if document_ids is None:
+            positions = torch.arange(past, past + src_tokens.size(1), device=src_tokens.device)
+        else:
+            positions = index_in_document(document_ids)  # [B, T]: cos and sin per row
         # The frequencies are computed here, on the tokens' device, in fp32 (a few hundred values): kept as a
         # buffer they would be built on the meta device, cast by a storage dtype and saved in checkpoints.
         cos, sin = cos_sin(inverse_frequencies(*self._rope, device=src_tokens.device), positions, x.dtype)
+        mask = attention_mask(document_ids, self.head_dim)  # once for every block
         for index, block in enumerate(self.blocks):
-            x = block(x, cos, sin) if cache is None else block(x, cos, sin, cache.layers[index])
+            x = block(x, cos, sin, mask=mask) if cache is None else block(x, cos, sin, cache.layers[index])
         return self.norm(x)
 
     def new_kv_cache(self) -> KVCache:

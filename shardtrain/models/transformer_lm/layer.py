@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from shardtrain.models.document_mask import Mask, attend
 from shardtrain.models.init import init_
 from shardtrain.models.kv_cache import LayerKVCache
 
@@ -56,7 +57,8 @@ class SelfAttention(nn.Module):
         init_(self.out_proj.weight, nn.init.xavier_uniform_)
         nn.init.zeros_(self.out_proj.bias)
 
-    def forward(self, x: torch.Tensor, cache: Optional[LayerKVCache] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[LayerKVCache] = None, mask: Mask = None) -> torch.Tensor:
+        """``mask``: None (causal) or the packed documents' (models/document_mask.py; never with a cache)."""
         batch, length, _ = x.shape
         heads, head_dim = self.num_heads, self.embed_dim // self.num_heads
         q, k, v = (
@@ -69,7 +71,7 @@ class SelfAttention(nn.Module):
             k, v = cache.append(k, v)
         dropout_p = self.attention_dropout if self.training else 0.0
         if past == 0:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            out = attend(q, k, v, mask, dropout_p=dropout_p)
         elif length == 1:
             # A single new query may attend to every cached position.
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
@@ -127,11 +129,11 @@ class TransformerDecoderBlock(nn.Module):
             init_(fc.weight, nn.init.kaiming_uniform_, a=math.sqrt(5))
             nn.init.zeros_(fc.bias)
 
-    def forward(self, x: torch.Tensor, cache: Optional[LayerKVCache] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[LayerKVCache] = None, mask: Mask = None) -> torch.Tensor:
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x = residual + self.dropout(self.self_attn(x, cache))
+        x = residual + self.dropout(self.self_attn(x, cache, mask))
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)
 

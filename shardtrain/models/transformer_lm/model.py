@@ -40,12 +40,14 @@ import torch.nn.functional as F
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.models.transformer_lm.adaptive import AdaptiveInput, AdaptiveSoftmax, parse_cutoff
+from shardtrain.models.document_mask import attention_mask, refuse_cache_with_documents
 from shardtrain.models.flops import decoder_flops_per_token
 from shardtrain.models.init import init_
 from shardtrain.models.layerdrop import LayerDrop
 from shardtrain.models.positions import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEmbedding,
+    document_positions,
     init_embedding,
     make_positions,
 )
@@ -63,10 +65,13 @@ from shardtrain.models.transformer_lm.config import (
 class TransformerLanguageModel(nn.Module):
     """Token embedding, positions, ``blocks`` and an output projection.
 
-    ``forward(src_tokens [B, T], cache=None) -> logits [B, T, V]``. Attention
-    is causal only: fairseq also masks pad keys, which changes nothing for
-    the right-padded batches its LM tasks produce (a query never sees a later
+    ``forward(src_tokens [B, T], cache=None, document_ids=None) -> logits [B, T, V]``.
+    Attention is causal only: fairseq also masks pad keys, which changes nothing
+    for the right-padded batches its LM tasks produce (a query never sees a later
     key), so pad-key masking is dropped in exchange for ``is_causal`` kernels.
+    With ``document_ids`` [B, T] (``--attn-mask-type block_causal``) each packed
+    document attends within itself and its positions restart at its first token
+    (models/document_mask.py).
 
     ``forward(..., features_only=True)``: the hidden states [B, T, output_dim]
     the output projection (or the adaptive softmax) takes.
@@ -121,6 +126,8 @@ class TransformerLanguageModel(nn.Module):
         no_projection = cfg.share_decoder_input_output_embed or self.adaptive_softmax is not None
         self.output_projection = None if no_projection else nn.Linear(output_dim, vocab_size, bias=False)
         self.layerdrop = LayerDrop(cfg.decoder_layerdrop)
+        # what the attention kernel of a document mask depends on (models/document_mask.py)
+        self.head_dim, self.attention_dropout = embed_dim // cfg.decoder_attention_heads, cfg.attention_dropout
         self.init_weights()
 
     @classmethod
@@ -177,13 +184,14 @@ class TransformerLanguageModel(nn.Module):
         return self.output_projection.weight
 
     def forward(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None,
-                target: Optional[torch.Tensor] = None, *, features_only: bool = False):
+                document_ids: Optional[torch.Tensor] = None, target: Optional[torch.Tensor] = None, *,
+                features_only: bool = False):
         """Logits [B, T, V]; with an adaptive softmax, log-probabilities [B, T, V] instead
         (a softmax of either gives the same distribution), or with ``target`` the
         adaptive softmax's (logits, targets) lists that ``adaptive_loss`` sums over.
         The adaptive softmax runs inside forward so FSDP2 and DDP see its parameters used.
         ``features_only``: the features, for a loss that projects them chunk by chunk (tasks/chunked_loss.py)."""
-        features = self.extract_features(src_tokens, cache)
+        features = self.extract_features(src_tokens, cache, document_ids)
         if features_only:
             return features
         if self.adaptive_softmax is None:
@@ -196,13 +204,16 @@ class TransformerLanguageModel(nn.Module):
             return self.adaptive_softmax(features, target, adaptive_input)
         return self.adaptive_softmax.get_log_prob(features, adaptive_input)
 
-    def extract_features(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+    def extract_features(self, src_tokens: torch.Tensor, cache: Optional[KVCache] = None,
+                         document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Hidden states [B, T, output_dim] before the output projection.
 
         With ``cache``, ``src_tokens`` are the tokens after the cached ones and
         their positions continue from ``cache.length`` (as in fairseq's
         incremental decoding, earlier tokens are assumed not to be padding).
+        With ``document_ids``, positions restart at each document.
         """
+        refuse_cache_with_documents(cache, document_ids, type(self).__name__)
         past = 0 if cache is None else cache.length
         if past + src_tokens.size(1) > self.max_positions:
             raise ConfigError(
@@ -216,11 +227,14 @@ class TransformerLanguageModel(nn.Module):
         if self.embed_positions is not None:
             # In x's dtype: an fp32 table (a buffer, which FSDP's mixed precision does not
             # cast) would promote bf16/fp16 activations to fp32.
-            x = x + self.embed_positions(make_positions(src_tokens, self.padding_idx, offset=past), x.dtype)
+            positions = (make_positions(src_tokens, self.padding_idx, offset=past) if document_ids is None
+                         else document_positions(src_tokens, self.padding_idx, document_ids))
+            x = x + self.embed_positions(positions, x.dtype)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout(x)
         keep = self.layerdrop.keep(len(self.blocks), self.training)
+        mask = attention_mask(document_ids, self.head_dim, self.attention_dropout if self.training else 0.0)
         for index, block in enumerate(self.blocks):
             if not keep[index]:
                 # A dropped block still runs, on no positions: its parameters get zero
@@ -228,7 +242,7 @@ class TransformerLanguageModel(nn.Module):
                 # grads) and FSDP2's all-gathers stay matched; the block's compute is skipped.
                 x = x + block(x[:, :0]).sum()
             elif cache is None:
-                x = block(x)
+                x = block(x, mask=mask)
             else:
                 x = block(x, cache.layers[index])
         if self.layer_norm is not None:

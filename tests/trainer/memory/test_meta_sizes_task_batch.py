@@ -31,3 +31,14 @@ def test_activations_are_measured_on_the_tasks_batch(data):
     assert activations > 0 and asked and all(a == (1, 32, "meta") for a in asked)
     task.refuse = True  # an input the model cannot take: not counted (and said in the log)
     assert model_sizes(cfg, Components.of(cfg), task, activations=True)[-1] == 0
+
+
+@pytest.mark.flag_effect("--attn-mask-type")
+def test_a_document_mask_is_counted_once_for_every_block(data):
+    def activations(*flags):
+        cfg = tiny_plan_cfg(data, "--decoder-layers", "2", *flags)
+        return model_sizes(cfg, Components.of(cfg), build_task(cfg, Components.of(cfg)), activations=True)[-1]
+
+    causal = activations()
+    # the task's dummy batch holds document_ids: its boolean mask [1, 1, 32, 32], built once and kept for backward
+    assert activations("--attn-mask-type", "block_causal") == causal + 32 * 32 > 0
