@@ -100,6 +100,18 @@ def _edit(folder, name, **changes):
         json.dump(value, f)
 
 
+def test_the_copied_tokenizer_json_is_in_the_manifest(tmp_path):
+    """It decides what every id means: a data-bin whose manifest does not list it is refused, as for spm.model."""
+    _, dest = _data_bin(tmp_path, "llama")
+    with open(os.path.join(dest, "manifest.json")) as f:
+        manifest = json.load(f)
+    del manifest["files"]["tokenizer.json"]
+    with open(os.path.join(dest, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(DataError, match="holds tokenizer.json, which its manifest.json does not list"):
+        check_at_start(dest)
+
+
 def test_folder_refusals_each_say_what_is_wrong(tmp_path):
     folder = make_folder(tmp_path / "llama", "llama")
     _edit(folder, "config.json", vocab_size=303)
