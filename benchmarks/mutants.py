@@ -30,6 +30,7 @@ import mutants_eval_lm_remove_bpe
 import mutants_flag_coverage
 import mutants_flag_effects
 import mutants_gpu_acceptance
+import mutants_hf_tokenizer
 import mutants_integrity
 import mutants_keep_policy
 import mutants_launch
@@ -71,7 +72,8 @@ AREAS = (
     mutants_checkpoint_writing, mutants_checkpoint_staging, mutants_checkpoint_reading, mutants_keep_policy,
     mutants_integrity,
     # shardtrain/optim/, models/, data/ and tasks/
-    mutants_optim, mutants_models, mutants_document_mask, mutants_data, mutants_data_bin, mutants_chunked_loss,
+    mutants_optim, mutants_models, mutants_document_mask, mutants_data, mutants_data_bin, mutants_hf_tokenizer,
+    mutants_chunked_loss,
     # shardtrain/config/ and the flags' effects
     mutants_config, mutants_config_fairseq_flags, mutants_flag_coverage, mutants_flag_effects,
     # shardtrain/cli/, plan/, plot/, core/

@@ -115,12 +115,15 @@ def _count_range(task, on_bytes=None) -> Counter:
 
 
 def binarize_file(path: str, out_prefix: str, dictionary: Dictionary, tokenize: Callable[[str], List[str]],
-                  workers: int = 1, progress: bool = True) -> BinarizeStats:
-    """Write ``out_prefix.bin/.idx`` (atomically) from the text file ``path``."""
+                  workers: int = 1, progress: bool = True,
+                  to_ids: Optional[Callable[[str], List[int]]] = None) -> BinarizeStats:
+    """Write ``out_prefix.bin/.idx`` (atomically) from the text file ``path``. ``to_ids``: a line's ids, eos
+    included, straight from a tokenizer that owns the ids (--hf-tokenizer), instead of ``tokenize`` and the
+    dictionary."""
     dtype = best_fitting_int_dtype(len(dictionary))
     parts_prefix = temp_sibling(out_prefix)
     ranges, workers = _plan(path, workers)
-    tasks = [(path, start, end, dictionary, tokenize, dtype, f"{parts_prefix}{i}")
+    tasks = [(path, start, end, dictionary, tokenize, to_ids, dtype, f"{parts_prefix}{i}")
              for i, (start, end) in enumerate(ranges)]
     stats = BinarizeStats()
     try:
@@ -143,15 +146,18 @@ def binarize_file(path: str, out_prefix: str, dictionary: Dictionary, tokenize: 
 
 
 def _binarize_range(task, on_bytes=None) -> BinarizeStats:
-    path, start, end, dictionary, tokenize, dtype, part_prefix = task
+    path, start, end, dictionary, tokenize, to_ids, dtype, part_prefix = task
     stats = BinarizeStats()
     unk, unk_word = dictionary.unk(), dictionary.unk_word
     with MMapIndexedDatasetBuilder(data_file_path(part_prefix), dtype) as builder:
         batch = []
         for line in iter_lines(path, start, end, on_bytes):
-            words = tokenize(line)
-            ids = dictionary.encode_symbols(words)
-            if unk in ids:
+            if to_ids is not None:
+                ids = to_ids(line)
+            else:
+                words = tokenize(line)
+                ids = dictionary.encode_symbols(words)
+            if unk in ids and to_ids is None:
                 stats.num_replaced += sum(1 for w, i in zip(words, ids) if i == unk and w != unk_word)
             stats.num_seq += 1
             stats.num_tok += len(ids)

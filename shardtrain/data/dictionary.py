@@ -2,14 +2,18 @@
 
 Indices, ``finalize`` ordering and padding match fairseq exactly, because a
 data-bin made by fairseq-preprocess (or a fairseq checkpoint) stores token ids
-that only mean something together with this mapping.
+that only mean something together with this mapping. A data-bin in a Hugging
+Face tokenizer's ids has a dict.txt of one header line instead (data/hf_vocab.py):
+``load`` recognises it and gives the tokenizer's tokens at their own ids.
 """
+import os
 from collections import Counter
 from typing import Callable, Iterable, List, Optional
 
 import torch
 
 from shardtrain.core.fileio import atomic_write_bytes
+from shardtrain.data.hf_vocab import check_tokenizer_file, header_line, load_tokenizer_file, parse_header, vocab_symbols
 from shardtrain.data.tokenizers import tokenize_line
 from shardtrain.core.errors import DataError
 
@@ -32,6 +36,21 @@ class Dictionary:
         for symbol in extra_special_symbols or ():
             self.add_symbol(symbol)
         self.nspecial = len(self.symbols)
+        self.hf_spec = None  # the dict.txt header of a data-bin in a Hugging Face tokenizer's ids
+
+    @classmethod
+    def from_hf(cls, spec, data_dir: str) -> "Dictionary":
+        """The dictionary of an HF data-bin: symbol ``i`` is the tokenizer's token ``i``, the specials are the ids
+        its header records (none of fairseq's four is added)."""
+        tokenizer = load_tokenizer_file(check_tokenizer_file(data_dir, spec))
+        d = cls.__new__(cls)
+        d.symbols = vocab_symbols(tokenizer, spec["size"])
+        d.count, d.indices = [0] * len(d.symbols), {s: i for i, s in enumerate(d.symbols)}
+        d.bos_index, d.pad_index, d.eos_index, d.unk_index = (spec[k] for k in ("bos", "pad", "eos", "unk"))
+        d.bos_word, d.pad_word, d.eos_word, d.unk_word = (d.symbols[i] for i in (d.bos_index, d.pad_index,
+                                                                                   d.eos_index, d.unk_index))
+        d.nspecial, d.hf_spec = 0, dict(spec)
+        return d
 
     def __eq__(self, other):
         return isinstance(other, Dictionary) and self.indices == other.indices
@@ -156,24 +175,19 @@ class Dictionary:
 
     @classmethod
     def load(cls, path: str) -> "Dictionary":
-        """Read a ``dict.txt`` (written by :meth:`save` or fairseq)."""
+        """Read a ``dict.txt`` (written by :meth:`save` or fairseq, or an HF data-bin's header)."""
+        lines = _read_lines(path)
+        spec = parse_header(lines[0], path) if lines else None
+        if spec is not None:
+            return cls.from_hf(spec, os.path.dirname(path))
         d = cls()
-        d.add_from_file(path)
+        d._add_lines(lines, path)
         return d
 
     def add_from_file(self, path: str) -> None:
-        try:
-            with open(path, "r", encoding="utf-8") as f:
-                lines = f.readlines()
-        except FileNotFoundError:
-            raise DataError(f"Dictionary file {path} does not exist. Pass the data-bin directory written by "
-                            "shard-preprocess (it contains dict.txt), or build one with shard-preprocess.") from None
-        except UnicodeDecodeError as e:
-            raise DataError(f"Dictionary file {path} is not valid UTF-8 ({e.reason} at byte {e.start}). "
-                            + _FIX_HINT) from None
-        except OSError as e:
-            raise DataError(f"Cannot read dictionary file {path}: {e.strerror}. Check the path and its "
-                            "permissions.") from None
+        self._add_lines(_read_lines(path), path)
+
+    def _add_lines(self, lines: List[str], path: str) -> None:
         for lineno, line in enumerate(lines, start=1):
             word, count, overwrite = _parse_dict_line(line, path, lineno)
             if word in self and not overwrite:
@@ -183,9 +197,27 @@ class Dictionary:
             self.add_symbol(word, n=count, overwrite=overwrite)
 
     def save(self, path: str) -> None:
-        """Write ``symbol count`` lines (specials are implied), atomically."""
-        text = "".join(f"{s} {c}\n" for s, c in zip(self.symbols[self.nspecial:], self.count[self.nspecial:]))
+        """Write ``symbol count`` lines (specials are implied), atomically; an HF dictionary writes its header."""
+        if self.hf_spec is not None:
+            text = header_line(self.hf_spec)
+        else:
+            text = "".join(f"{s} {c}\n" for s, c in zip(self.symbols[self.nspecial:], self.count[self.nspecial:]))
         atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _read_lines(path: str) -> List[str]:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return f.readlines()
+    except FileNotFoundError:
+        raise DataError(f"Dictionary file {path} does not exist. Pass the data-bin directory written by "
+                        "shard-preprocess (it contains dict.txt), or build one with shard-preprocess.") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"Dictionary file {path} is not valid UTF-8 ({e.reason} at byte {e.start}). "
+                        + _FIX_HINT) from None
+    except OSError as e:
+        raise DataError(f"Cannot read dictionary file {path}: {e.strerror}. Check the path and its "
+                        "permissions.") from None
 
 
 def _parse_dict_line(line: str, path: str, lineno: int):

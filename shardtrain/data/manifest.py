@@ -6,7 +6,7 @@ replaces ``manifest.json`` with one that says "incomplete", then moves the files
 full manifest: a data-bin is either whole, with a manifest that matches it, or says it is not.
 
 Checked when a task opens the data-bin (names, sizes, and the CRC-32 of every file but the .bin:
-dict.txt, preprocess.json and spm.model decide what every token id means, an .idx where every sample
+dict.txt, preprocess.json, spm.model and tokenizer.json decide what every token id means, an .idx where every sample
 starts, and the task reads each .idx whole at start anyway to validate it) and in full by
 ``verify_data_bin`` (every file's CRC-32). CRC-32 by measurement: zlib's runs at 3.5 GiB/s here,
 SHA-1 at 1.8, BLAKE2b at 0.8; it is for damage and mix-ups, not for an adversary. Data-bins without a
@@ -22,6 +22,7 @@ from typing import Callable, Dict, Iterable
 
 from shardtrain.core.errors import DataError
 from shardtrain.core.fileio import atomic_write_bytes, fsync_dir
+from shardtrain.data.hf_vocab import TOKENIZER_FILE
 from shardtrain.data.tokenizers import PREPROCESS_JSON, SPM_MODEL_FILE
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ _FORMAT = 1
 _CHUNK = 8 << 20
 # The files a task reads; a data-bin may hold others (a README, fairseq's preprocess.log) that nothing
 # reads and nothing checks.
-_READ_NAMES = ("dict.txt", PREPROCESS_JSON, SPM_MODEL_FILE)
+_READ_NAMES = ("dict.txt", PREPROCESS_JSON, SPM_MODEL_FILE, TOKENIZER_FILE)
 _READ_SUFFIXES = (".bin", ".idx")
 _LARGE_SUFFIX = ".bin"  # the corpus itself: sizes at start, its CRC-32 only in verify_data_bin
 RECORDS_MANIFEST = "manifest"  # preprocess.json's key: this data-bin was published with a manifest

@@ -3,7 +3,8 @@
 The data-bin holds ``dict.txt``, ``{train,valid,test}.{bin,idx}`` in fairseq's
 format (with ``--tokenizer space`` the files equal fairseq-preprocess's byte for
 byte), ``preprocess.json`` (how to tokenize a prompt) and, for sentencepiece,
-``spm.model``, and ``manifest.json`` (data/manifest.py). Everything is written
+``spm.model``, and ``manifest.json`` (data/manifest.py). With ``--hf-tokenizer DIR``
+the ids are those of DIR's tokenizer.json, copied in (data/hf_folder.py, hf_vocab.py). Everything is written
 into a staging directory first and moved into place at the end, so a failed
 run never leaves a half-written data-bin. That holds for Ctrl-C too (and for
 SIGTERM, which cli_entry turns into an exception): the clean-up runs on the way
@@ -32,6 +33,8 @@ from shardtrain.core.timing import timed
 from shardtrain.data.binarize import (binarize_file, count_symbols, iter_lines, stop_signals_deferred,
                                      usable_workers)
 from shardtrain.data.dictionary import Dictionary
+from shardtrain.data.hf_folder import hf_tokenizer_path, stage_hf_vocabulary
+from shardtrain.data.hf_vocab import TOKENIZER_FILE
 from shardtrain.core.fileio import atomic_write_bytes, writer_is_dead, writer_tag
 from shardtrain.data.destdir_lock import destdir_locked
 from shardtrain.data.manifest import MANIFEST, RECORDS_MANIFEST
@@ -72,6 +75,8 @@ class PreprocessConfig:
     nwordssrc: int = field(-1, help="number of source words to retain (-1: all)")
     padding_factor: int = field(8, help="pad the dictionary size to be a multiple of this")
     srcdict: Optional[str] = field(None, help="reuse this dict.txt instead of building one from --trainpref")
+    hf_tokenizer: Optional[str] = field(None, help="a Hugging Face model folder: encode with its tokenizer.json, so "
+                                        "that the data-bin's ids are that model's (its bos/eos/pad: docs/training.md)")
     no_progress_bar: bool = field(False, help="disable the progress bars")
     # fairseq-preprocess's flags that a language-model user passes: a data-bin here is always
     # source-only and mmap, so these are accepted with fairseq's meaning, and other values refused.
@@ -131,12 +136,16 @@ def _no_space_paragraph(cfg: PreprocessConfig, splits: Dict[str, str], error: OS
 
 
 def _build(cfg: PreprocessConfig, splits: Dict[str, str], staging: str) -> Dictionary:
-    tokenizer = _build_tokenizer(cfg, staging)
-    dictionary = _build_dictionary(cfg, tokenizer, staging)
+    if cfg.hf_tokenizer:
+        dictionary, to_ids, tokenize = stage_hf_vocabulary(cfg.hf_tokenizer, staging) + (None,)
+        spec = tokenizer_spec("hf", None, TOKENIZER_FILE)
+    else:
+        tokenizer, to_ids = _build_tokenizer(cfg, staging), None
+        dictionary, tokenize = _build_dictionary(cfg, tokenizer, staging), tokenizer.encode
+        spec = tokenizer_spec(cfg.tokenizer, SPM_MODEL_FILE if cfg.tokenizer == "spm" else None)
     for split, path in splits.items():
-        binarize_file(path, os.path.join(staging, split), dictionary, tokenizer.encode,
-                      workers=cfg.workers, progress=not cfg.no_progress_bar)
-    spec = tokenizer_spec(cfg.tokenizer, SPM_MODEL_FILE if cfg.tokenizer == "spm" else None)
+        binarize_file(path, os.path.join(staging, split), dictionary, tokenize,
+                      workers=cfg.workers, progress=not cfg.no_progress_bar, to_ids=to_ids)
     spec[RECORDS_MANIFEST] = MANIFEST  # so that a data-bin whose manifest was deleted is not read unchecked
     atomic_write_bytes(os.path.join(staging, PREPROCESS_JSON), (json.dumps(spec, indent=2) + "\n").encode())
     return dictionary
@@ -168,6 +177,8 @@ def _remove_created(created: List[str]) -> None:
 def check_config(cfg: PreprocessConfig) -> Dict[str, str]:
     """Reject bad flags and inputs before any work; returns {split: text file}."""
     _check_flags(cfg)
+    if cfg.hf_tokenizer is not None:
+        hf_tokenizer_path(cfg.hf_tokenizer)  # a folder without one: refused before anything is written
     splits = {s: getattr(cfg, f"{s}pref") for s in SPLITS if getattr(cfg, f"{s}pref")}
     named = [(f"--{s}pref", p) for s, p in splits.items()]
     named += [(f"--{name.replace('_', '-')}", getattr(cfg, name)) for name in ("srcdict", "spm_model")]
@@ -199,7 +210,9 @@ def _check_flags(cfg: PreprocessConfig) -> None:
          "drop the flag (mmap is the default, as in fairseq 0.12)"),
         (not (cfg.trainpref or cfg.validpref or cfg.testpref),
          "nothing to do: give at least one of --trainpref, --validpref, --testpref"),
-        (not cfg.trainpref and not cfg.srcdict,
+        (bool(_hf_conflicts(cfg)), f"--hf-tokenizer gives the vocabulary and the tokenization, so "
+         f"{', '.join(_hf_conflicts(cfg))} cannot apply; drop {'it' if len(_hf_conflicts(cfg)) == 1 else 'them'}"),
+        (not cfg.trainpref and not cfg.srcdict and not cfg.hf_tokenizer,
          "--trainpref is needed to build the dictionary; give it, or reuse a dictionary with --srcdict"),
         (cfg.spm_model is not None and cfg.tokenizer == "space",
          "--spm-model only applies to --tokenizer spm; drop --spm-model or use --tokenizer spm"),
@@ -213,6 +226,17 @@ def _check_flags(cfg: PreprocessConfig) -> None:
     for failed, message in rules:
         if failed:
             raise ConfigError(message + ".")
+
+
+def _hf_conflicts(cfg: PreprocessConfig) -> List[str]:
+    """The vocabulary flags given beside --hf-tokenizer (its tokenizer decides what each would)."""
+    if cfg.hf_tokenizer is None:
+        return []
+    given = [("--tokenizer space", cfg.tokenizer == "space"), ("--spm-model", cfg.spm_model is not None),
+             ("--spm-vocab-size", cfg.spm_vocab_size is not None), ("--srcdict", cfg.srcdict is not None),
+             ("--thresholdsrc", cfg.thresholdsrc != 0), ("--nwordssrc", cfg.nwordssrc != -1),
+             ("--padding-factor", cfg.padding_factor != 8)]
+    return [flag for flag, is_given in given if is_given]
 
 
 def _has_text(path: str) -> bool:

@@ -4,7 +4,8 @@ Two tokenizers: ``space`` (fairseq's default whitespace split, for text that is
 already tokenized) and ``spm`` (a sentencepiece model; its pieces are plain
 dictionary symbols, the fairseq ids of the specials come from ``Dictionary``).
 A data-bin records which one made it in ``preprocess.json``, so training and
-generation tokenize a prompt the same way.
+generation tokenize a prompt the same way. A data-bin made with
+``--hf-tokenizer`` records ``hf`` and its ``tokenizer.json`` (data/hf_vocab.py).
 """
 import io
 import json
@@ -15,6 +16,7 @@ from typing import Iterable, List, Optional
 import sentencepiece as spm
 
 from shardtrain.core.fileio import atomic_write_bytes
+from shardtrain.data.hf_vocab import HFTokenizer
 from shardtrain.core.errors import ConfigError, DataError
 
 PREPROCESS_JSON = "preprocess.json"
@@ -124,9 +126,10 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str, vocab_size: i
     atomic_write_bytes(model_path, model.getvalue())
 
 
-def tokenizer_spec(tokenizer: str, spm_model: Optional[str]) -> dict:
+def tokenizer_spec(tokenizer: str, spm_model: Optional[str], hf_tokenizer: Optional[str] = None) -> dict:
     """The content of ``preprocess.json``: how the data-bin's text was tokenized."""
-    return {"tokenizer": tokenizer, "spm_model": spm_model}
+    spec = {"tokenizer": tokenizer, "spm_model": spm_model}
+    return spec if hf_tokenizer is None else {**spec, "hf_tokenizer": hf_tokenizer}
 
 
 def load_tokenizer(data_dir: str):
@@ -145,5 +148,7 @@ def load_tokenizer(data_dir: str):
         return SpaceTokenizer()
     if name == "spm" and isinstance(spec.get("spm_model"), str):
         return SentencePieceTokenizer(os.path.join(data_dir, spec["spm_model"]))
+    if name == "hf" and isinstance(spec.get("hf_tokenizer"), str):
+        return HFTokenizer(os.path.join(data_dir, spec["hf_tokenizer"]))
     raise DataError(f"{path} should hold {{\"tokenizer\": \"spm\" or \"space\", \"spm_model\": FILE or null}}, "
                     f"got {spec!r}. Re-run shard-preprocess for this data-bin.")

@@ -2,10 +2,12 @@
 import dataclasses
 import hashlib
 import os
+from typing import Optional
 
 from shardtrain.core.fields import field
 from shardtrain.data.collate import collate, document_ids
 from shardtrain.data.dictionary import Dictionary
+from shardtrain.data.hf_folder import check_matches_model
 from shardtrain.data.indexed_dataset import MMapIndexedDataset
 from shardtrain.data.manifest import log_state_at_start
 from shardtrain.data.token_block import TokenBlockDataset
@@ -66,6 +68,12 @@ class LanguageModelingTask(Task):
     def fingerprint(self):
         symbols = "\n".join(self.dictionary[i] for i in range(len(self.dictionary)))
         return {"dictionary_sha1": hashlib.sha1(symbols.encode("utf-8")).hexdigest()}
+
+    def check_model_vocabulary(self, model_vocab_size: int, hf_folder: Optional[str] = None) -> None:
+        """For a model whose vocabulary is not built from this data-bin (one imported from a Hugging Face folder):
+        refused before training starts unless the data-bin's ids are that model's (another size, or a data-bin not
+        made with ``hf_folder``'s tokenizer.json: data/hf_folder.check_matches_model)."""
+        check_matches_model(self.dictionary, model_vocab_size, hf_folder)
 
     def max_positions(self) -> int:
         return self.cfg.tokens_per_sample

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank 
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOT_SOURCE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
-DEPENDENCIES = ("torch", "hydra-core", "omegaconf", "sentencepiece", "tensorboard", "numpy", "tqdm")
+DEPENDENCIES = ("torch", "hydra-core", "omegaconf", "sentencepiece", "tokenizers", "tensorboard", "numpy", "tqdm")
 
 
 def run(args, cwd, timeout=300):
