@@ -63,10 +63,12 @@ def exports(model: str) -> bool:
     return model in FAMILIES
 
 
-def to_folder_config(model: str, values: Dict, vocab_size: int, max_positions: Optional[int], dtype: str,
+def to_folder_config(model: str, values: Dict, weights: Dict, max_positions: Optional[int], dtype: str,
                      extra: Optional[Dict] = None) -> Tuple[Dict, str]:
-    """(config.json, transformers' class) for a model ``model`` with config ``values``."""
-    return FAMILIES[model].to_hf(values, vocab_size, max_positions, dtype, extra)
+    """(config.json, transformers' class) for a model ``model`` with config ``values`` and ``weights`` (our
+    names; they give the vocabulary)."""
+    family = FAMILIES[model]
+    return family.to_hf(values, family.vocab_size(weights), max_positions, dtype, extra)
 
 
 def hf_name(model: str, name: str) -> str:

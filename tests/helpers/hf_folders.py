@@ -2,8 +2,14 @@
 import json
 import os
 
+import pytest
 import torch
 import transformers
+
+from shardtrain.config.run_config import parse_train_args
+from shardtrain.trainer.checkpoint.hf_folder import load_folder_into
+from shardtrain.trainer.resolved import Components, build_model, build_task
+from st_testutils import make_space_data_bin
 
 PROMPT_LENGTH = 24
 
@@ -66,3 +72,25 @@ def reference_logits(folder: str, vocab: int) -> torch.Tensor:
                                                               attn_implementation="eager").eval()
     with torch.no_grad():
         return model(prompt(vocab)).logits
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    """16 symbols: the tiny folders are saved with that vocabulary."""
+    return make_space_data_bin(str(tmp_path_factory.mktemp("hf_bin")), n_words=8, train_tokens=600,
+                               valid_tokens=100, line_len=20)
+
+
+def vocab(data_bin):
+    with open(os.path.join(data_bin, "dict.txt")) as f:
+        return 4 + sum(1 for _ in f)  # fairseq's 4 special symbols, then one line a word
+
+
+def imported(data_bin, folder, *flags):
+    """(config, model) as shard-train builds and fills them from ``folder``, on one process, no run."""
+    cfg = parse_train_args([data_bin, "--finetune-from-model", folder, "--tokens-per-sample", "32", "--cpu",
+                            *flags])
+    components = Components.of(cfg)
+    model = build_model(cfg, components, build_task(cfg, components))
+    load_folder_into(model, folder)
+    return cfg, model.eval()

@@ -106,6 +106,11 @@ def to_hf(values: Dict, vocab_size: int, max_positions: Optional[int], dtype: st
     return config, _CLASSES[model_type]
 
 
+def vocab_size(weights: Dict) -> int:
+    """The rows of the embedding: the vocabulary a checkpoint's model was built with."""
+    return weights["embed_tokens.weight"].shape[0]
+
+
 class _Fields:
     """A values dict read as the config's attributes (config.py's helpers take either)."""
 

@@ -7,31 +7,10 @@ import pytest
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
-from shardtrain.config.run_config import parse_train_args
-from shardtrain.trainer.checkpoint.hf_folder import load_folder_into, row_range
+from shardtrain.trainer.checkpoint.hf_folder import row_range
 from shardtrain.trainer.resolved import Components, build_model, build_task
-from hf_folders import prompt, reference_logits, safetensors_files, save_tiny
-from st_testutils import make_space_data_bin
-
-
-@pytest.fixture(scope="module")
-def data_bin(tmp_path_factory):
-    return make_space_data_bin(str(tmp_path_factory.mktemp("hf_bin")), n_words=8, train_tokens=600,
-                               valid_tokens=100, line_len=20)
-
-
-def vocab(data_bin):
-    with open(f"{data_bin}/dict.txt") as f:
-        return 4 + sum(1 for _ in f)  # fairseq's 4 special symbols, then one line a word
-
-
-def imported(data_bin, folder, *flags):
-    cfg = parse_train_args([data_bin, "--finetune-from-model", folder, "--tokens-per-sample", "32", "--cpu",
-                            *flags])
-    components = Components.of(cfg)
-    model = build_model(cfg, components, build_task(cfg, components))
-    load_folder_into(model, folder)
-    return cfg, model.eval()
+from hf_folders import (data_bin, imported, prompt, reference_logits, rewrite_config,  # noqa: F401 (a fixture)
+                        safetensors_files, save_tiny, vocab)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
@@ -55,7 +34,6 @@ def test_logits_equal_transformers_from_the_same_folder(data_bin, tmp_path, kind
 def test_the_older_rope_spelling_loads_the_same_numbers(data_bin, tmp_path):
     folder = str(tmp_path / "old")
     save_tiny("llama", folder, vocab(data_bin))
-    from hf_folders import rewrite_config
     rewrite_config(folder, rope_parameters=None, rope_theta=500000.0, rope_scaling={
         "type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8})
