@@ -48,6 +48,18 @@ def safetensors_files(folder: str):
     return sorted(name for name in os.listdir(folder) if name.endswith(".safetensors"))
 
 
+def tensors_of(folder: str):
+    """Every tensor of the folder's safetensors files, by Hugging Face's name; each file's metadata checked to be
+    {"format": "pt"} (transformers' loader refuses others)."""
+    from safetensors import safe_open
+    out = {}
+    for name in safetensors_files(folder):
+        with safe_open(os.path.join(folder, name), "pt") as f:
+            assert f.metadata() == {"format": "pt"}, name
+            out.update({key: f.get_tensor(key) for key in f.keys()})
+    return out
+
+
 def rewrite_config(folder: str, **changes):
     """config.json with keys changed (None removes one)."""
     path = os.path.join(folder, "config.json")

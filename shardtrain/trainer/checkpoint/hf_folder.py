@@ -4,11 +4,14 @@
 (every file named, each header readable, every tensor present with the shape the model has), so a mistake is one
 paragraph before any weight is copied (preflight runs the same check on a meta-built model, before any rank
 starts). Then each parameter is filled: a sharded one (FSDP2's DTensor, ``Shard(0)`` with torch.chunk's rows
-per rank) from its rows of the file, read lazily by ``safe_open(...).get_slice``; so a rank's host memory while
-loading is its shard plus one tensor's slice, never the model (tests/trainer/checkpoint/test_hf_ranks.py
-measures it). Only JSON and safetensors are read: nothing from the folder is imported or run."""
+per rank) from its rows of the file, read straight into the shard (no temporary tensor: safetensors' own ``get_slice``
+allocates one per tensor, and a rank holding half of a 67 MB model peaked at 62 MB more while loading); so a
+rank's host memory while loading is its shard, never the model (tests/trainer/checkpoint/test_hf_ranks.py measures it against its shard + the largest tensor). Only JSON and safetensors are read: nothing from the folder is imported or run."""
+import contextlib
 import json
+import math
 import os
+import struct
 from typing import Dict, Tuple
 
 import torch
@@ -19,6 +22,9 @@ from shardtrain.core.errors import DataError
 from shardtrain.models.hf_config import our_name, read_folder_config
 from shardtrain.trainer.parallel.choose import unwrap
 
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
@@ -105,23 +111,51 @@ def load_folder_into(model: nn.Module, folder: str) -> None:
     tensors = unwrap(model).state_dict(keep_vars=True)
     where = plan(folder, {name: tuple(t.shape) for name, t in tensors.items()})
     for path in sorted({path for path, _ in where.values()}):
-        with _safe_open(path) as f:  # closed after its tensors: its mapped pages leave this rank's memory
+        with _mapped(path) as read:
             for name, (file, hf) in where.items():
                 if file == path:
-                    _fill(tensors[name], f.get_slice(hf))
+                    _fill(tensors[name], read, hf)
 
 
-def _fill(target: torch.Tensor, source) -> None:
-    """Copy this rank's rows of ``source`` (a lazy safetensors slice) into ``target``."""
+def _fill(target: torch.Tensor, read, hf: str) -> None:
+    """Copy this rank's rows of the file's tensor ``hf`` into ``target``."""
     if not isinstance(target, DTensor):
-        target.copy_(source[:])
+        read(hf, 0, target.shape[0] if target.dim() else 1, target)
         return
     local = target.to_local()
     start, rows = row_range(target.shape[0], target.placements, target.device_mesh)
     if rows != local.shape[0]:
         raise AssertionError(f"rows {start}+{rows} of {tuple(target.shape)} disagree with the local shard "
                              f"{tuple(local.shape)}")
-    local.copy_(source[start:start + rows])
+    if rows:
+        read(hf, start, rows, local)
+
+
+@contextlib.contextmanager
+def _mapped(path: str):
+    """``read(name, start, rows, into)``: rows [start, start + rows) of tensor ``name`` read from the file into
+    ``into`` (safetensors: 8 bytes of header length, the JSON header, then each tensor's bytes, row-major).
+    Read with pread, not mapped: the kernel maps a file's pages in large folios (2 MB on ext4), so a map would
+    bring a rank the neighbours' rows too; a host tensor of the file's dtype is read into directly, anything else
+    (another dtype, an accelerator) through one tensor's bytes on the host."""
+    with open(path, "rb", buffering=0) as f:
+        length = struct.unpack("<Q", f.read(8))[0]
+        header, base = json.loads(f.read(length)), 8 + length
+
+        def read(name: str, start: int, rows: int, into: torch.Tensor) -> None:
+            info = header[name]
+            dtype, shape = _DTYPES[info["dtype"]], info["shape"]
+            row = math.prod(shape[1:])
+            offset = base + info["data_offsets"][0] + start * row * dtype.itemsize
+            direct = into.device.type == "cpu" and into.dtype == dtype and into.is_contiguous()
+            buffer = into if direct else torch.empty(rows * row, dtype=dtype)
+            data = buffer.view(-1).view(torch.uint8).numpy()
+            if os.preadv(f.fileno(), [data], offset) != data.nbytes:
+                raise DataError(f"{path} ends inside tensor {name}: the file is truncated. Download it again.")
+            if not direct:
+                into.copy_(buffer.view(into.shape))
+
+        yield read
 
 
 def row_range(size: int, placements, mesh) -> Tuple[int, int]:

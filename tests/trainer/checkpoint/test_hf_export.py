@@ -9,24 +9,15 @@ import os
 import pytest
 import torch
 import transformers
-from safetensors import safe_open
 
 from shardtrain.cli import consolidate
 from shardtrain.config.run_config import parse_train_args, to_dict
 from shardtrain.trainer.checkpoint.consolidate import write_file
-from hf_folders import data_bin, imported, prompt, safetensors_files, save_tiny, vocab  # noqa: F401 (a fixture)
+from hf_folders import (data_bin, imported, prompt, safetensors_files, save_tiny, tensors_of,  # noqa: F401
+                        vocab)
 from st_testutils import cli_refusal
 
 TOKENIZER = b'{"version": "1.0", "model": {"type": "WordLevel"}}'
-
-
-def tensors_of(folder):
-    out = {}
-    for name in safetensors_files(folder):
-        with safe_open(os.path.join(folder, name), "pt") as f:
-            assert f.metadata() == {"format": "pt"}, name
-            out.update({key: f.get_tensor(key) for key in f.keys()})
-    return out
 
 
 def checkpoint_from(data_bin, tmp_path, kind, **save):
