@@ -11,7 +11,7 @@ MAPPING = "tests/models/test_hf_config.py"
 MUTANTS = [
     Mutant("hf_rank_reads_the_whole_file", "a rank reads only its shard's rows of a Hugging Face folder",
            C + "hf_folder.py", "        with _mapped(path) as read:\n",
-           "        whole = __import__('safetensors.torch').torch.load_file(path)  # every tensor, whole\n"
+           "        whole = __import__('safetensors.torch').torch.load(open(path, 'rb').read())  # the file, whole\n"
            "        with _mapped(path) as read:\n",
            (RANKS + "::test_a_rank_reads_its_shard_not_the_model",)),
     Mutant("hf_rank_rows_off_by_a_chunk", "a rank fills its shard from its own rows (torch.chunk's split)",
