@@ -29,6 +29,7 @@ import mutants_eval_lm
 import mutants_eval_lm_remove_bpe
 import mutants_flag_coverage
 import mutants_flag_effects
+import mutants_hf_io
 import mutants_gpu_acceptance
 import mutants_hf_tokenizer
 import mutants_integrity
@@ -70,7 +71,7 @@ AREAS = (
     mutants_step_in_backward, mutants_offload_times, mutants_offload_speed, mutants_memory,
     # shardtrain/trainer/checkpoint/ and the integrity of checkpoints and data-bins
     mutants_checkpoint_writing, mutants_checkpoint_staging, mutants_checkpoint_reading, mutants_keep_policy,
-    mutants_integrity,
+    mutants_integrity, mutants_hf_io,
     # shardtrain/optim/, models/, data/ and tasks/
     mutants_optim, mutants_models, mutants_document_mask, mutants_data, mutants_data_bin, mutants_hf_tokenizer,
     mutants_chunked_loss,

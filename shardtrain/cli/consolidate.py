@@ -10,6 +10,7 @@ read it too. An existing OUT is refused unless --overwrite.
 import dataclasses
 import logging
 import os
+from typing import Optional
 
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
@@ -21,6 +22,7 @@ from shardtrain.trainer.checkpoint.consolidate import (check_output, describe, f
                                                        write_file)
 from shardtrain.trainer.checkpoint.choose import format_of
 from shardtrain.trainer.checkpoint.formats import resolve_checkpoint_path
+from shardtrain.trainer.checkpoint import hf_export
 from shardtrain.trainer.checkpoint.single_file import SingleFile
 from shardtrain.core.timing import timed
 from shardtrain.trainer.metrics.logging_setup import setup_logging
@@ -31,13 +33,18 @@ logger = logging.getLogger("shardtrain.consolidate")
 @dataclasses.dataclass
 class ConsolidateConfig:
     input: str = field(help="checkpoint to convert (a sharded directory or a single file)", positional=True)
-    output: str = field(help="where to write the other form (must not exist, unless --overwrite)", positional=True)
+    output: Optional[str] = field(None, help="where to write the other form (must not exist, unless --overwrite); "
+                                             "left out with --to-hf", positional=True)
     model_only: bool = field(False, help="write one file with only the model weights (under 'model') and the "
                                          "config, from a sharded directory or a single file")
     export_safetensors: bool = field(False, help="directory -> file, or --model-only: also write OUTPUT.safetensors "
                                                  "(model weights)")
     overwrite: bool = field(False, help="replace an existing output file (or sharded checkpoint directory); "
                                         "without it an existing output is refused")
+    to_hf: Optional[str] = field(None, help="write the model as a Hugging Face folder here instead (config.json, "
+                                            "safetensors, index, tokenizer files); it must not exist or be empty")
+    max_shard_size: str = field("5GB", help="with --to-hf: the largest safetensors file (bytes, or with KB, MB, "
+                                            "GB, KiB, MiB, GiB); a larger model is split into files with an index")
 
 
 @cli_entry("shard-consolidate")
@@ -48,6 +55,11 @@ def main(argv):
     if not os.path.exists(source):
         raise CheckpointError(f"{args.input} does not exist. Pass a checkpoint file or directory.")
     single_file = isinstance(format_of(source), SingleFile)
+    if args.to_hf is not None:
+        return _to_hf(source, args, single_file)
+    if args.output is None:
+        raise CheckpointError("Name the OUTPUT to write (a file, or a sharded directory for a file input), or "
+                              "pass --to-hf OUTDIR for a Hugging Face folder.")
     if not single_file or args.model_only:  # the direction follows the input's format, unless --model-only
         with timed(logger, f"{'consolidating' if not single_file else 'keeping the model of'} {source} in one file"):
             written = _to_file(source, args, single_file)
@@ -79,6 +91,20 @@ def _to_file(source: str, args, single_file: bool) -> dict:
     if extra_path:
         atomic_write_bytes(extra_path, weights)
     return state
+
+
+def _to_hf(source: str, args, single_file: bool) -> None:
+    """The flags and OUTDIR checked before anything is read, the family before anything is written."""
+    if args.output is not None or args.model_only or args.export_safetensors or args.overwrite:
+        raise CheckpointError("--to-hf OUTDIR is the whole output: drop OUTPUT, --model-only, --export-safetensors "
+                              "and --overwrite (a Hugging Face folder is never written over another).")
+    max_shard_size = hf_export.parse_size(args.max_shard_size)
+    hf_export.check_out_dir(args.to_hf)
+    require_safetensors()
+    with timed(logger, f"exporting {source} as a Hugging Face folder"):
+        state = read_file_model_only(source) if single_file else read_sharded(source, model_only=True)
+        written = hf_export.export(state, source, args.to_hf, max_shard_size)
+    logger.info(f"wrote {args.to_hf} ({len(written)} files: {', '.join(written[-3:])}, ...)")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import Callable, List, Tuple, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from shardtrain.config.epoch_lists import all_positive_finite, first, numbers
+from shardtrain.config.epoch_lists import all_finite_not_negative, first, numbers
 from shardtrain.core.registry import did_you_mean
 from shardtrain.core.errors import ConfigError
 from shardtrain.data.batch_windows import parse_windows
@@ -121,7 +121,8 @@ _TABLE: List[Tuple[Callable, Union[str, Callable[..., str]]]] = [
      "--required-batch-size-multiple must be at least 1."),
     (lambda c: min(numbers(c.optimization.update_freq)) < 1,
      "--update-freq must be at least 1 (the number of batches accumulated per update)."),
-    (lambda c: not all_positive_finite(c.optimization.lr), "--lr must be a positive, finite number (or one per "
+    # 0 is accepted: a run that cannot change the weights (--lr 0 --lr-scheduler fixed) checks a round trip
+    (lambda c: not all_finite_not_negative(c.optimization.lr), "--lr must be a finite number >= 0 (or one per "
      "epoch, comma-separated)."),
     (lambda c: c.optimization.stop_min_lr >= first(c.optimization.lr),
      "--stop-min-lr must be below --lr (the peak learning rate): training stops once the learning rate falls "

@@ -79,5 +79,5 @@ def numbers(values: Any) -> List:
     return list(values) if hasattr(values, "__iter__") and not isinstance(values, str) else [values]
 
 
-def all_positive_finite(values: Any) -> bool:
-    return all(0 < v < math.inf for v in numbers(values))
+def all_finite_not_negative(values: Any) -> bool:
+    return all(0 <= v < math.inf for v in numbers(values))

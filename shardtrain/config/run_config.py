@@ -5,7 +5,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from shardtrain.core import plugins
-from shardtrain.config import components, epoch_lists, fairseq_compat, flags
+from shardtrain.config import components, epoch_lists, fairseq_compat, flags, hf_start
 from shardtrain.config.checks import check_config
 from shardtrain.config.sections import SECTIONS, ComponentsConfig, ShardtrainConfig
 from shardtrain.core.errors import ConfigError
@@ -29,17 +29,22 @@ and from --user-dir."""
 
 def build_train_parser(argv: Sequence[str], prog: str = "shard-train"):
     """Stage two of parsing: every section plus the selected components' flags."""
-    parser, slots, _ = _train_parser(argv, prog)
+    parser, slots, _, _ = _train_parser(argv, prog)
     return parser, slots
 
 
 def _train_parser(argv: Sequence[str], prog: str):
-    """(parser, the selected components' config classes, the pre-parsed component names)."""
+    """(parser, the selected components' config classes, the pre-parsed component names, the Hugging Face
+    folder's config the run starts from or None)."""
     plugins.load_plugins()  # installed plugins may provide the --task/--arch/... named below
     pre = flags.preparse(argv, ComponentsConfig())
     import_user_dir(pre.user_dir)
+    hf = hf_start.apply_folder(argv, pre)  # --finetune-from-model DIR/config.json: the model's defaults
     slots = components.slot_config_classes(pre)
-    sections = [(name, cls, None) for name, cls in SECTIONS.items()]
+    if hf is not None:
+        slots["model"] = (slots["model"][0], hf_start.model_preset(hf, slots["model"][1]))
+    sections = [(name, cls, {"arch": pre.arch} if hf is not None and name == "components" else None)
+                for name, cls in SECTIONS.items()]
     for slot, (cls, preset) in slots.items():
         if cls is not None:
             sections.append((slot, cls, preset))
@@ -47,7 +52,7 @@ def _train_parser(argv: Sequence[str], prog: str):
     titles = {s: t.format(getattr(pre, "arch" if s == "model" else s, "")) for s, t in _TITLES.items()}
     flags.add_sections(parser, sections, titles)
     fairseq_compat.add_table_flags(parser, fairseq_compat.selected_owners(pre))
-    return parser, slots, pre
+    return parser, slots, pre, hf
 
 
 def parse_train_args(argv: Sequence[str], prog: str = "shard-train") -> DictConfig:
@@ -56,7 +61,7 @@ def parse_train_args(argv: Sequence[str], prog: str = "shard-train") -> DictConf
 
 def parse_train_command(argv: Sequence[str], prog: str = "shard-train") -> Tuple[DictConfig, List[str]]:
     """The run's config, and the notices for the fairseq flags it accepted and ignores."""
-    parser, slots, pre = _train_parser(argv, prog)
+    parser, slots, pre, hf = _train_parser(argv, prog)
     namespace, rest = parser.parse_known_args(list(argv))
     if rest:
         unselected = fairseq_compat.explain_unknown(rest, pre)
@@ -69,6 +74,7 @@ def parse_train_command(argv: Sequence[str], prog: str = "shard-train") -> Tuple
     for slot, (cls, _) in slots.items():
         values[slot] = flags.section_values(namespace, slot) if cls is not None else None
     cfg = from_dict(values)
+    hf_start.check_flags_agree(cfg, hf)
     check_config(cfg)
     return cfg, fairseq_compat.notices(uses)
 

@@ -13,7 +13,9 @@ import torch
 
 from shardtrain.config.epoch_lists import first
 from shardtrain.models.capabilities import forward_inputs
+from shardtrain.models.hf_config import is_hf_folder
 from shardtrain.trainer import build
+from shardtrain.trainer.checkpoint.hf_folder import check_folder
 from shardtrain.trainer.memory.layers import one_layer_config
 from shardtrain.trainer.metrics.tensorboard import TensorboardWriter
 from shardtrain.trainer.resolved import Components, build_criterion, build_task
@@ -37,6 +39,8 @@ def check_before_launch(cfg) -> None:
     with torch.random.fork_rng(devices=[]), torch.device("meta"):  # no memory, and the RNG as it was
         model = task.build_model(components.model, one_layer_config(cfg, components))
         forward_inputs(model, task.dummy_batch(1, 1, device="meta")["net_input"])  # refuses what it cannot take
+        if is_hf_folder(cfg.checkpoint.finetune_from_model):  # every tensor's name and shape, headers only
+            check_folder(cfg.checkpoint.finetune_from_model, task.build_model(components.model, cfg.model))
     spec = components.optimizer(cfg.optimizer, torch.device("cpu"))
     optimizer = spec.build([torch.nn.Parameter(torch.zeros(1))], first(cfg.optimization.lr))
     build.build_lr_scheduler(cfg, components, optimizer)

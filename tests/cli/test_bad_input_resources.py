@@ -84,10 +84,10 @@ def test_out_of_host_memory_while_loading_the_dictionary_names_its_size(tmp_path
     data = make_space_data_bin(str(tmp_path), n_words=6, train_tokens=500, valid_tokens=100)
     size = os.path.getsize(os.path.join(data, "dict.txt"))
 
-    def no_memory(self, path):
+    def no_memory(self, lines, path):
         raise MemoryError()
 
-    monkeypatch.setattr(Dictionary, "add_from_file", no_memory)
+    monkeypatch.setattr(Dictionary, "_add_lines", no_memory)  # where Dictionary.load builds the symbols
     err = cli_refusal(train.main, [data, *tiny_model_flags(), "--cpu", "--save-dir", str(tmp_path / "ck")], capsys)[1]
     assert f"Out of host memory while loading the dictionary {data}/dict.txt: allocating {size:,} bytes (" in err
     assert "`shard-plan`" in err

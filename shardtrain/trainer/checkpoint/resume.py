@@ -5,10 +5,12 @@ from typing import Dict, List
 
 from shardtrain.core import user_dir
 from shardtrain.core.errors import CheckpointError
+from shardtrain.models.hf_config import is_hf_folder
 from shardtrain.trainer.checkpoint.contents import NO_OPTIMIZER_STATE, TENSOR_PARTS, load_parts, trainer_parts, without
 from shardtrain.trainer.checkpoint.fit import check_same_optimizer
 from shardtrain.trainer.checkpoint.choose import format_of
 from shardtrain.trainer.checkpoint.formats import resolve_checkpoint_path
+from shardtrain.trainer.checkpoint.hf_folder import load_folder_into
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,14 @@ def _load(cfg, trainer, parts: Dict, path: str) -> Dict:
 
 
 def finetune_from(cfg, trainer, source: str) -> None:
-    """Only the model weights; the optimizer, scheduler, meters and data position start fresh."""
+    """Only the model weights; the optimizer, scheduler, meters and data position start fresh. A Hugging Face
+    folder (its config.json already made the model: config/hf_start.py) is read by rows (hf_folder.py)."""
+    if is_hf_folder(source):
+        started = time.perf_counter()
+        load_folder_into(trainer.model, source)
+        logger.info(f"loaded the Hugging Face folder {source} in {time.perf_counter() - started:.1f} s (optimizer, "
+                    "lr scheduler, meters and data position fresh)")
+        return
     fmt = format_of(source)
     state = fmt.read_state(source, model_only=True)
     user_dir.warn_if_resumed_with_other_code(cfg.common.user_dir, state, source)
