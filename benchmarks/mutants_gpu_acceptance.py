@@ -1,6 +1,6 @@
 """Issue 28, items 3 and 5: the budgeted GPU acceptance run, its scenarios and the data sheet's peaks;
 issue 37: run_all.py's faults (bad --resume and --out, probe timeout, NaN, signals, commit, clock) and
-the exact-resume check on the CPU. Each mutant was seen to fail its tests."""
+the exact-resume check on the CPU; issue 46, item 8: the llama cases. Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
 R = "tests/benchmark_scripts/test_gpu_acceptance_runner.py::"
@@ -167,6 +167,25 @@ MUTANTS = [
            "else start", (F + "test_the_budget_counts_from_main_not_from_the_import",)),
     # the exact-resume check itself (tests/gpu/exact_resume.py, shared with the GPU test): compared with a
     # tolerance, as rounded losses were, it passes a checkpoint of the wrong update
+    # issue 46, item 8: the llama cases of tier 2
+    Mutant("gpu_llama_mfu_without_attention", "the llama MFU counts the attention over the whole sequence (PaLM's)",
+           SCENARIOS, '6 * run["params"] + 12 * LLAMA_LAYERS * LLAMA_DIM * seq', '6 * run["params"]',
+           (P + "test_every_scenario_runs_on_fake_records",)),
+    Mutant("gpu_llama_mfu_table_params", "the llama MFU is of the built model's parameters, not the name's 1B",
+           SCENARIOS, 'flops_per_token = 6 * run["params"] +', "flops_per_token = 6 * 1.0e9 +",
+           (P + "test_every_scenario_runs_on_fake_records",)),
+    Mutant("gpu_doc_mask_unmasked", "the 8k llama run masks documents from each other",
+           SCENARIOS, '"--batch-size", "1", *DOC_MASK_FLAGS]', '"--batch-size", "1"]',
+           (P + "test_every_scenario_runs_on_fake_records",)),
+    Mutant("gpu_doc_mask_at_2k", "the document-masked run is at 8k tokens",
+           SCENARIOS, '"doc_mask_8k": ["--tokens-per-sample", "8192"', '"doc_mask_8k": ["--tokens-per-sample", "2048"',
+           (P + "test_every_scenario_runs_on_fake_records",)),
+    Mutant("gpu_llama_not_in_tier_2", "the llama 1B case runs in tier 2, after tier 1",
+           CASES, 'Case("scenario-llama-1b", 2, 40,', 'Case("scenario-llama-1b", 1, 40,',
+           (R + "test_each_tier_fits_the_budget_and_tier_1_is_in_the_issues_order",)),
+    Mutant("gpu_pending_flag_dropped", "a flag of an unmerged branch is named until the parser has it",
+           SCENARIOS, 'PENDING_FLAGS = ("--attn-mask-type",)', "PENDING_FLAGS = ()",
+           (P + "test_the_pending_flags_are_not_in_the_parser_yet",)),
     Mutant("gpu_exact_resume_tolerant", "a resumed run ends with the straight run's state bit for bit",
            "tests/gpu/exact_resume.py", "                and torch.equal(x, y)",
            "                and torch.allclose(x, y, rtol=1e-3, atol=1e-3)",

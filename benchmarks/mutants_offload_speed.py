@@ -36,6 +36,9 @@ MUTANTS = [
     Mutant("norms_on_one_core", "the gradient norm uses the host's cores", NORMS,
            "    if threads < 2 or len(tensors) < 2", "    if True or len(tensors) < 2",
            (N + "test_the_tensors_norms_spread_over_threads",)),
+    Mutant("norms_pool_for_any_size", "a small gradient's norm starts no pool of threads (issue 46: a third of a "
+           "small model's update)", NORMS, " or \\\n            sum(t.numel() for t in tensors) < SPREAD_FROM:", ":",
+           (N + "test_fewer_elements_than_spread_from_stay_on_this_thread",)),
     Mutant("norms_split_inside_a_tensor", "the gradient norm has today's bits", NORMS,
            "    return torch.linalg.vector_norm(tensor, 2.0)\n",
            "    halves = torch.tensor_split(tensor.flatten(), 2)\n"

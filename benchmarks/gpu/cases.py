@@ -79,7 +79,8 @@ CASES: List[Case] = [
          "on the host 60 + 6 bf16 updates of 16 x 2048 tokens: fwd+bwd ~4.6 s at 40% of 989 TFLOP/s, recomputed "
          "forward included; CPU Adam of 6.45B, 36 bytes each at ~40 GB/s ~5.8 s, partly under backward: ~8 and ~10.5 s)",
          scenario="offload-largest"),
-    # ---- tier 2: 365 s + probe 10 (tier 1 until issue 39: run twice on an H100, 2026-11-26)
+    # ---- tier 2: 450 s + probe 10 (tier 1 until issue 39: run twice on an H100, 2026-11-26; issue 46's two llama
+    # scenarios last)
     Case("offload-placement", 2, 15, "pytest 6 + data 1 + 2 in-process offload updates x 3 + pinning",
          _t("test_offload_placement.py")),
     Case("async-save-exact-resume", 2, 45, "pytest 6 + data 1 + 4 runs (straight 6 updates, resumed 3) x 8",
@@ -110,6 +111,16 @@ CASES: List[Case] = [
     Case("scenario-mfu", 2, 40, "learnable data-bin 5 + start-up and a 1.3B model built on the GPU 15 + "
          "30 bf16 updates of 8,192 tokens (~7e13 FLOP each) at ~40% of 989 TFLOP/s 6 + first-step tuning 5",
          scenario="mfu"),
+    # Issue 46, item 8: Llama 3.2 1B (a 50,000-token vocabulary: 1.07B parameters), 30 bf16 updates of 4 x 2048
+    # tokens: 8,192 x (6 x 1.07e9 + 12 x 16 x 2048 x 2048) = 5.9e13 FLOP each, 0.13 s at 45% of 989 TFLOP/s.
+    Case("scenario-llama-1b", 2, 40, "learnable data-bin 5 + start-up and a 1.07B llama built on the GPU 15 + "
+         "30 bf16 updates of 8,192 tokens (~5.9e13 FLOP each) at ~40% of 989 TFLOP/s 5 + first-step tuning 5 + "
+         "margin 10 (as scenario-mfu, measured 29.1 s)", scenario="llama-1b"),
+    # The same model on 8,192-token blocks under a block-causal mask (the documents' own attention only): 7.9e13
+    # FLOP an update as counted, at half the speed of the 2k run in case the mask takes a slower kernel: 0.4 s.
+    Case("scenario-llama-doc-mask-8k", 2, 45, "learnable data-bin 5 + start-up and a 1.07B llama built on the "
+         "GPU 15 + 30 bf16 updates of 1 x 8,192 tokens (~7.9e13 FLOP each as counted) at ~20% of 989 TFLOP/s "
+         "12 + first-step tuning 5 + margin 8", scenario="llama-doc-mask-8k"),
     # ---- tier 3: 350 s + probe 10 (run-devices: issue 28's run-side CUDA defects, new code)
     Case("run-devices", 3, 55, "pytest 6 + data 1 + 2 runs validating every update x 9 + a set-device "
          "process 6 + 2 fully_sharded runs x 8 + 2 in-process snapshot runs x 3", _t("test_run_devices_gpu.py")),

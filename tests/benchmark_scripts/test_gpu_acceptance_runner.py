@@ -46,7 +46,8 @@ def test_each_tier_fits_the_budget_and_tier_1_is_in_the_issues_order():
         "offload-placement", "async-save-exact-resume", "rng-per-rank-one-gpu",
         "cpu-adam-master-copy", "gpu-init-bitwise-cpu-init", "fsdp-accumulation-one-gpu",
         "cpu-flag-no-cuda-context", "consolidate-without-gpus", "memory-metrics", "fp16-logit-gradient-range",
-        "compile-bf16", "mfu-data-sheet", "precision-matrix-one-gpu", "scenario-mfu"]
+        "compile-bf16", "mfu-data-sheet", "precision-matrix-one-gpu", "scenario-mfu",
+        "scenario-llama-1b", "scenario-llama-doc-mask-8k"]  # issue 46, item 8: the llama cases, after tier 2's own
     assert all(c.timeout_s > c.estimate_s and c.basis for c in cases.CASES)
 
 

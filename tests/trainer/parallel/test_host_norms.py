@@ -1,6 +1,6 @@
 """The gradient norm on the host's cores (trainer/parallel/host_norms.py) has today's bits: those of
 ``torch.nn.utils.get_total_norm(grads, foreach=True)``, on several thread counts and several chunkings of the same
-gradient into tensors; and the tensors' norms do run on several threads."""
+gradient into tensors; and the tensors' norms do run on several threads, from SPREAD_FROM elements in all."""
 import threading
 
 import pytest
@@ -8,7 +8,13 @@ import torch
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from shardtrain.trainer.parallel import host_norms
-from shardtrain.trainer.parallel.host_norms import host_total_norm, local_norms
+from shardtrain.trainer.parallel.host_norms import SPREAD_FROM, host_total_norm, local_norms
+
+
+@pytest.fixture(autouse=True)
+def spread_any_size(monkeypatch):
+    """The tests below use small tensors, which the pool leaves on this thread (SPREAD_FROM): here it takes them."""
+    monkeypatch.setattr(host_norms, "SPREAD_FROM", 0)
 
 
 def _gradient():
@@ -50,6 +56,15 @@ def test_the_tensors_norms_spread_over_threads(monkeypatch):
     monkeypatch.setattr(host_norms, "_norm", recorded)
     local_norms([torch.ones(4), torch.ones(3)], threads=2)
     assert len(names) == 2
+
+
+def test_fewer_elements_than_spread_from_stay_on_this_thread(monkeypatch):
+    """A pool started for each norm cost a small model a third of its update (host_norms.py's figures)."""
+    monkeypatch.setattr(host_norms, "SPREAD_FROM", 8)
+    assert _threads_used(monkeypatch, lambda: local_norms([torch.ones(4), torch.ones(3)])) == {
+        threading.main_thread()}  # 7 elements
+    assert threading.main_thread() not in _threads_used(monkeypatch, lambda: local_norms([torch.ones(4)] * 2))
+    assert SPREAD_FROM == 8_388_608  # the module's own (read before the fixtures): 32 MiB of fp32
 
 
 def test_other_gradients_are_left_to_torch():
