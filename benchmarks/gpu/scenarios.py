@@ -185,10 +185,8 @@ LLAMA_FLAGS = ["--arch", "llama3_2_1b", "--bf16", "--ddp-backend", "fully_sharde
                "--optimizer", "adam", "--lr", "2e-4", "--lr-scheduler", "fixed", "--warmup-updates", "5",
                "--max-update", "30", "--no-save", "--disable-validation"]
 # Documents masked from each other (each of the data-bin's lines, ~1,000 tokens, attends only to itself) in 8k
-# blocks. The flag comes from the document-masking branch (issue 46), not merged when this case was written:
-# PENDING_FLAGS names it until the parser has it (tests/benchmark_scripts/test_gpu_scenarios_plumbing.py).
+# blocks.
 DOC_MASK_FLAGS = ["--attn-mask-type", "block_causal"]
-PENDING_FLAGS = ("--attn-mask-type",)
 LLAMA_SETTINGS = {"2k": ["--tokens-per-sample", "2048", "--batch-size", "4"],
                   "doc_mask_8k": ["--tokens-per-sample", "8192", "--batch-size", "1", *DOC_MASK_FLAGS]}
 

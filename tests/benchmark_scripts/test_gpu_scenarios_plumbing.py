@@ -19,20 +19,9 @@ import runs  # noqa: E402
 import scenarios  # noqa: E402
 
 
-def without_pending(flags):
-    """``flags`` less those of an unmerged branch (scenarios.PENDING_FLAGS) and their values: the rest must parse.
-    test_the_pending_flags_are_not_in_the_parser_yet fails once the parser has them, so that they are parsed too."""
-    kept = list(flags)
-    for flag in scenarios.PENDING_FLAGS:
-        while flag in kept:
-            at = kept.index(flag)
-            del kept[at:at + 2]
-    return kept
-
-
 def fake_train(seen, skipped=0, commands=None):
     def train(data_bin, workdir, name, flags, timeout=900):
-        cfg = parse_train_args([data_bin, *without_pending(flags)])  # unknown flags and incompatible ones fail here
+        cfg = parse_train_args([data_bin, *flags])  # unknown flags and incompatible ones fail here
         if commands is not None:
             commands[name] = list(flags)
         updates = cfg.optimization.max_update
@@ -92,18 +81,10 @@ def test_every_scenario_runs_on_fake_records(data_bin, tmp_path, monkeypatch):
     assert masked[:2] == plain[:2] == ["--arch", "llama3_2_1b"] and "--bf16" in masked and "fully_sharded" in masked
 
 
-def test_the_pending_flags_are_not_in_the_parser_yet(data_bin):
-    """The doc-mask case's --attn-mask-type comes from a branch not merged when it was written: while the parser
-    refuses it, the test above parses the case's other flags. Once it is merged this fails: empty
-    scenarios.PENDING_FLAGS, and the whole command is parsed (its value, block_causal, among the flag's choices)."""
-    assert scenarios.PENDING_FLAGS == ("--attn-mask-type",) and scenarios.DOC_MASK_FLAGS[0] in scenarios.PENDING_FLAGS
-    for flag in scenarios.PENDING_FLAGS:
-        try:
-            parse_train_args([data_bin, "--arch", "llama3_2_1b", flag, "block_causal"])
-        except SystemExit as refused:
-            assert refused.code == 2
-        else:
-            pytest.fail(f"{flag} is in the parser now: empty scenarios.PENDING_FLAGS")
+def test_the_document_mask_case_parses_with_its_flag(data_bin):
+    """The 8k case's --attn-mask-type block_causal reaches the task's config (the whole command parses above)."""
+    cfg = parse_train_args([data_bin, *scenarios.LLAMA_FLAGS, *scenarios.LLAMA_SETTINGS["doc_mask_8k"]])
+    assert cfg.task.attn_mask_type == "block_causal" and cfg.task.tokens_per_sample == 8192
 
 
 def test_the_headline_lr_is_real_within_its_30_updates(data_bin):
