@@ -61,4 +61,9 @@ MUTANTS = [
            "shardtrain/tasks/criterions.py", FEATURES,
            "features = self.kept(capabilities._inner(model).extract_features(sample[\"net_input\"][\"src_tokens\"]))",
            (RANKS,)),
+    Mutant("plugin_criterion_config_read_for_loss_chunks", "a plugin criterion's own config needs no loss_chunks",
+           "shardtrain/tasks/criterions.py", 'self.loss_chunks = getattr(cfg, "loss_chunks", 1)',
+           "self.loss_chunks = cfg.loss_chunks",
+           ("tests/trainer/checkpoint/test_best_checkpoint_metric.py::"
+            "test_a_plugin_that_declares_nothing_is_trusted_with_a_warning",)),
 ]

@@ -92,13 +92,16 @@ class ProjectedLoss(Criterion):
 
     def __init__(self, cfg, task, sentence_avg: bool = False):
         super().__init__(cfg, task, sentence_avg)
-        check_requested(cfg.loss_chunks)
+        # A plugin's subclass with a config of its own (no loss_chunks) may score logits its own way in
+        # compute_loss: it keeps the whole batch's logits, as before --loss-chunks.
+        self.loss_chunks = getattr(cfg, "loss_chunks", 1)
+        check_requested(self.loss_chunks)
 
     def __call__(self, model, sample):
         target = self.kept(sample["target"])
         weight = capabilities.output_weight(model)  # before forward only its shape counts (it may be a shard)
         vocab = 0 if weight is None else weight.size(0)
-        chunks = chunk_count(self.cfg.loss_chunks, target.numel(), vocab, weight is not None)
+        chunks = chunk_count(self.loss_chunks, target.numel(), vocab, weight is not None)
         if chunks == 1:
             return super().__call__(model, sample)
         features = self.kept(model(**forward_inputs(model, sample["net_input"]), features_only=True))
@@ -109,7 +112,7 @@ class ProjectedLoss(Criterion):
 
     def check_batch_tokens(self, tokens: int) -> None:
         """Refuse a --loss-chunks above the run's largest batch (``tokens``), before the run starts."""
-        check_largest_batch(self.cfg.loss_chunks, tokens)
+        check_largest_batch(self.loss_chunks, tokens)
 
     def kept(self, x: torch.Tensor) -> torch.Tensor:
         """The time steps of ``x`` [batch, time, ...] that the loss scores."""

@@ -24,7 +24,8 @@ from st_testutils import make_space_data_bin, tiny_model_flags
 REPO = Path(__file__).resolve().parents[2]
 NODE_HAS = ("tensorboard", "sentencepiece", "numpy", "tqdm")
 NODE_LACKS = {"hydra-core", "omegaconf", "antlr4-python3-runtime", "pyyaml"}
-REQUIRES = ["torch<2.16,>=2.11", "hydra-core>=1.3", "omegaconf>=2.3", "sentencepiece>=0.2", "tensorboard>=2.14",
+REQUIRES = ["torch<2.16,>=2.11", "hydra-core>=1.3", "omegaconf>=2.3", "sentencepiece>=0.2", "tokenizers>=0.22",
+            "tensorboard>=2.14",
             "numpy>=1.24", "tqdm>=4.66", 'safetensors>=0.4; extra == "safetensors"', 'pytest>=7; extra == "test"']
 GLIBC = platform.libc_ver()
 on_glibc_linux = pytest.mark.skipif(sys.platform != "linux" or GLIBC[0] != "glibc", reason="venv layout, manylinux")
@@ -32,11 +33,11 @@ on_glibc_linux = pytest.mark.skipif(sys.platform != "linux" or GLIBC[0] != "glib
 
 def test_the_node_command_line_names_its_python_and_platform_and_never_torch():
     kept = wheelhouse.node_needs(REQUIRES, {"tensorboard", "sentencepiece", "numpy", "tqdm"})
-    assert kept == ["hydra-core>=1.3", "omegaconf>=2.3"]
-    assert wheelhouse.node_needs(REQUIRES, set()) == REQUIRES[1:7]  # no torch, no extras
+    assert kept == ["hydra-core>=1.3", "omegaconf>=2.3", "tokenizers>=0.22"]
+    assert wheelhouse.node_needs(REQUIRES, set()) == REQUIRES[1:8]  # no torch, no extras
     args = wheelhouse.download_args(kept, wheelhouse.python_version("312"), wheelhouse.platform_tags(
         "manylinux_2_28_x86_64"), "W")
-    assert args[:2] == ["download", "--only-binary=:all:"] and args[-2:] == kept
+    assert args[:2] == ["download", "--only-binary=:all:"] and args[-len(kept):] == kept
     pairs = list(zip(args, args[1:]))
     assert {("--python-version", "3.12"), ("--implementation", "cp"), ("--find-links", "W"), ("--dest", "W")} <= \
         set(pairs)
@@ -151,7 +152,7 @@ def test_the_wheelhouse_holds_shardtrain_and_what_the_node_lacks_never_torch(bui
     python_tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     assert names["pyyaml"].split("-")[2:4] == [python_tag, python_tag]  # the binary wheel for this python
     served = (wheels / "requirements.txt").read_text().splitlines()
-    assert sorted(wheelhouse.requirement_name(r) for r in served) == ["hydra-core", "omegaconf"]
+    assert sorted(wheelhouse.requirement_name(r) for r in served) == ["hydra-core", "omegaconf", "tokenizers"]
     assert not [p for p in wheels.parent.iterdir() if p.name.startswith(".wheelhouse-")]  # its work folder went
 
 
