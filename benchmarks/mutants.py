@@ -60,6 +60,7 @@ import mutants_step_in_backward
 import mutants_torch_versions
 import mutants_trainer_loop
 import mutants_trainer_step
+import mutants_vs_hf_llama
 from mutant_spec import Mutant
 
 __all__ = ["MUTANTS", "Mutant"]
@@ -86,5 +87,7 @@ AREAS = (
     mutants_architecture,
     # packaging, torch versions, the GPU acceptance run (benchmarks/gpu/)
     mutants_packaging, mutants_offline_install, mutants_torch_versions, mutants_gpu_acceptance,
+    # the speed benchmarks' own logic (benchmarks/vs_hf_llama.py)
+    mutants_vs_hf_llama,
 )
 MUTANTS = [m for area in AREAS for m in area.MUTANTS]
