@@ -1,6 +1,6 @@
 """A Hugging Face folder fine-tuned on 2 gloo ranks, in one spawn: under fully_sharded a rank reads only its rows
-(its peak resident memory over the load stays under its shard + the largest tensor + 8 MiB, while the model is
-larger than that bound); the same folder loads under fully_sharded, pytorch_ddp, --cpu-offload and on one process
+(the issue's bound, its shard + the largest tensor + 8 MiB: the shard is allocated before the load, so what the
+load adds to the rank's resident memory stays under the largest tensor + 8 MiB, while the model is far larger); the same folder loads under fully_sharded, pytorch_ddp, --cpu-offload and on one process
 (a run at --lr 0 --lr-scheduler fixed keeps every weight bit for bit), and the sharded checkpoint that run saves
 exports with --to-hf to the folder's own tensors, bit for bit, which transformers loads with no missing keys."""
 import functools
@@ -56,9 +56,9 @@ def test_a_rank_reads_its_shard_not_the_model(runs):
     total = sum(t.numel() * t.element_size() for t in tensors_of(runs["big"]).values())
     for rank, (peak, local, largest) in enumerate(runs["memory"]):
         assert abs(local - total / 2) < largest, (rank, local, total)  # each rank holds half of it
-        bound = local + largest + OVERHEAD
-        assert total > bound + 8 * 2 ** 20  # the bound tells a rank that read everything from one that did not
-        assert peak <= bound, f"rank {rank}: {peak / 2**20:.1f} MiB over {bound / 2**20:.1f} MiB"
+        bound = largest + OVERHEAD  # over the shard, which the rank holds before the load (its `before`)
+        assert total > 4 * bound  # the bound tells a rank that read everything, or its half twice, from one that did not
+        assert peak <= bound, f"rank {rank}: the load added {peak / 2**20:.1f} MiB, over {bound / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize("load", sorted(LOADS) + ["one process"])
