@@ -7,6 +7,7 @@ RANKS = "tests/trainer/checkpoint/test_hf_ranks.py"
 IMPORT = "tests/trainer/checkpoint/test_hf_folder.py"
 EXPORT = "tests/trainer/checkpoint/test_hf_export.py"
 MAPPING = "tests/models/test_hf_config.py"
+RUN = "tests/trainer/checkpoint/test_hf_tokenizer_run.py"
 
 MUTANTS = [
     Mutant("hf_rank_reads_the_whole_file", "a rank reads only its shard's rows of a Hugging Face folder",
@@ -44,4 +45,27 @@ MUTANTS = [
     Mutant("hf_shape_check_skipped", "a tensor whose shape disagrees with config.json is refused before any rank",
            C + "hf_folder.py", "            if headers[path][hf] != tuple(shapes[ours]):", "            if False:",
            ("tests/trainer/test_hf_folder_refusals.py",)),
+    Mutant("hf_vocabulary_not_checked_at_launch", "a data-bin whose ids are not the folder's tokens is refused "
+           "before training starts", "shardtrain/trainer/preflight.py",
+           "            if check_vocabulary is not None:", "            if False:",
+           (RUN + "::test_a_data_bin_whose_ids_are_not_the_folders_tokens_is_refused_before_anything_is_written",)),
+    Mutant("hf_tokenizer_sha_not_compared", "a data-bin made with another tokenizer.json of the same size is refused",
+           "shardtrain/data/hf_folder.py", "    if spec is None or sha256_of(theirs) != spec[\"sha256\"]:",
+           "    if spec is None:",
+           (RUN + "::test_a_data_bin_whose_ids_are_not_the_folders_tokens_is_refused_before_anything_is_written",)),
+    Mutant("hf_folder_without_tokenizer_refused", "a folder without a tokenizer.json trains on a data-bin of its size",
+           "shardtrain/data/hf_folder.py", "    if not os.path.isfile(theirs):  #", "    if False:  #",
+           (RUN + "::test_a_folder_without_a_tokenizer_is_accepted_with_a_warning",)),
+    Mutant("hf_export_ignores_the_data_bins_tokenizer", "a run from scratch on an HF data-bin exports its tokenizer",
+           C + "hf_export.py", "    tokenizer_dir = start if has_tokenizer else (data_bin or start)",
+           "    tokenizer_dir = start",
+           (RUN + "::test_a_run_from_scratch_on_an_hf_data_bin_exports_the_data_bins_tokenizer_and_ids",)),
+    Mutant("hf_export_drops_the_data_bins_ids", "the export's config.json has the token ids the data-bin was made "
+           "with", C + "hf_export.py", "    kept = _kept_keys(start) if start else _data_bin_ids(data_bin)",
+           "    kept = _kept_keys(start)",
+           (RUN + "::test_a_run_from_scratch_on_an_hf_data_bin_exports_the_data_bins_tokenizer_and_ids",)),
+    Mutant("hf_data_bin_without_tokenizer_config", "an HF data-bin keeps the folder's tokenizer_config.json",
+           "shardtrain/data/hf_folder.py", "        if name == TOKENIZER_FILE or os.path.isfile(",
+           "        if name == TOKENIZER_FILE or False and os.path.isfile(",
+           (RUN + "::test_a_run_from_scratch_on_an_hf_data_bin_exports_the_data_bins_tokenizer_and_ids",)),
 ]

@@ -35,13 +35,19 @@ from shardtrain.data.hf_vocab import TOKENIZER_FILE, header_line, load_tokenizer
 logger = logging.getLogger(__name__)
 
 _CONFIG, _TOKENIZER_CONFIG = "config.json", "tokenizer_config.json"
+# Copied into the data-bin beside tokenizer.json when the folder has them (JSON only; none is run): they are
+# what transformers' AutoTokenizer reads besides tokenizer.json, so that `shard-consolidate --to-hf` of a run
+# trained from scratch on this data-bin hands them on too (trainer/checkpoint/hf_export.py).
+_TOKENIZER_EXTRAS = (_TOKENIZER_CONFIG, "special_tokens_map.json")
 
 
 def stage_hf_vocabulary(folder: str, staging: str):
     """Write an HF data-bin's dict.txt (a header naming the copied tokenizer.json) into ``staging``; returns its
     dictionary and the line encoder."""
     spec = read_hf_vocabulary(folder)
-    shutil.copyfile(os.path.join(folder, TOKENIZER_FILE), os.path.join(staging, TOKENIZER_FILE))
+    for name in (TOKENIZER_FILE,) + _TOKENIZER_EXTRAS:  # the extras: so that an export can copy them on
+        if name == TOKENIZER_FILE or os.path.isfile(os.path.join(folder, name)):
+            shutil.copyfile(os.path.join(folder, name), os.path.join(staging, name))
     atomic_write_bytes(os.path.join(staging, "dict.txt"), header_line(spec).encode("utf-8"))
     dictionary = Dictionary.load(os.path.join(staging, "dict.txt"))  # checks the copy's SHA-256 against the header
     logger.info("--hf-tokenizer %s: %d ids (bos %d, eos %d, pad %d, unk %d)", folder, len(dictionary),
@@ -207,7 +213,12 @@ def check_matches_model(dictionary, model_vocab_size: int, folder: Optional[str]
     if folder is None:
         return
     theirs = os.path.join(folder, TOKENIZER_FILE)
-    if spec is None or not os.path.isfile(theirs) or sha256_of(theirs) != spec["sha256"]:
+    if not os.path.isfile(theirs):  # weights without their tokenizer: the sizes agree, which is all one can see
+        logger.warning("%s holds no %s, so whether the data-bin's ids are the model's tokens cannot be checked (the "
+                       "sizes agree: %d). Make sure the data-bin was made with that model's tokenizer.", folder,
+                       TOKENIZER_FILE, model_vocab_size)
+        return
+    if spec is None or sha256_of(theirs) != spec["sha256"]:
         made = ("was not made from a Hugging Face tokenizer" if spec is None else
                 "was made with another tokenizer.json than the model folder's")
         raise DataError(f"The data-bin {made} ({folder}), so its ids may mean other tokens than the model's "

@@ -6,14 +6,15 @@ ones once, up front, in the process that will spawn the ranks: the task (its dic
 split the run names exists and holds lines), the criterion,
 the model on the meta device (no memory; one of its repeated layers) and that its forward takes what the task's
 batches hold (a document mask: ``capabilities.forward_inputs``, which the first step would refuse too, but only
-after the ranks started and built everything), the optimizer and the lr schedule over one dummy parameter.
+after the ranks started and built everything), a Hugging Face folder to fine-tune from against the data-bin's
+vocabulary and the model's shapes, the optimizer and the lr schedule over one dummy parameter.
 A mistake is then reported in seconds, before any rank starts, in the same words as in a rank.
 """
 import torch
 
 from shardtrain.config.epoch_lists import first
 from shardtrain.models.capabilities import forward_inputs
-from shardtrain.models.hf_config import is_hf_folder
+from shardtrain.models.hf_config import is_hf_folder, read_folder_config
 from shardtrain.trainer import build
 from shardtrain.trainer.checkpoint.hf_folder import check_folder
 from shardtrain.trainer.memory.layers import one_layer_config
@@ -39,8 +40,12 @@ def check_before_launch(cfg) -> None:
     with torch.random.fork_rng(devices=[]), torch.device("meta"):  # no memory, and the RNG as it was
         model = task.build_model(components.model, one_layer_config(cfg, components))
         forward_inputs(model, task.dummy_batch(1, 1, device="meta")["net_input"])  # refuses what it cannot take
-        if is_hf_folder(cfg.checkpoint.finetune_from_model):  # every tensor's name and shape, headers only
-            check_folder(cfg.checkpoint.finetune_from_model, task.build_model(components.model, cfg.model))
+        folder = cfg.checkpoint.finetune_from_model
+        if is_hf_folder(folder):
+            check_vocabulary = getattr(task, "check_model_vocabulary", None)  # a plugin task need not have it
+            if check_vocabulary is not None:  # the data-bin's ids are the folder's tokens: named before shapes
+                check_vocabulary(read_folder_config(folder).vocab_size, folder)
+            check_folder(folder, task.build_model(components.model, cfg.model))  # every tensor, headers only
     spec = components.optimizer(cfg.optimizer, torch.device("cpu"))
     optimizer = spec.build([torch.nn.Parameter(torch.zeros(1))], first(cfg.optimization.lr))
     build.build_lr_scheduler(cfg, components, optimizer)

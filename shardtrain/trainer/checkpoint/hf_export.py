@@ -3,18 +3,21 @@
 ``config.json`` (the family's mapping: models/llama/hf_config.py), the weights under Hugging Face's names in
 safetensors files with ``{"format": "pt"}`` metadata (transformers' loader checks it), split at
 ``--max-shard-size`` with ``model.safetensors.index.json`` when there is more than one file, and the tokenizer
-files of the folder the run was fine-tuned from, when it holds them. Written whole or not at all: everything
-goes into a temporary sibling directory, which is renamed to OUTDIR at the end."""
+files: those of the folder the run was fine-tuned from when it holds a tokenizer.json, else those of its
+data-bin when that was made with ``shard-preprocess --hf-tokenizer`` (whose token ids config.json then gets).
+Written whole or not at all: everything goes into a temporary sibling directory, which is renamed to OUTDIR at
+the end."""
 import json
 import os
 import re
 import shutil
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
-from shardtrain.core.errors import CheckpointError, ConfigError
+from shardtrain.core.errors import CheckpointError, ConfigError, DataError
 from shardtrain.core.fileio import fsync_dir, temp_sibling
+from shardtrain.data.hf_vocab import parse_header
 from shardtrain.models import ARCH_REGISTRY
 from shardtrain.models.hf_config import CONFIG, FAMILIES, exports, hf_name, is_hf_folder, to_folder_config
 from shardtrain.trainer.checkpoint.hf_folder import INDEX, WEIGHTS
@@ -66,8 +69,12 @@ def export(state: Dict, source: str, out_dir: str, max_shard_size: int) -> List[
     weights = state["model"]
     start = (cfg.get("checkpoint") or {}).get("finetune_from_model")
     start = start if is_hf_folder(start) else None
+    data_bin = _hf_data_bin((cfg.get("task") or {}).get("data"))
+    has_tokenizer = start is not None and os.path.isfile(os.path.join(start, TOKENIZER_FILES[0]))
+    tokenizer_dir = start if has_tokenizer else (data_bin or start)
+    kept = _kept_keys(start) if start else _data_bin_ids(data_bin)
     config, _ = to_folder_config(model, cfg["model"], weights, (cfg.get("task") or {}).get("tokens_per_sample"),
-                                 _dtype_name(weights), extra=_kept_keys(start))
+                                 _dtype_name(weights), extra=kept)
     tensors = {hf_name(model, name): tensor.detach() for name, tensor in weights.items()}
     partial = temp_sibling(out_dir)
     os.mkdir(partial)
@@ -76,9 +83,9 @@ def export(state: Dict, source: str, out_dir: str, max_shard_size: int) -> List[
         with open(os.path.join(partial, CONFIG), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True)
         written.append(CONFIG)
-        for name in TOKENIZER_FILES if start else ():
-            if os.path.isfile(os.path.join(start, name)):
-                shutil.copyfile(os.path.join(start, name), os.path.join(partial, name))
+        for name in TOKENIZER_FILES if tokenizer_dir else ():
+            if os.path.isfile(os.path.join(tokenizer_dir, name)):
+                shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(partial, name))
                 written.append(name)
         fsync_dir(partial)
         os.rename(partial, out_dir)  # onto an absent or empty directory: atomic
@@ -117,6 +124,31 @@ def _write_weights(tensors: Dict[str, torch.Tensor], directory: str, max_shard_s
 def _dtype_name(weights: Dict) -> str:
     dtypes = {t.dtype for t in weights.values()}
     return str(dtypes.pop() if len(dtypes) == 1 else torch.float32).replace("torch.", "")
+
+
+def _hf_data_bin(data) -> Optional[str]:
+    """The run's data-bin (the first of a ``:``-separated list) when it is in a Hugging Face tokenizer's ids
+    (``shard-preprocess --hf-tokenizer``): it holds that tokenizer's files, the ones a run trained from scratch
+    hands on. None for any other data-bin, or one no longer there."""
+    first = str(data).split(os.pathsep)[0] if data else None
+    return first if first and _data_bin_spec(first) is not None else None
+
+
+def _data_bin_spec(data_dir: str) -> Optional[Dict]:
+    try:
+        with open(os.path.join(data_dir, "dict.txt"), encoding="utf-8") as f:
+            first_line = f.readline()
+        return parse_header(first_line, os.path.join(data_dir, "dict.txt"))
+    except (OSError, UnicodeDecodeError, DataError):
+        return None
+
+
+def _data_bin_ids(data_dir: Optional[str]) -> Dict:
+    """config.json's token ids from an HF data-bin's header: the ids its lines were made with."""
+    spec = _data_bin_spec(data_dir) if data_dir else None
+    if spec is None:
+        return {}
+    return {"bos_token_id": spec["bos"], "eos_token_id": spec["eos"], "pad_token_id": spec["pad"]}
 
 
 def _kept_keys(start) -> Dict:
