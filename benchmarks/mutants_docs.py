@@ -16,4 +16,8 @@ MUTANTS = [
     Mutant("benchmarks_table_calls_a_miss_met", "the table says which targets are missed",
            "BENCHMARKS.md", "| `accum_memory_ratio` | 1.065 | <=1.05 | **missed** |",
            "| `accum_memory_ratio` | 1.065 | <=1.05 | met |", (BT + "test_every_row_says_met_missed_or_why_not",)),
+    Mutant("hf_doc_trains_without_the_folder", "docs/coming_from_hf.md's end-to-end example runs as written",
+           "docs/coming_from_hf.md", "shard-train data-bin --finetune-from-model Qwen3-0.6B --ddp-backend",
+           "shard-train data-bin --ddp-backend",
+           ("tests/docs/test_coming_from_hf_doc.py::test_the_end_to_end_example_runs_as_written",)),
 ]
