@@ -55,4 +55,10 @@ MUTANTS = [
     Mutant("kv_cache_with_document_ids_accepted", "a KV cache with document_ids is refused",
            M + "document_mask.py", "    if cache is not None and document_ids is not None:\n", "    if False:\n",
            (MODELS + "test_document_ids_with_a_kv_cache_are_refused",)),
+    Mutant("eval_lm_scores_without_the_mask", "shard-eval-lm scores a block_causal checkpoint per document",
+           "shardtrain/cli/eval_lm.py", "        ids = documents(tokens) if documents is not None else None\n",
+           "        ids = None\n", ("tests/cli/test_eval_lm_document_mask.py::test_eval_lm_scores_a_block_causal_checkpoint_per_document",)),
+    Mutant("validate_ignores_attn_mask_type", "shard-validate --attn-mask-type causal scores without the mask",
+           "shardtrain/cli/validate.py", "    apply_attn_mask_type(task, args.attn_mask_type)\n", "",
+           ("tests/cli/test_eval_lm_document_mask.py::test_validate_masks_as_the_checkpoint_did_unless_told",)),
 ]

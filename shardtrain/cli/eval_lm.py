@@ -11,6 +11,8 @@ does, and for sentencepiece's word-start marker as well; ``--remove-bpe`` alone 
 tokenizer the data-bin records (sentencepiece's for shard-preprocess's default ``--tokenizer spm``,
 subword-nmt's, fairseq's meaning, otherwise). The last lines are fairseq's:
 ``Evaluated N tokens in Ts (R tokens/s)`` and ``Loss (base 2): X, Perplexity: Y``.
+A checkpoint trained with ``--attn-mask-type block_causal`` is scored within each document (its context window
+too: a token sees the context of its own document only); ``--attn-mask-type causal`` scores without the mask.
 """
 import dataclasses
 import logging
@@ -18,11 +20,12 @@ import math
 import os
 import sys
 import time
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from shardtrain.cli.attn_mask_option import apply_attn_mask_type, attn_mask_type_field
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
 from shardtrain.core.errors import ConfigError
@@ -61,6 +64,7 @@ class EvalLMConfig:
     tokens_per_sample: Optional[int] = field(None, help="block size (default: the checkpoint's)")
     sample_break_mode: Optional[str] = field(None, choices=BREAK_MODES,
                                              help="how blocks are cut (default: the checkpoint's)")
+    attn_mask_type: Optional[str] = attn_mask_type_field()
     post_process: Optional[str] = field(None, choices=tuple(POST_PROCESS),
                                         help="merge subwords into words and report word-level perplexity "
                                              "(--remove-bpe alone: the marks of the tokenizer that made the "
@@ -120,6 +124,7 @@ def main(argv):
     block = blocks_for(args, cfg, model)
     task.cfg.tokens_per_sample = block
     task.cfg.sample_break_mode = args.sample_break_mode or task.cfg.sample_break_mode
+    apply_attn_mask_type(task, args.attn_mask_type)
     check_split(args.data, args.gen_subset)
     dataset = task.dataset(args.gen_subset)
     dictionary = task.source_dictionary
@@ -132,7 +137,7 @@ def main(argv):
     total = Totals()
     start = time.perf_counter()
     for index, tokens, scores in score_split(model, dataset, batches, args.context_window, dictionary.pad(),
-                                             args.softmax_batch, device):
+                                             args.softmax_batch, device, getattr(task, "document_ids", None)):
         words = group_words(dictionary, tokens.tolist(), scores.tolist(), marker)
         total.add(len(tokens), float(scores.sum()), len(words))
         if args.output_word_probs:
@@ -225,13 +230,15 @@ def batch_indices(sizes, max_tokens: Optional[int], batch_size: Optional[int], c
 
 
 @torch.no_grad()
-def score_split(model, dataset, batches, context: int, pad: int, softmax_batch: int,
-                device) -> Iterator[Tuple[int, torch.Tensor, torch.Tensor]]:
+def score_split(model, dataset, batches, context: int, pad: int, softmax_batch: int, device,
+                documents: Optional[Callable] = None) -> Iterator[Tuple[int, torch.Tensor, torch.Tensor]]:
     """-> (block index, its target tokens, their log-probs, base e) for every block in order.
 
     Each block's input is its source prefixed with the last ``context`` source tokens before it
     (the stream continues without a gap: a block's source starts with the previous target's last
-    token), so every scored token sees up to ``context`` more tokens than the block alone holds."""
+    token), so every scored token sees up to ``context`` more tokens than the block alone holds.
+    ``documents(tokens)``: the task's document ids of those rows (``--attn-mask-type block_causal``; None:
+    causal), context included, so a token sees only the context of its own document."""
     previous = torch.empty(0, dtype=torch.long)
     for indices in batches:
         rows, starts, targets = [], [], []
@@ -244,7 +251,10 @@ def score_split(model, dataset, batches, context: int, pad: int, softmax_batch: 
             targets.append(target)
             previous = rows[-1][-context:] if context else previous
         tokens = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad).to(device)
-        logits = model(tokens)
+        ids = documents(tokens) if documents is not None else None
+        # a model that cannot take document ids is refused (models/capabilities.py), never run without them
+        logits = model(tokens) if ids is None else model(
+            **capabilities.forward_inputs(model, {"src_tokens": tokens, "document_ids": ids}))
         for row, (i, start, target) in enumerate(zip(indices, starts, targets)):
             span = logits[row, start:start + len(target)]
             yield i, target, target_log_probs(span, target.to(device), softmax_batch).cpu()

@@ -1,8 +1,10 @@
-"""``shard-validate DATA --path CKPT``: loss and perplexity of a checkpoint on a split."""
+"""``shard-validate DATA --path CKPT``: loss and perplexity of a checkpoint on a split, batched as the run that
+trained it batched its validation (its document mask too, unless ``--attn-mask-type`` says otherwise)."""
 import dataclasses
 import logging
 from typing import Optional
 
+from shardtrain.cli.attn_mask_option import apply_attn_mask_type, attn_mask_type_field
 from shardtrain.cli.errors import cli_entry
 from shardtrain.config import flags
 from shardtrain.core.user_dir import LOADING_HELP as USER_DIR_HELP
@@ -25,6 +27,7 @@ class ValidateConfig:
     valid_subset: str = field("valid", help="comma-separated splits to evaluate")
     max_tokens: Optional[int] = field(None, help="max tokens per batch (default: the checkpoint's)")
     batch_size: Optional[int] = field(None, help="max sequences per batch (default: the checkpoint's)")
+    attn_mask_type: Optional[str] = attn_mask_type_field()
     cpu: bool = field(False, help="evaluate on the CPU even when CUDA is available")
     fp16: bool = field(False, help="load the weights straight into fp16 on the device and compute in fp16 "
                                    "(the loss/log-probs in fp32); no fp32 copy of the model is ever held")
@@ -42,6 +45,7 @@ def main(argv):
     setup_logging()
     cfg, task, model, device = load_for_inference(args.path, args.data, cpu=args.cpu, dtype=dtype,
                                                     user_dir=args.user_dir)
+    apply_attn_mask_type(task, args.attn_mask_type)
     criterion = build_criterion(cfg, Components.of(cfg), task)
     results = {}
     for subset in args.valid_subset.split(","):

@@ -5,7 +5,7 @@ import os
 from typing import Optional
 
 from shardtrain.core.fields import field
-from shardtrain.data.collate import collate, document_ids
+from shardtrain.data.collate import collate, document_ids as number_documents
 from shardtrain.data.dictionary import Dictionary
 from shardtrain.data.hf_folder import check_matches_model
 from shardtrain.data.indexed_dataset import MMapIndexedDataset
@@ -122,9 +122,17 @@ class LanguageModelingTask(Task):
     def dummy_batch(self, sequences: int, length: int, device=None):
         return self._with_documents(super().dummy_batch(sequences, length, device))
 
+    def document_ids(self, src_tokens):
+        """[B, T]: the documents of ``src_tokens``'s rows under --attn-mask-type block_causal (data/collate.py),
+        None under causal: what this task's batches carry, and what shard-eval-lm gives the model for the
+        blocks it builds itself."""
+        if self.cfg.attn_mask_type != "block_causal":
+            return None
+        return number_documents(src_tokens, self.dictionary.eos())
+
     def _with_documents(self, batch):
         """The batch, with ``document_ids`` in its net_input under --attn-mask-type block_causal."""
-        if self.cfg.attn_mask_type == "block_causal" and batch:  # {}: a short shard's filler batch
-            net_input = batch["net_input"]
-            net_input["document_ids"] = document_ids(net_input["src_tokens"], self.dictionary.eos())
+        ids = self.document_ids(batch["net_input"]["src_tokens"]) if batch else None  # {}: a short shard's filler
+        if ids is not None:
+            batch["net_input"]["document_ids"] = ids
         return batch
