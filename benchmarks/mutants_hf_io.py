@@ -1,5 +1,5 @@
 """Mutants of the Hugging Face folders in and out (shardtrain/trainer/checkpoint/hf_folder.py and hf_export.py,
-shardtrain/models/llama/hf_config.py, config/hf_start.py). Each mutant was seen to fail its tests."""
+shardtrain/models/llama/hf_config.py, config/hf_start.py and shard-hydra-train's use of it). Each mutant was seen to fail its tests."""
 from mutant_spec import Mutant
 
 C = "shardtrain/trainer/checkpoint/"
@@ -8,6 +8,7 @@ IMPORT = "tests/trainer/checkpoint/test_hf_folder.py"
 EXPORT = "tests/trainer/checkpoint/test_hf_export.py"
 MAPPING = "tests/models/test_hf_config.py"
 RUN = "tests/trainer/checkpoint/test_hf_tokenizer_run.py"
+HYDRA = "tests/config/test_hydra_hf_folder.py"
 
 MUTANTS = [
     Mutant("hf_rank_reads_the_whole_file", "a rank reads only its shard's rows of a Hugging Face folder",
@@ -40,7 +41,8 @@ MUTANTS = [
            "    partial = out_dir\n    os.makedirs(partial, exist_ok=True)\n",
            (EXPORT + "::test_written_whole_or_not_at_all",)),
     Mutant("hf_flag_contradiction_accepted", "a model flag contradicting config.json is refused naming both",
-           "shardtrain/config/hf_start.py", "    if hf is not None:\n        _refuse_disagreement(hf, dict(cfg.model), \"the command line\")",
+           "shardtrain/config/hf_start.py",
+           "    if hf is not None:\n        check_model_agrees(hf, dict(cfg.model), lambda key: \"the command line\")",
            "    pass", ("tests/trainer/test_hf_folder_refusals.py",)),
     Mutant("hf_shape_check_skipped", "a tensor whose shape disagrees with config.json is refused before any rank",
            C + "hf_folder.py", "            if headers[path][hf] != tuple(shapes[ours]):", "            if False:",
@@ -68,4 +70,35 @@ MUTANTS = [
            "shardtrain/data/hf_folder.py", "        if name == TOKENIZER_FILE or os.path.isfile(",
            "        if name == TOKENIZER_FILE or False and os.path.isfile(",
            (RUN + "::test_a_run_from_scratch_on_an_hf_data_bin_exports_the_data_bins_tokenizer_and_ids",)),
+    Mutant("hydra_folder_family_not_the_default", "shard-hydra-train's model group defaults to the folder's family",
+           "shardtrain/config/hydra_store.py",
+           '    defaults = ComponentsConfig(**({"arch": hf.model} if hf is not None else {}))',
+           "    defaults = ComponentsConfig()", (HYDRA + "::test_the_model_is_the_folders_as_shard_train_builds_it",)),
+    Mutant("hydra_folder_values_not_stored", "shard-hydra-train's model options hold config.json's values",
+           "shardtrain/config/hydra_store.py",
+           "    from_folder = hf is not None and group == \"model\" and hf_start.family_of(name) == hf.model",
+           "    from_folder = False", (HYDRA + "::test_the_model_is_the_folders_as_shard_train_builds_it",
+                                      HYDRA + "::test_cfg_job_prints_the_folders_values")),
+    Mutant("hydra_folder_values_kept_for_the_next_run", "each run composes its own folder's values",
+           "shardtrain/config/hydra_store.py", "    made_from = (info.obj, info.config_cls, repr(preset))",
+           "    made_from = (info.obj, info.config_cls, repr(info.preset))",
+           (HYDRA + "::test_each_run_composes_its_own_folders_values",)),
+    Mutant("hydra_folder_in_an_added_file_missed", "checkpoint.finetune_from_model in a file the defaults list adds",
+           "shardtrain/cli/hydra_train.py", "    if (composed_user_dir, composed_folder) != (user_dir, folder):",
+           "    if composed_user_dir != user_dir:", (HYDRA + "::test_the_model_is_the_folders_as_shard_train_builds_it",)),
+    Mutant("hydra_other_family_accepted", "a model option of another family than the folder's is refused",
+           "shardtrain/cli/hydra_train.py", "    if hf is not None:\n        hf_start.check_arch(",
+           "    if False:\n        hf_start.check_arch(", (HYDRA,)),
+    Mutant("hf_preset_disagreement_accepted", "a preset whose sizes disagree with config.json is refused",
+           "shardtrain/config/hf_start.py", "    _refuse_disagreement(hf, preset, lambda key:",
+           "    _refuse_disagreement(hf, {}, lambda key:", (HYDRA,)),
+    Mutant("hydra_key_contradiction_accepted", "a model key contradicting config.json is refused naming both",
+           "shardtrain/cli/hydra_train.py", "    if hf is not None:\n        hf_start.check_model_agrees(",
+           "    if False:\n        hf_start.check_model_agrees(", (HYDRA,)),
+    Mutant("hydra_contradiction_not_placed", "the refusal names the override or the file that set the key",
+           "shardtrain/cli/hydra_train.py", "    return f\"the override '{lines[-1]}'\" if lines else source",
+           "    return source", (HYDRA,)),
+    Mutant("hydra_keys_switch_value_kept", "a switch's True/False in a message becomes key=true/false",
+           "shardtrain/config/hydra_keys.py", "            pos = value.end() if value else pos\n", "",
+           ("tests/config/test_hydra_keys.py", HYDRA)),
 ]

@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from shardtrain.core import plugins
 from shardtrain.cli import train
 from shardtrain.cli.errors import cli_entry
-from shardtrain.config import hydra_files, hydra_keys, hydra_store
+from shardtrain.config import hf_start, hydra_files, hydra_keys, hydra_store
 from shardtrain.config.run_config import from_dict, import_user_dir
 from shardtrain.config.checks import check_config
 from shardtrain.config.fairseq_compat import print_notices
@@ -90,14 +90,7 @@ def build_config(args: argparse.Namespace) -> DictConfig:
     hydra_files.check_base_not_hidden(config_dir)
     overrides = list(args.overrides) + ([f"common.user_dir={quote(args.user_dir)}"] if args.user_dir else [])
     check_config_tree(config_dir, path, overrides)  # alias bombs, before anything loads a file
-    user_dir = prescan_user_dir(path, overrides)
-    plugins.load_plugins()  # installed and --user-dir plugins register before the store lists the registries
-    import_user_dir(user_dir)
-    composed, choices, notes = hydra_store.compose(config_dir, name, overrides, source)
-    composed_user_dir = OmegaConf.select(composed, "common.user_dir", throw_on_resolution_failure=False)
-    if composed_user_dir != user_dir:  # set where the pre-scan does not look (a file the defaults list adds)
-        import_user_dir(composed_user_dir)
-        composed, choices, notes = hydra_store.compose(config_dir, name, overrides, source)
+    composed, choices, notes, hf = _compose(config_dir, name, path, overrides, source)
     print_notices([f"notice: {note}" for note in notes], PROG)
     try:
         values = {key: OmegaConf.to_container(composed[key], resolve=True)
@@ -106,16 +99,49 @@ def build_config(args: argparse.Namespace) -> DictConfig:
         raise ConfigError(f"Cannot resolve {source}: {' '.join(str(e).split())}. Fix the interpolation "
                           "(${...}) named above.") from None
     values["components"] = {COMPONENT_SLOTS[group]: choices[group] for group in hydra_store.GROUPS}
+    if hf is not None:
+        hf_start.check_arch(hf, choices["model"], values["checkpoint"]["finetune_from_model"],
+                            _chosen_where(overrides, "model", source))
     cfg = from_dict(values)
+    if hf is not None:
+        hf_start.check_model_agrees(hf, dict(cfg.model), lambda key: _chosen_where(overrides, f"model.{key}",
+                                                                                    source))
     check_config(cfg)
     return cfg
 
 
-def prescan_user_dir(config_file: Optional[str], overrides: List[str]) -> Optional[str]:
-    """``common.user_dir`` before composing: the last override that sets it, else
+PRESCANNED = ("common.user_dir", "checkpoint.finetune_from_model")  # needed before the store is filled
+
+
+def _compose(config_dir: str, name: str, path: Optional[str], overrides: List[str], source: str):
+    """(composed config, group choices, notes, the Hugging Face folder's config the run starts from or None).
+    The plugin (common.user_dir) is imported and the folder read before composing; a value set where the
+    pre-scan does not look (a file the defaults list adds) composes again."""
+    user_dir, folder = (prescan(path, overrides, key) for key in PRESCANNED)
+    plugins.load_plugins()  # installed and --user-dir plugins register before the store lists the registries
+    import_user_dir(user_dir)
+    hf = hf_start.folder_config(folder)
+    composed, choices, notes = hydra_store.compose(config_dir, name, overrides, source, hf)
+    composed_user_dir, composed_folder = (OmegaConf.select(composed, key, throw_on_resolution_failure=False)
+                                          for key in PRESCANNED)
+    if (composed_user_dir, composed_folder) != (user_dir, folder):
+        import_user_dir(composed_user_dir)
+        hf = hf_start.folder_config(composed_folder)
+        composed, choices, notes = hydra_store.compose(config_dir, name, overrides, source, hf)
+    return composed, choices, notes, hf
+
+
+def _chosen_where(overrides: List[str], key: str, source: str) -> str:
+    """Where a key's value (or a group's choice) came from, for a message: its override, else the config."""
+    lines = [o.input_line for o in hydra_store.parse_overrides(overrides) if o.key_or_group == key]
+    return f"the override '{lines[-1]}'" if lines else source
+
+
+def prescan(config_file: Optional[str], overrides: List[str], key: str) -> Optional[str]:
+    """``key`` (``common.user_dir``, ...) before composing: the last override that sets it, else
     the primary config file's value (interpolations resolved where they can be)."""
     for override in reversed(hydra_store.parse_overrides(overrides)):
-        if override.key_or_group == "common.user_dir":
+        if override.key_or_group == key:
             return None if override.is_delete() else override.value()
     if config_file is None:
         return None
@@ -125,7 +151,7 @@ def prescan_user_dir(config_file: Optional[str], overrides: List[str]) -> Option
         raise ConfigError(f"Cannot read {config_file}: {' '.join(str(e).split())}. Fix the YAML syntax.") from None
     if not isinstance(raw, DictConfig):
         return None  # not a mapping: composing reports it
-    return OmegaConf.select(raw, "common.user_dir", default=None, throw_on_resolution_failure=False)
+    return OmegaConf.select(raw, key, default=None, throw_on_resolution_failure=False)
 
 
 def quote(value: str) -> str:

@@ -1,10 +1,13 @@
-"""``--finetune-from-model DIR`` where DIR is a Hugging Face folder: the model comes from DIR/config.json.
+"""A run that starts from a Hugging Face folder: the model comes from DIR/config.json.
 
-The folder's values become the model's defaults (as an --arch preset's do), so ``--help`` and the log show
-them and ``--arch`` is optional. A model flag given with another value than config.json's is refused, naming
-both; flags config.json does not fix (dropout, --depth-init, ...) may be set."""
+One rule, two front ends: shard-train's ``--finetune-from-model DIR`` (run_config.py) and shard-hydra-train's
+``checkpoint.finetune_from_model=DIR`` (hydra_store.py, cli/hydra_train.py). The folder's values become the
+model's defaults (as an architecture preset's do), so ``--help``, ``--cfg job`` and the log show them and no
+architecture need be chosen; one of another family is refused, and so is a preset whose sizes disagree. A model
+setting given with another value than config.json's is refused, naming both; settings config.json does not fix
+(dropout, --depth-init, ...) may be given. Messages name flags; shard-hydra-train rewrites them as keys."""
 import argparse
-from typing import TYPE_CHECKING, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence
 
 from shardtrain.config import components
 from shardtrain.core.errors import ConfigError
@@ -13,58 +16,72 @@ if TYPE_CHECKING:
     from shardtrain.models.hf_config import HfModelConfig
 
 
-def folder_of(argv: Sequence[str]) -> Optional[str]:
-    """The --finetune-from-model argument when it is a Hugging Face folder."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--finetune-from-model", default=None)
-    known, _ = parser.parse_known_args(list(argv))
-    if known.finetune_from_model is None:  # most runs: nothing imported (shardtrain.models imports torch)
+def folder_config(path: Optional[str]) -> Optional["HfModelConfig"]:
+    """``path``'s config.json when ``path`` is a Hugging Face folder; None for a checkpoint, or no path."""
+    if path is None:  # most runs: nothing imported (shardtrain.models imports torch)
         return None
-    from shardtrain.models.hf_config import is_hf_folder
-    return known.finetune_from_model if is_hf_folder(known.finetune_from_model) else None
+    from shardtrain.models.hf_config import is_hf_folder, read_folder_config
+    return read_folder_config(path) if is_hf_folder(path) else None
 
 
-def _arch_given(argv: Sequence[str]) -> bool:
-    return any(a == "--arch" or a.startswith("--arch=") for a in argv)
+def family_of(arch: str) -> str:
+    """The registered model an architecture builds."""
+    return components.registries()["model"][1].get(arch).obj.model
 
 
-def apply_folder(argv: Sequence[str], pre) -> Optional["HfModelConfig"]:
-    """Read the folder's config.json (None when the run does not start from one); set ``pre.arch`` to the
-    folder's family when --arch is not given, and refuse an --arch that is another model or a preset that
-    disagrees."""
-    folder = folder_of(argv)
-    if folder is None:
-        return None
-    from shardtrain.models.hf_config import read_folder_config
-    hf = read_folder_config(folder)
-    if not _arch_given(argv):
-        pre.arch = hf.model
-        return hf
-    info = components.resolve(pre)["model"]
-    chosen = components.registries()["model"][1].get(pre.arch).obj.model
+def check_arch(hf: "HfModelConfig", arch: str, folder: str, where: str) -> None:
+    """An architecture chosen (``where``) for a run from ``folder``: of the folder's family, and a preset that
+    agrees with config.json wherever both set a value."""
+    chosen = family_of(arch)
     if chosen != hf.model:
-        raise ConfigError(f"--arch {pre.arch} builds a {chosen} model, but --finetune-from-model {folder} holds a "
-                          f"{hf.raw.get('model_type')} model (shardtrain's {hf.model} family). Drop --arch: the "
-                          "folder's config.json sets the model.")
-    _refuse_disagreement(hf, info.preset, f"--arch {pre.arch}'s preset")
-    return hf
+        raise ConfigError(f"--arch {arch} ({where}) builds a {chosen} model, but the folder {folder} "
+                          f"(--finetune-from-model) holds a {hf.raw.get('model_type')} model (shardtrain's "
+                          f"{hf.model} family). Leave --arch out, or give --arch {hf.model}: the folder's "
+                          "config.json sets the model.")
+    preset = components.registries()["model"][1].get(arch).obj.values()
+    _refuse_disagreement(hf, preset, lambda key: f"--arch {arch}'s preset",
+                         f"leave --arch out, or give --arch {hf.model} (config.json sets the sizes)")
 
 
 def model_preset(hf: "HfModelConfig", preset: Dict) -> Dict:
-    """The model slot's defaults: an --arch preset's other fields, then the folder's."""
+    """The model's defaults: an architecture preset's other fields, then the folder's."""
     return {**(preset or {}), **hf.values}
+
+
+def check_model_agrees(hf: "HfModelConfig", values: Dict, where: Callable[[str], str]) -> None:
+    """The model's config ``values`` (built over ``model_preset``, so a value that differs from config.json's was
+    set by the user, in the place ``where(field)`` names)."""
+    _refuse_disagreement(hf, values, where, "leave those settings out (config.json sets them), or start from "
+                                            "another folder")
+
+
+def _refuse_disagreement(hf: "HfModelConfig", values: Dict, where: Callable[[str], str], fix: str) -> None:
+    differ = [f"--{key.replace('_', '-')} {values[key]} (from {where(key)}) but config.json's {hf.sources[key]} "
+              f"gives {hf.values[key]}" for key in hf.values if key in values and values[key] != hf.values[key]]
+    if differ:
+        raise ConfigError(f"The model's settings contradict the Hugging Face folder's config.json: "
+                          f"{'; '.join(differ)}. Its weights have the folder's shapes and positions: {fix}.")
+
+
+# shard-train's front end: the folder and --arch read from the command line before the parser is built.
+
+def apply_folder(argv: Sequence[str], pre) -> Optional["HfModelConfig"]:
+    """Read the folder's config.json (None when the run does not start from one); set ``pre.arch`` to the
+    folder's family when --arch is not given, else check the one given."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--finetune-from-model", default=None)
+    folder = parser.parse_known_args(list(argv))[0].finetune_from_model
+    hf = folder_config(folder)
+    if hf is None:
+        return None
+    if any(a == "--arch" or a.startswith("--arch=") for a in argv):
+        check_arch(hf, pre.arch, folder, "on the command line")
+    else:
+        pre.arch = hf.model
+    return hf
 
 
 def check_flags_agree(cfg, hf: Optional["HfModelConfig"]) -> None:
     """After parsing: a model flag whose value differs from config.json's was given on the command line."""
     if hf is not None:
-        _refuse_disagreement(hf, dict(cfg.model), "the command line")
-
-
-def _refuse_disagreement(hf: "HfModelConfig", values: Dict, where: str) -> None:
-    differ = [f"--{key.replace('_', '-')} {values[key]} (from {where}) but config.json's {hf.sources[key]} "
-              f"gives {hf.values[key]}" for key in hf.values if key in values and values[key] != hf.values[key]]
-    if differ:
-        raise ConfigError(f"The model flags contradict the Hugging Face folder's config.json: {'; '.join(differ)}. "
-                          "Its weights have the folder's shapes and positions: drop those flags (config.json "
-                          "sets them), or start from another folder.")
+        check_model_agrees(hf, dict(cfg.model), lambda key: "the command line")

@@ -19,6 +19,7 @@ _FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*(?![\w-])")
 # A flag's value as messages write it: a number (or a comma-separated list), or a placeholder such as N.
 _NUMBER = re.compile(r" (-?[\d.]+(?:e-?\d+)?(?:,-?[\d.]+(?:e-?\d+)?)*|[A-Z][A-Z_]*)(?![\w-])")
 _WORD = re.compile(r" ([A-Za-z_][\w.]*)")
+_BOOL = re.compile(r" (True|False)(?![\w-])")  # a switch's value, as a message writes a config's (hf_start)
 
 
 def as_keys(message: str, keep: Iterable[str] = ()) -> str:
@@ -33,9 +34,10 @@ def as_keys(message: str, keep: Iterable[str] = ()) -> str:
         key, kind = entry
         out.append(message[pos:match.start()])
         pos = match.end()
-        value = (_WORD if kind == "group" else _NUMBER).match(message, pos) if kind != "bool" else None
+        value = (_BOOL if kind == "bool" else _WORD if kind == "group" else _NUMBER).match(message, pos)
         if kind == "bool":
-            out.append(f"{key}=true")
+            out.append(f"{key}={value.group(1).lower() if value else 'true'}")
+            pos = value.end() if value else pos
         elif value is not None and (kind != "group" or value.group(1) in option_names(key)):
             out.append(f"{key}={value.group(1)}")
             pos = value.end()

@@ -17,7 +17,7 @@ flags and as a Hydra config resolves to the same typed config (both go through
 import dataclasses
 import difflib
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -27,10 +27,13 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from shardtrain.config import components, hydra_switch, override_wins
+from shardtrain.config import components, hf_start, hydra_switch, override_wins
 from shardtrain.config.hydra_files import BASE_CONFIG
 from shardtrain.config.sections import COMPONENT_SLOTS, SECTIONS, ComponentsConfig
 from shardtrain.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shardtrain.models.hf_config import HfModelConfig
 
 GROUPS = tuple(COMPONENT_SLOTS)  # task, model, criterion, optimizer, lr_scheduler
 FRAMEWORK_SECTIONS = tuple(s for s in SECTIONS if s != "components")  # chosen by the groups instead
@@ -44,21 +47,24 @@ def option_names(group: str) -> List[str]:
     return (regs[1] if group == "model" else regs).names()  # model: one option per architecture
 
 
-def option_node(group: str, name: str):
-    """The config node of one group option: the component's dataclass (plus the arch preset).
+def option_node(group: str, name: str, hf: Optional["HfModelConfig"] = None):
+    """The config node of one group option: the component's dataclass (plus the arch preset; for a run from
+    the Hugging Face folder ``hf``, an architecture of its family holds the folder's values over that).
     Built once per registration (see ``_built``); callers copy it before changing it."""
     info = components.resolve(ComponentsConfig(**{COMPONENT_SLOTS[group]: name}))[group]
-    made_from = (info.obj, info.config_cls, repr(info.preset))
-    built = _built.get((group, name))
+    from_folder = hf is not None and group == "model" and hf_start.family_of(name) == hf.model
+    preset = hf_start.model_preset(hf, info.preset) if from_folder else info.preset
+    made_from = (info.obj, info.config_cls, repr(preset))
+    built = _built.get((group, name, from_folder))
     if built is not None and built[0] == made_from:
         return built[1]
     if info.config_cls is None:
         node = OmegaConf.create({})
     else:
         if group == "model":
-            components.check_preset(name, info.config_cls, info.preset)
-        node = OmegaConf.merge(OmegaConf.structured(info.config_cls), info.preset)
-    _built[(group, name)] = (made_from, node)
+            components.check_preset(name, info.config_cls, preset)
+        node = OmegaConf.merge(OmegaConf.structured(info.config_cls), preset)
+    _built[(group, name, from_folder)] = (made_from, node)
     return node
 
 
@@ -67,7 +73,7 @@ def option_node(group: str, name: str):
 # Hydra run or test spends outside Hydra itself. So each option is built once per registration
 # (the registered object, its config class and preset: a plugin registering again makes a new one)
 # and stored again only when the store no longer holds what was last stored for it.
-_built: Dict[Tuple[str, str], Tuple[tuple, DictConfig]] = {}  # (group, name) -> (made from, node)
+_built: Dict[Tuple[str, str, bool], Tuple[tuple, DictConfig]] = {}  # (group, name, from a folder) -> (made from, node)
 _stored: Dict[Tuple[str, str], Tuple[DictConfig, object]] = {}  # (group, name) -> (node, Hydra's ConfigNode)
 
 
@@ -79,16 +85,18 @@ def _store(store: ConfigStore, group: str, name: str, node: DictConfig) -> None:
     _stored[(group, name)] = (node, store.repo[group][f"{name}.yaml"])
 
 
-def fill_config_store(store: ConfigStore) -> None:
+def fill_config_store(store: ConfigStore, hf: Optional["HfModelConfig"] = None) -> None:
     """``store``: ``ConfigStore.instance()`` (Hydra's, process-wide). Storing a
-    name again replaces it, so calling this twice in a process is harmless."""
-    defaults = ComponentsConfig()
+    name again replaces it, so calling this twice in a process is harmless. ``hf``: the Hugging Face
+    folder's config the run starts from (hf_start): the model group then defaults to the folder's family,
+    whose options hold the folder's values, so a composed model value that differs was set by the user."""
+    defaults = ComponentsConfig(**({"arch": hf.model} if hf is not None else {}))
     base = {"defaults": ["_self_"] + [{g: getattr(defaults, COMPONENT_SLOTS[g])} for g in GROUPS]}
     base.update({name: SECTIONS[name] for name in FRAMEWORK_SECTIONS})
     store.store(name=BASE_CONFIG, node=base)
     for group in GROUPS:
         for name in option_names(group):
-            _store(store, group, name, option_node(group, name))
+            _store(store, group, name, option_node(group, name, hf))
 
 
 def check_option(group: str, name, where: str) -> None:
@@ -139,16 +147,16 @@ def _schema_message(key: str, schema: Dict[str, List[str]], where: str, choices:
     return unknown_key_message(key, schema[parent], where, owner)
 
 
-def compose(config_dir: str, config_name: str, overrides: Sequence[str],
-            source: str) -> Tuple[DictConfig, Dict[str, str], List[str]]:
+def compose(config_dir: str, config_name: str, overrides: Sequence[str], source: str,
+            hf: Optional["HfModelConfig"] = None) -> Tuple[DictConfig, Dict[str, str], List[str]]:
     """Fill the store and compose ``config_name`` from ``config_dir`` (an
     absolute path) with Hydra-syntax ``overrides``; returns (config, group choices,
     notes on the file's keys that went with a component switched by an override).
 
-    ``source`` names the primary config in messages. Hydra's global state is
-    restored when this returns.
+    ``source`` names the primary config in messages; ``hf``: the Hugging Face folder's config the run
+    starts from (see ``fill_config_store``). Hydra's global state is restored when this returns.
     """
-    fill_config_store(ConfigStore.instance())
+    fill_config_store(ConfigStore.instance(), hf)
     with initialize_config_dir(config_dir=config_dir, version_base="1.3", job_name="shard-hydra-train"):
         return _compose_checked(config_dir, config_name, overrides, source)
 

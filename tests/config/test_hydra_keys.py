@@ -15,6 +15,8 @@ from shardtrain.config.hydra_keys import as_keys, flag_table
     ("--max-sentences 4", "dataset.batch_size=4"),  # fairseq's alias of --batch-size
     ("--adam-betas (0.9, 0.98)", "optimizer.adam_betas (0.9, 0.98)"),
     ("--decoder-layers 2", "model.decoder_layers=2"),
+    ("--qk-norm False (from x) but True", "model.qk_norm=false (from x) but True"),  # a switch's value, as written
+    ("--cpu True and --fp16", "common.cpu=true and common.fp16=true"),
     ("--no-such-flag 3 and --user-dir", "--no-such-flag 3 and common.user_dir"),
     ("x--lr and --lr-", "x--lr and --lr-"),  # only whole flags
 ])
