@@ -46,4 +46,4 @@ def test_hf_tokenizer_needs_no_trainpref(tmp_path, text):
     folder = make_folder(tmp_path / "qwen", "qwen")
     preprocess.main(["--validpref", text, "--destdir", str(tmp_path / "bin"), "--hf-tokenizer", folder])
     assert sorted(os.listdir(tmp_path / "bin")) == ["dict.txt", "manifest.json", "preprocess.json", "tokenizer.json",
-                                                    "valid.bin", "valid.idx"]
+                                                    "tokenizer_config.json", "valid.bin", "valid.idx"]
