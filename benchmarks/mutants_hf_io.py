@@ -67,8 +67,8 @@ MUTANTS = [
            "    kept = _kept_keys(start)",
            (RUN + "::test_a_run_from_scratch_on_an_hf_data_bin_exports_the_data_bins_tokenizer_and_ids",)),
     Mutant("hf_data_bin_without_tokenizer_config", "an HF data-bin keeps the folder's tokenizer_config.json",
-           "shardtrain/data/hf_folder.py", "        if name == TOKENIZER_FILE or os.path.isfile(",
-           "        if name == TOKENIZER_FILE or False and os.path.isfile(",
+           "shardtrain/data/hf_folder.py", "    for name in _TOKENIZER_EXTRAS:  # so that an export",
+           "    for name in ():  # so that an export",
            (RUN + "::test_a_run_from_scratch_on_an_hf_data_bin_exports_the_data_bins_tokenizer_and_ids",)),
     Mutant("hydra_folder_family_not_the_default", "shard-hydra-train's model group defaults to the folder's family",
            "shardtrain/config/hydra_store.py",
@@ -101,4 +101,8 @@ MUTANTS = [
     Mutant("hydra_keys_switch_value_kept", "a switch's True/False in a message becomes key=true/false",
            "shardtrain/config/hydra_keys.py", "            pos = value.end() if value else pos\n", "",
            ("tests/config/test_hydra_keys.py", HYDRA)),
+    Mutant("hf_export_hides_a_damaged_header", "--to-hf names a damaged data-bin header instead of silently "
+           "dropping the tokenizer", C + "hf_export.py",
+           '        logger.warning("--to-hf writes no tokenizer files: %s", e)\n', "",
+           (RUN + "::test_a_damaged_data_bin_header_is_named_and_the_export_has_no_tokenizer",)),
 ]

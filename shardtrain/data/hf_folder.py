@@ -45,8 +45,9 @@ def stage_hf_vocabulary(folder: str, staging: str):
     """Write an HF data-bin's dict.txt (a header naming the copied tokenizer.json) into ``staging``; returns its
     dictionary and the line encoder."""
     spec = read_hf_vocabulary(folder)
-    for name in (TOKENIZER_FILE,) + _TOKENIZER_EXTRAS:  # the extras: so that an export can copy them on
-        if name == TOKENIZER_FILE or os.path.isfile(os.path.join(folder, name)):
+    shutil.copyfile(os.path.join(folder, TOKENIZER_FILE), os.path.join(staging, TOKENIZER_FILE))
+    for name in _TOKENIZER_EXTRAS:  # so that an export can copy them on
+        if os.path.isfile(os.path.join(folder, name)):
             shutil.copyfile(os.path.join(folder, name), os.path.join(staging, name))
     atomic_write_bytes(os.path.join(staging, "dict.txt"), header_line(spec).encode("utf-8"))
     dictionary = Dictionary.load(os.path.join(staging, "dict.txt"))  # checks the copy's SHA-256 against the header

@@ -6,6 +6,7 @@ commands and the paths are the doc's own: 2 gloo ranks on CPU instead of 8, a 32
 
 After the run: transformers loaded the export (the python block ran); the export holds the folder's tokenizer
 byte for byte and every weight of the start under its own name and shape, and the run moved the weights."""
+import json
 import os
 import re
 import subprocess
@@ -47,7 +48,7 @@ def test_the_end_to_end_example_runs_as_written(tmp_path):
     folder = make_folder(tmp_path / "Qwen3-0.6B", "qwen")
     eos = Tokenizer.from_file(os.path.join(folder, "tokenizer.json")).token_to_id("<|endoftext|>")
     with open(os.path.join(folder, "config.json")) as f:
-        size = __import__("json").load(f)["vocab_size"]
+        size = json.load(f)["vocab_size"]
     save_tiny("qwen3", folder, size, bos_token_id=eos, eos_token_id=eos)
     (tmp_path / "train.txt").write_text("\n".join(TEXT * 8) + "\n")
     (tmp_path / "valid.txt").write_text("\n".join(TEXT) + "\n")

@@ -8,6 +8,7 @@ data-bin when that was made with ``shard-preprocess --hf-tokenizer`` (whose toke
 Written whole or not at all: everything goes into a temporary sibling directory, which is renamed to OUTDIR at
 the end."""
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ KEPT_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")  # token ids: the f
 _UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "KIB": 2 ** 10, "MIB": 2 ** 20,
           "GIB": 2 ** 30}
 METADATA = {"format": "pt"}
+logger = logging.getLogger(__name__)
 
 
 def parse_size(text: str) -> int:
@@ -139,7 +141,10 @@ def _data_bin_spec(data_dir: str) -> Optional[Dict]:
         with open(os.path.join(data_dir, "dict.txt"), encoding="utf-8") as f:
             first_line = f.readline()
         return parse_header(first_line, os.path.join(data_dir, "dict.txt"))
-    except (OSError, UnicodeDecodeError, DataError):
+    except (OSError, UnicodeDecodeError):  # the data-bin moved or is not one: the export has no tokenizer to copy
+        return None
+    except DataError as e:  # a damaged header: say why the export leaves the tokenizer out
+        logger.warning("--to-hf writes no tokenizer files: %s", e)
         return None
 
 

@@ -67,18 +67,24 @@ def _read(path):
         return f.read()
 
 
+def _export(tmp_path, save, tokenizer_from) -> dict:
+    """shard-consolidate the run's checkpoint_last --to-hf; checks its tokenizer files are ``tokenizer_from``'s,
+    byte for byte, and returns its config.json."""
+    out = str(tmp_path / "out")
+    consolidate.main([str(save / "checkpoint_last.pt"), "--to-hf", out])
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert _read(os.path.join(out, name)) == _read(os.path.join(tokenizer_from, name)), name
+    with open(os.path.join(out, "config.json")) as f:
+        return json.load(f)
+
+
 @pytest.mark.slow  # a training run
 def test_a_fine_tune_from_the_folder_trains_on_its_data_bin_and_exports_its_tokenizer(tmp_path, capsys):
     folder, size, eos = _folder(tmp_path)
     data = _data_bin(tmp_path, folder)
     save = tmp_path / "run"
     train.main([data, "--finetune-from-model", folder, "--save-dir", str(save), *RUN])  # nothing else to pass
-    out = str(tmp_path / "out")
-    consolidate.main([str(save / "checkpoint_last.pt"), "--to-hf", out])
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        assert _read(os.path.join(out, name)) == _read(os.path.join(folder, name)), name
-    with open(os.path.join(out, "config.json")) as f:
-        config = json.load(f)
+    config = _export(tmp_path, save, folder)
     assert (config["vocab_size"], config["eos_token_id"], config["bos_token_id"]) == (size, eos, eos)
 
 
@@ -94,12 +100,7 @@ def test_a_run_from_scratch_on_an_hf_data_bin_exports_the_data_bins_tokenizer_an
     train.main([data, "--arch", "llama", "--decoder-layers", "1", "--decoder-embed-dim", "16",
                 "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--decoder-kv-heads", "1",
                 "--save-dir", str(save), *RUN])
-    out = str(tmp_path / "out")
-    consolidate.main([str(save / "checkpoint_last.pt"), "--to-hf", out])
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        assert _read(os.path.join(out, name)) == _read(os.path.join(data, name)), name
-    with open(os.path.join(out, "config.json")) as f:
-        config = json.load(f)
+    config = _export(tmp_path, save, data)
     assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (bos, eos, reserved)
     assert config["vocab_size"] == tokenizer.get_vocab_size()
 
@@ -149,3 +150,17 @@ def test_a_folder_without_a_tokenizer_is_accepted_with_a_warning(tmp_path, caplo
     assert any("holds no tokenizer.json, so whether the data-bin's ids are the model's tokens cannot be checked"
                in r.getMessage() for r in caplog.records)
     assert os.path.isfile(tmp_path / "run" / "checkpoint_last.pt")
+
+
+def test_a_damaged_data_bin_header_is_named_and_the_export_has_no_tokenizer(tmp_path, caplog):
+    from shardtrain.trainer.checkpoint.hf_export import _hf_data_bin
+    data = tmp_path / "bin"
+    data.mkdir()
+    (data / "dict.txt").write_text('#shardtrain:hf-tokenizer {"format": 1, "size": "many"}\n')
+    with caplog.at_level(logging.WARNING):
+        assert _hf_data_bin(str(data)) is None
+    assert any("--to-hf writes no tokenizer files" in r.getMessage() and "header is damaged" in r.getMessage()
+               for r in caplog.records)
+    (data / "dict.txt").write_text("the 3\n")  # a fairseq data-bin: no tokenizer, nothing said
+    caplog.clear()
+    assert _hf_data_bin(str(data)) is None and not caplog.records
