@@ -47,11 +47,18 @@ def refused_save(data_bin, save, backend, capsys) -> str:
     return err
 
 
-def no_descriptors_left():
-    """From now on this process cannot open a file: the soft limit is its lowest free descriptor number."""
-    lowest = os.dup(0)
-    os.close(lowest)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+def no_descriptors_left(fillers: list):
+    """From now on this process cannot open a file, as when its table is full: every descriptor below the soft
+    limit is in use. The free numbers below the highest open one are filled first (with /dev/null, appended to
+    ``fillers`` for the caller to close): with the limit at the lowest free number alone, a descriptor closed
+    after the save's spares were opened (a file object a garbage collection finalises) left a free number
+    below them, which the kernel hands out first and refuses, so releasing the spares could never help; in a
+    full table nothing is free below the limit (seen once in CI, 2026-12-02)."""
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    while (fd := os.open(os.devnull, os.O_RDONLY)) <= highest:
+        fillers.append(fd)
+    os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (fd, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
 
 @pytest.mark.slow
@@ -61,24 +68,26 @@ def test_running_out_of_descriptors_mid_save_is_named_and_leaves_nothing(backend
     save = tmp_path / "save"
     save.mkdir()
     (save / "notes.txt").write_text("kept")  # a save dir the run did not make: it stays, so its listing tells
-    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limits, fillers = resource.getrlimit(resource.RLIMIT_NOFILE), []
     # the table fills at the first file the save opens: a shard file (DCP), or the single file's temporary
     if backend == "fully_sharded":
         opened = checksums.HashingFileSystem.create_stream.__wrapped__
 
         def create_stream(self, path, mode):
             if "w" in mode:
-                no_descriptors_left()
+                no_descriptors_left(fillers)
             return opened(self, path, mode)
         monkeypatch.setattr(checksums.HashingFileSystem, "create_stream",
                             checksums.contextlib.contextmanager(create_stream))
     else:
         open_new = fileio.open_new
-        monkeypatch.setattr(fileio, "open_new", lambda path: no_descriptors_left() or open_new(path))
+        monkeypatch.setattr(fileio, "open_new", lambda path: no_descriptors_left(fillers) or open_new(path))
     try:
         err = refused_save(data_bin, save, backend, capsys)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        for fd in fillers:
+            os.close(fd)
     assert "Too many open files" in err and "ran out of file descriptors" in err, err
     assert sorted(os.listdir(save)) == [".shardtrain.lock", "notes.txt"], os.listdir(save)  # no .partial, no .tmp
 
