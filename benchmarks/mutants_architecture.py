@@ -51,6 +51,18 @@ MUTANTS = [
     Mutant("tier_guard_swallowed_passes", "a test that swallowed the guard's failure still fails",
            "tests/conftest.py", "    if caught:", "    if False:",
            ("tests/architecture/test_tier_guard.py::test_conftest_fails_what_the_guard_refused_even_when_it_was_swallowed",)),
+    # README's test command spreads the suite (-n auto: tests/conftest.py's xdist hooks)
+    Mutant("xdist_workers_uncapped", "-n auto starts a worker a core, at most 4",
+           "tests/conftest.py", "    return max(1, min(len(os.sched_getaffinity(0)), 4))",
+           "    return max(1, len(os.sched_getaffinity(0)))",
+           ("tests/architecture/test_parallel_suite.py::test_auto_gives_a_worker_a_core_up_to_four",)),
+    Mutant("xdist_tests_spread_one_by_one", "with -n, each test file goes to one worker",
+           "tests/conftest.py", '        config.option.dist = "loadfile"', '        config.option.dist = "load"',
+           ("tests/architecture/test_parallel_suite.py::test_dash_n_without_dist_sends_each_file_to_one_worker",)),
+    Mutant("xdist_overrides_the_users_dist", "a --dist the user gave is kept",
+           "tests/conftest.py", '    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":',
+           '    if getattr(config.option, "numprocesses", None):',
+           ("tests/architecture/test_parallel_suite.py::test_dash_n_without_dist_sends_each_file_to_one_worker",)),
     # tests/ mirrors the rooms (tests/architecture/test_test_layout.py)
     Mutant("layout_accepts_a_stray_test", "a test file sits in the folder of the room it tests",
            "tests/architecture/test_test_layout.py", "            if not own:\n", "            if False:\n",

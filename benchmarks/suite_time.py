@@ -3,10 +3,11 @@
 
     python benchmarks/suite_time.py [--fast-only] [--pytest-args "..."]
 
-Both run exactly as a user types them (``python -m pytest -q tests`` and ``... -m "not slow"``), from the
+Both run exactly as a user types them (``python -m pytest -q -n auto tests`` and ``... -m "not slow"``: README's
+command, spread over the cores by pytest-xdist; ``--pytest-args "-n 0"`` times one process), from the
 repository root, one after the other (never side by side: each is timed on the cores it would have alone).
 A suite that fails still gets its time, and the exit status says it failed. The load average is read before
-and after each run; a figure measured with the 1-minute load above the core count is not an idle figure, and
+and after each run; a figure begun with the 1-minute load above the core count is not an idle figure, and
 the line says so. The last lines are
 
     RESULT fast_tier_seconds=<s> target<=180
@@ -27,7 +28,7 @@ SUITE_TARGET_MIN = 15.0
 
 def run(marker_args, extra):
     """(seconds, pytest's last line, exit status, load before, load after) of one pytest run."""
-    argv = [sys.executable, "-m", "pytest", "-q", "tests", *marker_args, *extra]
+    argv = [sys.executable, "-m", "pytest", "-q", "-n", "auto", "tests", *marker_args, *extra]
     load_before = os.getloadavg()[0]
     start = time.monotonic()
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
@@ -39,7 +40,9 @@ def run(marker_args, extra):
 
 def report(name, seconds, summary, rc, before, after):
     cores = len(os.sched_getaffinity(0))
-    idle = "idle" if max(before, after) <= cores else f"LOADED: above {cores} cores, not an idle figure"
+    # the load before the run says whether something else was running: the one after counts the run's own workers
+    # and the ranks they spawn (5.5 on 2 cores at the end of the whole suite with -n auto)
+    idle = "idle" if before <= cores else f"LOADED: above {cores} cores before it started, not an idle figure"
     print(f"{name}: {seconds:.1f} s ({seconds / 60:.2f} min), {summary}, exit {rc}; load average "
           f"{before:.2f} before, {after:.2f} after ({idle})", flush=True)
 

@@ -33,6 +33,24 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """With -n and no --dist, each test file goes to one worker (xdist's loadfile), not each test: a file's module
+    fixtures (the side-by-side runs, the shared data-bins) are then made once, not once in each worker. Before
+    xdist's own hook, which makes "no" "load"; a --dist given on the command line is kept."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":
+        config.option.dist = "loadfile"
+
+
+@pytest.hookimpl(optionalhook=True)  # a session without pytest-xdist (-p no:xdist, pytester's) has no such hook
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (README's test command): a worker for each core this process may run on, at most 4. The suite
+    is CPU-bound once 2 workers share 2 cores (27.8 min in one process, 19.0 with 2, 2026-12-02, BENCHMARKS.md);
+    the cap keeps a many-core machine from starting dozens of workers, each of which spawns ranks of its own
+    (not measured above 2 cores)."""
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     tier_guard.begin(item)  # before any fixture of the test is set up

@@ -32,7 +32,7 @@ APPENDED = {
 NOT_RUN = {
     "pip install torch==2.13.0 && pip install -e . && shard-demo":
         "installs packages; shard-demo itself is run by tests/e2e/test_demo.py and timed by benchmarks/demo_time.py",
-    'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q tests':
+    'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q -n auto tests':
         "installs packages and runs the whole suite: it is .ci/run's main run",
 }
 # What each block must leave behind, keyed by the block's first command; paths are README's.
