@@ -45,9 +45,9 @@ def pytest_cmdline_main(config):
 @pytest.hookimpl(optionalhook=True)  # a session without pytest-xdist (-p no:xdist, pytester's) has no such hook
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (README's test command): a worker for each core this process may run on, at most 4. The suite
-    is CPU-bound once 2 workers share 2 cores (27.8 min in one process, 19.0 with 2, 2026-12-02, BENCHMARKS.md);
-    the cap keeps a many-core machine from starting dozens of workers, each of which spawns ranks of its own
-    (not measured above 2 cores)."""
+    is CPU-bound once 2 workers share 2 cores (2026-12-02, BENCHMARKS.md: 27.8 min in one process, 19.0 with 2
+    workers, 20.0 with 3); the cap keeps a many-core machine from starting dozens of workers, each of which spawns
+    ranks of its own (not measured above 2 cores)."""
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
