@@ -63,6 +63,9 @@ MUTANTS = [
            "tests/conftest.py", '    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":',
            '    if getattr(config.option, "numprocesses", None):',
            ("tests/architecture/test_parallel_suite.py::test_dash_n_without_dist_sends_each_file_to_one_worker",)),
+    Mutant("ci_runs_the_suite_in_one_process", ".ci/run's first run is README's test command",
+           ".ci/run", "    python -m pytest -q -n auto tests' _", "    python -m pytest -q tests' _",
+           ("tests/architecture/test_parallel_suite.py::test_the_readme_command_is_the_one_that_spreads_the_suite_and_ci_runs_it",)),
     # tests/ mirrors the rooms (tests/architecture/test_test_layout.py)
     Mutant("layout_accepts_a_stray_test", "a test file sits in the folder of the room it tests",
            "tests/architecture/test_test_layout.py", "            if not own:\n", "            if False:\n",

@@ -34,8 +34,12 @@ def test_dash_n_without_dist_sends_each_file_to_one_worker(numprocesses, given, 
     assert config.option.dist == used
 
 
-def test_the_readme_command_is_the_one_that_spreads_the_suite():
+def test_the_readme_command_is_the_one_that_spreads_the_suite_and_ci_runs_it():
     readme = (TESTS.parent / "README.md").read_text()
-    assert 'pip install -e ".[test]" && python -m pytest -q -n auto tests' in readme
+    assert 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q -n auto tests' in readme
+    ci = (TESTS.parent / ".ci" / "run").read_text()
+    first_run = ci.split("# Second run", 1)[0]  # .ci/run's first run is README's command in a new venv
+    assert "pip install torch==2.13.0 && pip install -e \".[test]\" &&" in first_run
+    assert "python -m pytest -q -n auto tests'" in first_run
     pyproject = (TESTS.parent / "pyproject.toml").read_text()
     assert '"pytest-xdist>=3.5"' in pyproject.split("test = [", 1)[1].split("]", 1)[0]
