@@ -86,7 +86,7 @@ MUTANTS = [
     Mutant("adafactor_state_follows_the_mesh", "adafactor's sharded statistics stay in the gradient's memory "
            "(host memory under --cpu-offload on a GPU; the first GPU run failed so)", "shardtrain/optim/adafactor.py",
            "    return dtensor_where_it_is(local.new_zeros(local_shape, dtype=dtype), like.device_mesh, placements, shape)",
-           "    return DTensor.from_local(local.new_zeros(local_shape, dtype=dtype), like.device_mesh, placements,\n"
+           "    return type(like).from_local(local.new_zeros(local_shape, dtype=dtype), like.device_mesh, placements,\n"
            "                              shape=shape, stride=torch.empty(shape, device='meta').stride())",
            ("tests/optim/test_optim_adafactor.py::test_sharded_state_stays_in_the_gradients_memory_when_the_mesh_is_"
             "elsewhere",)),

@@ -33,8 +33,8 @@ MUTANTS = [
            # (torch 2.13's get_total_norm already returns a Replicate DTensor for sharded gradients, so
            # `.to_local()` in place of `.full_tensor()` changes nothing: the bug is a norm of local tensors)
            T + "parallel/fully_sharded.py",
-           "        norm = super().grad_norm(params)\n        return norm.full_tensor() if isinstance(norm, DTensor) else norm\n",
-           "        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]\n"
+           "        norm = super().grad_norm(params)\n        return norm.full_tensor() if is_dtensor(norm) else norm\n",
+           "        local = [p.grad.to_local() if is_dtensor(p.grad) else p.grad for p in params if p.grad is not None]\n"
            "        return torch.nn.utils.get_total_norm(local, foreach=True)\n",
            ("tests/trainer/precision/test_fp16_loss_scaling.py::test_both_ranks_skip_in_lockstep",)),
     Mutant("fsdp_unsharded_accumulation_syncs", "--fsdp-unsharded-accumulation reduces once per update",

@@ -31,7 +31,7 @@ from shardtrain.config.yaml_bound import check_config_tree
 from shardtrain.config.flags import new_parser
 from shardtrain.config.sections import COMPONENT_SLOTS
 from shardtrain.core.errors import ConfigError
-from shardtrain.trainer import loop, preflight
+from shardtrain.trainer import preflight
 from shardtrain.trainer.launch import start
 
 PROG = "shard-hydra-train"
@@ -176,6 +176,7 @@ def main(argv):
         return cfg
     print_notices(train.cpu_precision_warning(cfg), PROG)
     preflight.check_before_launch(cfg)  # before any rank starts
+    from shardtrain.trainer import loop  # DCP and FSDP2 (~2 s) after the checks, as in shard-train
     return start.call_main(cfg, loop.main)
 
 

@@ -7,7 +7,7 @@ from shardtrain.cli.errors import cli_entry
 from shardtrain.config.run_config import parse_train_command
 from shardtrain.config.fairseq_compat import print_notices
 from shardtrain.optim.fairseq_defaults import default_components_notice
-from shardtrain.trainer import loop, preflight
+from shardtrain.trainer import preflight
 from shardtrain.trainer.launch import rendezvous, start
 from shardtrain.trainer.launch.preemption import STOPPED_AT_ONCE
 from shardtrain.trainer.precision import cpu_speed
@@ -32,6 +32,8 @@ def main(argv):
         setup_logging(cfg.common.log_file, launched.rank if launched else 0)
         logger.info(notice)
     preflight.check_before_launch(cfg)  # before any rank starts
+    # The loop's imports (DCP, FSDP2: ~2 s) come after the checks, so a refusal does not wait for them.
+    from shardtrain.trainer import loop
     return start.call_main(cfg, loop.main)
 
 

@@ -31,8 +31,8 @@ from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from shardtrain.core.dtensors import is_dtensor, local_tensor
 from shardtrain.core.fields import field
 from shardtrain.core.torch_private import dtensor_where_it_is
 from shardtrain.core.errors import ConfigError
@@ -143,8 +143,9 @@ def _zeros_without_dim(like: torch.Tensor, dim: int, dtype: torch.dtype) -> torc
     """Zeros shaped like ``like`` without ``dim``. For a DTensor split by rows:
     split the same way, or whole on every rank when ``dim`` is the split dim 0."""
     shape = like.shape[:dim] + like.shape[dim + 1:]
-    if not isinstance(like, DTensor):
+    if not is_dtensor(like):
         return like.new_zeros(shape, dtype=dtype)
+    from torch.distributed.tensor import Replicate  # loaded: ``like`` is a DTensor
     local = like.to_local()
     placements, local_shape = like.placements, local.shape[:dim] + local.shape[dim + 1:]
     if dim == 0:
@@ -168,7 +169,7 @@ def _step_size(group, step: float, param_rms: torch.Tensor):
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a (possibly sharded) tensor; in-place changes reach the DTensor."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    return local_tensor(t)
 
 
 def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
@@ -185,8 +186,9 @@ class RowShards:
 
     @staticmethod
     def of(p: torch.Tensor) -> "RowShards":
-        if not isinstance(p, DTensor):
+        if not is_dtensor(p):
             return RowShards()
+        from torch.distributed.tensor import Replicate, Shard  # loaded: ``p`` is a DTensor
         split = [i for i, placement in enumerate(p.placements) if not isinstance(placement, Replicate)]
         if len(split) > 1 or any(not (type(p.placements[i]) is Shard and p.placements[i].dim == 0) for i in split):
             raise ConfigError(

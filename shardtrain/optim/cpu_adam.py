@@ -27,9 +27,9 @@ import itertools
 from typing import Dict, List, Optional
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam as functional_adam
 
+from shardtrain.core.dtensors import is_dtensor, local_tensor
 from shardtrain.core.fields import field
 from shardtrain.core.errors import CheckpointError, ConfigError
 from shardtrain.optim import fp16_adam_stats
@@ -47,7 +47,7 @@ _TENSOR_KEYS = fp16_adam_stats.FP32_KEYS + fp16_adam_stats.FP16_KEYS + ("master_
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The tensor the kernels write into: a DTensor's local shard (under no_grad,
     ``to_local`` returns the shard itself, not a copy), else ``t``."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    return local_tensor(t)
 
 
 class CPUAdam(torch.optim.Optimizer):
@@ -75,7 +75,7 @@ class CPUAdam(torch.optim.Optimizer):
         #: where their small entries would flush to zero.
         self.grad_multiplier = 1.0
         for p in itertools.chain.from_iterable(g["params"] for g in self.param_groups):
-            if isinstance(p, DTensor) and _local(p).device.type != "cpu":
+            if is_dtensor(p) and _local(p).device.type != "cpu":
                 raise ConfigError(
                     f"--optimizer cpu_adam got parameters sharded on {_local(p).device.type}: their optimizer "
                     "state would be kept per rank outside the sharded checkpoint. Add --cpu-offload so the "

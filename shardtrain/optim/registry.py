@@ -15,8 +15,8 @@ import dataclasses
 from typing import Any, Dict, Type
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from shardtrain.core.dtensors import is_dtensor
 from shardtrain.core.registry import Registry
 
 OPTIMIZER_REGISTRY = Registry("optimizer")
@@ -41,7 +41,7 @@ class OptimizerSpec:
     def build(self, params, lr: float) -> torch.optim.Optimizer:
         params = list(params)
         kwargs = dict(self.kwargs)
-        if kwargs.get("fused") and self.cls not in _FUSED_ON_DTENSOR and any(isinstance(p, DTensor) for p in params):
+        if kwargs.get("fused") and self.cls not in _FUSED_ON_DTENSOR and any(is_dtensor(p) for p in params):
             kwargs.pop("fused")
             kwargs["foreach"] = True
         return self.cls(params, lr=lr, **kwargs)

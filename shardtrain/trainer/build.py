@@ -17,7 +17,7 @@ from shardtrain.config.epoch_lists import first, numbers
 from shardtrain.core.errors import ConfigError
 from shardtrain.optim import cpu_adam
 from shardtrain.optim.registry import OptimizerSpec
-from shardtrain.trainer.parallel import zero
+from shardtrain.trainer.parallel.zero_sharding import shards_optimizer_state
 from shardtrain.trainer.parallel.prepare import prepare_run_model
 from shardtrain.trainer.precision.choose import build_precision, chosen
 from shardtrain.trainer.resolved import Components
@@ -68,8 +68,9 @@ def build_optimizer(cfg, components: Components, params, device: torch.device) -
     same class and arguments behind a :class:`~shardtrain.trainer.parallel.zero.ShardedStateOptimizer`."""
     spec = optimizer_spec(cfg, components, device)
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if zero.shards_optimizer_state(cfg.distributed.zero_sharding, world_size):
-        optimizer = zero.ShardedStateOptimizer(params, spec, first(cfg.optimization.lr))
+    if shards_optimizer_state(cfg.distributed.zero_sharding, world_size):
+        from shardtrain.trainer.parallel.zero import ShardedStateOptimizer  # its import costs ~2 s: only here
+        optimizer = ShardedStateOptimizer(params, spec, first(cfg.optimization.lr))
         logger.info(optimizer.describe())
     else:
         optimizer = spec.build(params, first(cfg.optimization.lr))

@@ -20,7 +20,7 @@ from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer.build import optimizer_spec
 from shardtrain.trainer.parallel.activation_checkpointing import checkpoint_every
 from shardtrain.trainer.parallel.choose import chosen_backend_class
-from shardtrain.trainer.parallel.zero import shards_optimizer_state
+from shardtrain.trainer.parallel.zero_sharding import shards_optimizer_state
 from shardtrain.trainer.precision.choose import chosen, run_dtypes
 from shardtrain.trainer.precision.component import skip_nan
 from shardtrain.trainer.precision.registry import Dtypes

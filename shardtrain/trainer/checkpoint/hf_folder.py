@@ -16,8 +16,8 @@ from typing import Dict, Tuple
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from shardtrain.core.dtensors import is_dtensor
 from shardtrain.core.errors import DataError
 from shardtrain.models.hf_config import our_name, read_folder_config
 from shardtrain.trainer.parallel.choose import unwrap
@@ -119,7 +119,7 @@ def load_folder_into(model: nn.Module, folder: str) -> None:
 
 def _fill(target: torch.Tensor, read, hf: str) -> None:
     """Copy this rank's rows of the file's tensor ``hf`` into ``target``."""
-    if not isinstance(target, DTensor):
+    if not is_dtensor(target):
         read(hf, 0, target.shape[0] if target.dim() else 1, target)
         return
     local = target.to_local()
@@ -161,6 +161,7 @@ def _mapped(path: str):
 def row_range(size: int, placements, mesh) -> Tuple[int, int]:
     """(first row, rows) this rank holds of a dimension-0 tensor of ``size`` rows: torch.chunk's split at
     each mesh dimension that shards dim 0 (ceil(size / n) rows each, the last ranks fewer or none)."""
+    from torch.distributed.tensor import Replicate, Shard  # loaded already: placements come from a DTensor
     start, rows = 0, size
     for dim, placement in enumerate(placements):
         if isinstance(placement, Replicate):

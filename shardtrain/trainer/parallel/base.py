@@ -12,7 +12,6 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Tuple
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from shardtrain.core.registry import Registry
 from shardtrain.trainer.parallel.host_norms import host_total_norm
@@ -153,10 +152,13 @@ class Backend:
 
     def optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> Dict:
         # Keyed by parameter name (not position), as every backend and DCP key it,
-        # so one checkpoint's optimizer state loads under any backend.
+        # so one checkpoint's optimizer state loads under any backend. DCP is imported
+        # here, not at the top: it costs ~2 s of start-up that a refusal need not pay.
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
         return get_optimizer_state_dict(module, optimizer)
 
     def load_optimizer_state_dict(self, module: nn.Module, optimizer, state_dict: Dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
         set_optimizer_state_dict(module, optimizer, state_dict)
 
     def barrier(self) -> None:

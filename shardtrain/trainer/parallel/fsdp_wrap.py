@@ -5,7 +5,6 @@ from typing import List, Optional
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.models import capabilities
@@ -58,22 +57,24 @@ def reshards_after_forward(distributed) -> bool:
     return not (distributed.no_reshard_after_forward or zero2_like)
 
 
-def offload_policy(cpu_offload: bool, device: torch.device) -> OffloadPolicy:
+def offload_policy(cpu_offload: bool, device: torch.device):
     """Shards on the CPU under --cpu-offload, pinned only when they travel to a GPU:
     pinning allocates through CUDA, so a --cpu run on a GPU machine would create a
     CUDA context (and hold GPU driver memory) for nothing."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy  # here: FSDP2's import costs ~2 s
     if not cpu_offload:
         return OffloadPolicy()
     return CPUOffloadPolicy(pin_memory=device.type == "cuda")
 
 
-def apply_fsdp(model: nn.Module, mesh, mp_policy: MixedPrecisionPolicy, *, reshard_after_forward: bool,
-               offload: OffloadPolicy, min_params_to_wrap: int) -> nn.Module:
+def apply_fsdp(model: nn.Module, mesh, mp_policy, *, reshard_after_forward: bool,
+               offload, min_params_to_wrap: int) -> nn.Module:
     """fully_shard every block (or size-based unit), then the root; set up prefetching.
 
     Order matters: inner units first, so the root's unit holds only what is
     left (embeddings, final norm, output projection).
     """
+    from torch.distributed.fsdp import fully_shard  # here: FSDP2's import costs ~2 s of every start
     blocks = capabilities.blocks(model)
     units = list(blocks) if blocks is not None and len(blocks) else size_based_units(model, min_params_to_wrap)
     kwargs = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload)

@@ -9,16 +9,10 @@ the order is ``prepare.prepare_model``'s).
 import contextlib
 import logging
 import time
-from typing import Optional
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import MixedPrecisionPolicy
-from torch.distributed.tensor import DTensor
 
+from shardtrain.core.dtensors import is_dtensor
 from shardtrain.trainer.parallel.base import BACKEND_REGISTRY, Backend
 from shardtrain.trainer.parallel.fsdp_wrap import (
     apply_fsdp, build_mesh, offload_policy, reshards_after_forward, return_transient_buffers_to_the_os,
@@ -26,7 +20,13 @@ from shardtrain.trainer.parallel.fsdp_wrap import (
 from shardtrain.trainer.metrics.process_memory import resident_memory_gb
 
 logger = logging.getLogger(__name__)
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _full():
+    """Whole (unsharded) state dicts, gathered into host memory. DCP's and FSDP2's imports (~2 s of start-up)
+    wait for a run that uses them: this module is imported by every run and refusal, for its class facts."""
+    from torch.distributed.checkpoint import state_dict
+    return state_dict, state_dict.StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 @BACKEND_REGISTRY.register("fully_sharded")
@@ -40,10 +40,11 @@ class FullyShardedBackend(Backend):
     wraps_a_single_rank = True  # one rank still shards (a 1-rank mesh): the same code path as N ranks
     needs_process_group = True  # the mesh lives on a group, even a 1-rank one
 
-    def __init__(self, ctx, distributed, mp_policy: Optional[MixedPrecisionPolicy] = None):
+    def __init__(self, ctx, distributed, mp_policy=None):
         """``mp_policy``: the dtypes FSDP2 computes and reduces in, as the precision decided them
         (``shardtrain.trainer.precision.decide_dtypes``); None for fp32."""
         super().__init__(ctx, distributed)
+        from torch.distributed.fsdp import MixedPrecisionPolicy
         self.mp_policy = mp_policy or MixedPrecisionPolicy()
         return_transient_buffers_to_the_os(ctx.device)
         self.mesh = build_mesh(ctx, distributed.fsdp_sharding_strategy, distributed.shard_group_size)
@@ -116,19 +117,23 @@ class FullyShardedBackend(Backend):
 
     def grad_norm(self, params):
         norm = super().grad_norm(params)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        return norm.full_tensor() if is_dtensor(norm) else norm
 
     def model_state_dict(self, module):
-        return get_model_state_dict(module, options=_FULL)
+        api, full = _full()
+        return api.get_model_state_dict(module, options=full)
 
     def load_model_state_dict(self, module, state_dict):
-        set_model_state_dict(module, state_dict, options=_FULL)
+        api, full = _full()
+        api.set_model_state_dict(module, state_dict, options=full)
 
     def optimizer_state_dict(self, module, optimizer):
-        return get_optimizer_state_dict(module, optimizer, options=_FULL)
+        api, full = _full()
+        return api.get_optimizer_state_dict(module, optimizer, options=full)
 
     def load_optimizer_state_dict(self, module, optimizer, state_dict):
-        set_optimizer_state_dict(module, optimizer, state_dict, options=_FULL)
+        api, full = _full()
+        api.set_optimizer_state_dict(module, optimizer, state_dict, options=full)
 
 
 @contextlib.contextmanager

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Sequence
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from shardtrain.core.dtensors import is_dtensor
 from shardtrain.core.torch_private import total_norm_of_shards
 
 
@@ -49,7 +49,7 @@ def host_total_norm(grads: Sequence[torch.Tensor], threads: Optional[int] = None
         if any(g.device.type != "cpu" for g in grads):
             return None
         return torch.linalg.vector_norm(torch.stack(local_norms(grads, threads)), 2.0)  # torch's one group
-    if not all(isinstance(g, DTensor) for g in grads):
+    if not all(is_dtensor(g) for g in grads):
         return None
     layouts = {(g.device_mesh, g.placements) for g in grads}
     if len(layouts) != 1 or sum(p.is_shard() for p in grads[0].placements) != 1:

@@ -14,17 +14,16 @@ import functools
 from typing import Dict, List, Optional
 
 import torch
-from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-
 from shardtrain.core.torch_private import fsdp_shard_sources
 
 AHEAD_BYTES = 2 << 30  # two 6.7B blocks of fp32 shards waiting: 1.6 GB of an 80 GB device
 
 
-def uploads_ahead(offload: OffloadPolicy, mesh) -> bool:
+def uploads_ahead(offload, mesh) -> bool:
     """Where FSDP2 copies shards to the device itself on the compute stream: offloaded, a 1-rank shard group
     (the last mesh dimension), an accelerator (a host run has nothing to copy). On more ranks FSDP2 copies
     them on its all-gather streams, which its prefetch already overlaps."""
+    from torch.distributed.fsdp import CPUOffloadPolicy  # loaded by then (``offload`` is FSDP2's)
     return isinstance(offload, CPUOffloadPolicy) and mesh.device_type != "cpu" and mesh.size(mesh.ndim - 1) == 1
 
 

@@ -28,16 +28,6 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from shardtrain.core.errors import ConfigError
 from shardtrain.optim.registry import OptimizerSpec
 
-ZERO_SHARDING = ("none", "os")
-
-
-def shards_optimizer_state(zero_sharding: str, world_size: int) -> bool:
-    """True when ``--zero-sharding`` asks for sharded optimizer state and there is more
-    than one rank to shard it over (one process keeps the plain optimizer: the same
-    state, with no process group to talk to)."""
-    assert zero_sharding in ZERO_SHARDING, zero_sharding  # the CLI's choices checked it
-    return zero_sharding == "os" and world_size > 1
-
 
 class ShardedStateOptimizer(ZeroRedundancyOptimizer):
     """``ZeroRedundancyOptimizer(params, optimizer_class=spec.cls, lr=lr, **spec.kwargs)`` that

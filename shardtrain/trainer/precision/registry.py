@@ -10,7 +10,6 @@ import dataclasses
 from typing import Optional, Tuple
 
 import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.core.registry import Registry
@@ -86,18 +85,25 @@ class Dtypes:
     name: str  # the registered precision's name
     compute: Optional[torch.dtype]  # low-precision compute, None for fp32
     storage: Optional[torch.dtype]  # what the model itself is cast to, None to keep it fp32
-    policy: MixedPrecisionPolicy  # for a backend that casts the parameters itself (FSDP2)
+    reduce_in_low_precision: bool  # a casting backend reduces gradients in ``compute``
+
+    @property
+    def policy(self):
+        """The ``MixedPrecisionPolicy`` of a backend that casts the parameters itself (FSDP2)."""
+        return mixed_precision(self.compute, self.reduce_in_low_precision)
 
 
 def decide_dtypes(kind: type, reduce_in_low_precision: bool) -> Dtypes:
     """``kind``'s dtypes; ``reduce_in_low_precision``: a casting backend reduces gradients in ``compute``."""
     storage = kind.compute if kind.stores_in_compute else None
-    return Dtypes(kind.name, kind.compute, storage, mixed_precision(kind.compute, reduce_in_low_precision))
+    return Dtypes(kind.name, kind.compute, storage, reduce_in_low_precision)
 
 
-def mixed_precision(param_dtype: Optional[torch.dtype], reduce_in_low_precision: bool) -> MixedPrecisionPolicy:
-    """Compute in ``param_dtype`` from fp32 sharded master weights; reduce gradients in fp32
-    unless asked otherwise."""
+def mixed_precision(param_dtype: Optional[torch.dtype], reduce_in_low_precision: bool):
+    """FSDP2's ``MixedPrecisionPolicy``: compute in ``param_dtype`` from fp32 sharded master weights;
+    reduce gradients in fp32 unless asked otherwise. FSDP2 is imported here, where a run wraps its
+    model, not at the top: it costs ~2 s of start-up that a refusal or a pytorch_ddp run need not pay."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
     if param_dtype is None:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=param_dtype,

@@ -11,7 +11,8 @@ from shardtrain.core.errors import ConfigError
 from shardtrain.optim.registry import OptimizerSpec
 from shardtrain.trainer import build
 from shardtrain.trainer.resolved import Components
-from shardtrain.trainer.parallel.zero import ShardedStateOptimizer, shards_optimizer_state
+from shardtrain.trainer.parallel.zero import ShardedStateOptimizer
+from shardtrain.trainer.parallel.zero_sharding import shards_optimizer_state
 
 ADAMW = OptimizerSpec(torch.optim.AdamW, {"betas": (0.9, 0.98), "eps": 1e-8, "weight_decay": 0.1, "fused": True})
 

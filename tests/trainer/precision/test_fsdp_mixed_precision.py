@@ -31,6 +31,8 @@ def test_a_runs_dtypes_follow_its_precisions_facts():
     stored = type("Stored", (PrecisionKind,), {"name": "st_stored", "compute": torch.bfloat16,
                                                "stores_in_compute": True})
     fp16_policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
-    assert decide_dtypes(mixed, False) == Dtypes("st_mixed", torch.float16, None, fp16_policy)
+    assert decide_dtypes(mixed, False) == Dtypes("st_mixed", torch.float16, None, False)
+    assert decide_dtypes(mixed, False).policy == fp16_policy
     bf16_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-    assert decide_dtypes(stored, True) == Dtypes("st_stored", torch.bfloat16, torch.bfloat16, bf16_policy)
+    assert decide_dtypes(stored, True) == Dtypes("st_stored", torch.bfloat16, torch.bfloat16, True)
+    assert decide_dtypes(stored, True).policy == bf16_policy
