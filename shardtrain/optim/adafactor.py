@@ -83,10 +83,10 @@ class Adafactor(torch.optim.Optimizer):
     def _update(self, p: torch.Tensor, group, multiplier: float = 1.0) -> None:
         shards = RowShards.of(p)
         # Statistics in fp32 even for fp16/bf16 parameters, as fairseq.
-        grad = _at_least_fp32(_local(p.grad))
+        grad = _at_least_fp32(local_tensor(p.grad))
         if multiplier != 1.0:
             grad = grad * multiplier
-        param = _at_least_fp32(_local(p))
+        param = _at_least_fp32(local_tensor(p))
         state = self.state[p]
         if not state:
             _init_state(state, p.grad, grad.dtype, group["beta1"] is not None)
@@ -97,7 +97,7 @@ class Adafactor(torch.optim.Optimizer):
         if p.dim() >= 2:
             update = grad * _inverse_sqrt_factored(state, grad_sq, beta2t, p.shape, shards)
         else:
-            variance = _local(state["exp_avg_sq"]).mul_(beta2t).add_(grad_sq, alpha=1.0 - beta2t)
+            variance = local_tensor(state["exp_avg_sq"]).mul_(beta2t).add_(grad_sq, alpha=1.0 - beta2t)
             update = grad * variance.rsqrt()
         # One reduction for both sums of squares; the parameter's is only needed with --scale-parameter.
         squares = [update.square().sum(), param.square().sum() if group["scale_parameter"] else grad.new_zeros(())]
@@ -106,16 +106,16 @@ class Adafactor(torch.optim.Optimizer):
         step_size = _step_size(group, step, _rms(param_sq, p.numel()))
         update = update * step_size
         if group["beta1"] is not None:
-            update = _local(state["exp_avg"]).mul_(group["beta1"]).add_(update, alpha=1.0 - group["beta1"])
+            update = local_tensor(state["exp_avg"]).mul_(group["beta1"]).add_(update, alpha=1.0 - group["beta1"])
         if group["weight_decay"] != 0:
             param = param - param * (group["weight_decay"] * step_size)
-        _local(p).copy_(param - update)
+        local_tensor(p).copy_(param - update)
 
 
 def _inverse_sqrt_factored(state, grad_sq: torch.Tensor, beta2t: float, shape, shards: "RowShards") -> torch.Tensor:
     """Update the row and column means of grad² and return the rsqrt of their
     outer product over the mean row: fairseq's estimate of 1/sqrt(E[grad²])."""
-    row, col = _local(state["exp_avg_sq_row"]), _local(state["exp_avg_sq_col"])
+    row, col = local_tensor(state["exp_avg_sq_row"]), local_tensor(state["exp_avg_sq_col"])
     row.mul_(beta2t).add_(grad_sq.mean(dim=-1), alpha=1.0 - beta2t)  # a row is never split
     # Sums over rows (for the column means, and the mean row) cross ranks when a
     # 2-dim parameter's rows are split; a larger one is split along a batch dim.
@@ -165,11 +165,6 @@ def _step_size(group, step: float, param_rms: torch.Tensor):
     if group["scale_parameter"]:
         return param_rms.clamp(min=group["eps"][1]) * size
     return size
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a (possibly sharded) tensor; in-place changes reach the DTensor."""
-    return local_tensor(t)
 
 
 def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:

@@ -44,12 +44,6 @@ _CHUNK_NUMEL = 1 << 20
 _TENSOR_KEYS = fp16_adam_stats.FP32_KEYS + fp16_adam_stats.FP16_KEYS + ("master_param",)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor the kernels write into: a DTensor's local shard (under no_grad,
-    ``to_local`` returns the shard itself, not a copy), else ``t``."""
-    return local_tensor(t)
-
-
 class CPUAdam(torch.optim.Optimizer):
     """Adam/AdamW with its state in CPU memory; see the module docstring.
 
@@ -75,9 +69,9 @@ class CPUAdam(torch.optim.Optimizer):
         #: where their small entries would flush to zero.
         self.grad_multiplier = 1.0
         for p in itertools.chain.from_iterable(g["params"] for g in self.param_groups):
-            if is_dtensor(p) and _local(p).device.type != "cpu":
+            if is_dtensor(p) and local_tensor(p).device.type != "cpu":
                 raise ConfigError(
-                    f"--optimizer cpu_adam got parameters sharded on {_local(p).device.type}: their optimizer "
+                    f"--optimizer cpu_adam got parameters sharded on {local_tensor(p).device.type}: their optimizer "
                     "state would be kept per rank outside the sharded checkpoint. Add --cpu-offload so the "
                     "shards live on the CPU, or use --optimizer adam to step on the accelerator.")
 
@@ -89,7 +83,7 @@ class CPUAdam(torch.optim.Optimizer):
                 group.setdefault(key, value)
 
     def _uses_master_copy(self, p: torch.Tensor) -> bool:
-        return self._force_master_copy or _local(p).device.type != "cpu"
+        return self._force_master_copy or local_tensor(p).device.type != "cpu"
 
     def _fill_state(self, p: torch.Tensor, group) -> Dict:
         """Create whatever state ``p`` lacks (all of it on the first step; the
@@ -98,13 +92,13 @@ class CPUAdam(torch.optim.Optimizer):
         state.setdefault("step", torch.zeros((), dtype=torch.float32))
         master = self._uses_master_copy(p)
         if master and "master_param" not in state:
-            state["master_param"] = _local(p).detach().to("cpu", torch.float32, copy=True).contiguous()
+            state["master_param"] = local_tensor(p).detach().to("cpu", torch.float32, copy=True).contiguous()
         keys, dtype = fp16_adam_stats.moment_keys(group["fp16_adam_stats"])
         for key in keys:
             if key not in state:
                 # Master-copy state is one plain CPU tensor; otherwise the state is
                 # laid out like the parameter (a DTensor for a DTensor parameter).
-                state[key] = (torch.zeros(_local(p).shape, dtype=dtype) if master
+                state[key] = (torch.zeros(local_tensor(p).shape, dtype=dtype) if master
                               else torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format))
         return state
 
@@ -123,11 +117,11 @@ class CPUAdam(torch.optim.Optimizer):
                 if p.grad.is_sparse:
                     raise RuntimeError("CPUAdam does not support sparse gradients")
                 state = self._fill_state(p, group)
-                grad = _local(p.grad)
+                grad = local_tensor(p.grad)
                 plain = "master_param" not in state and not group["fp16_adam_stats"]
                 # The fused kernel walks the tensors' memory in step, so it needs one layout.
-                same_kind = (_local(p).dtype == grad.dtype == torch.float32 and grad.device.type == "cpu"
-                             and _local(p).is_contiguous() and grad.is_contiguous())
+                same_kind = (local_tensor(p).dtype == grad.dtype == torch.float32 and grad.device.type == "cpu"
+                             and local_tensor(p).is_contiguous() and grad.is_contiguous())
                 (fused if plain and same_kind else chunked).append(p)
             self._step_fused(group, fused, multiplier)
             scratch, pipes = _Scratch(), {}
@@ -143,7 +137,7 @@ class CPUAdam(torch.optim.Optimizer):
         master copy): the only path whose result does not depend on which parameters share a call."""
         group = self._group_of(p)
         return (not group["fp16_adam_stats"] and not self._uses_master_copy(p)
-                and _local(p).dtype == torch.float32 and _local(p).is_contiguous())
+                and local_tensor(p).dtype == torch.float32 and local_tensor(p).is_contiguous())
 
     @torch.no_grad()
     def step_one(self, p: torch.Tensor, multiplier: float, keep: bool, leave_grad: bool = True):
@@ -157,9 +151,9 @@ class CPUAdam(torch.optim.Optimizer):
         state = self._fill_state(p, group)
         kept = None
         if keep:
-            kept = (fresh, _local(p).clone()) + (() if fresh else tuple(
-                t.clone() for t in (_local(state["exp_avg"]), _local(state["exp_avg_sq"]), state["step"])))
-        grad = _local(p.grad)
+            kept = (fresh, local_tensor(p).clone()) + (() if fresh else tuple(
+                t.clone() for t in (local_tensor(state["exp_avg"]), local_tensor(state["exp_avg_sq"]), state["step"])))
+        grad = local_tensor(p.grad)
         if leave_grad and multiplier != 1.0:  # the kernel would leave grad/scale in the gradient: it reads a copy
             grad = self._grad_copy(grad)
         self._step_fused(group, [p], multiplier, grads=[grad])
@@ -186,12 +180,13 @@ class CPUAdam(torch.optim.Optimizer):
     def restore(self, p: torch.Tensor, kept) -> None:
         """Undo :meth:`step_one` on ``p`` from what it kept: bit for bit."""
         fresh, param, *moments = kept
-        _local(p).copy_(param)
+        local_tensor(p).copy_(param)
         if fresh:
             del self.state[p]
             return
         state = self.state[p]
-        for target, value in zip((_local(state["exp_avg"]), _local(state["exp_avg_sq"]), state["step"]), moments):
+        targets = (local_tensor(state["exp_avg"]), local_tensor(state["exp_avg_sq"]), state["step"])
+        for target, value in zip(targets, moments):
             target.copy_(value)
 
     def _step_fused(self, group, params: List[torch.Tensor], multiplier: float,
@@ -204,9 +199,9 @@ class CPUAdam(torch.optim.Optimizer):
         # The kernel divides each gradient by grad_scale as it reads it: the multiplier costs
         # no pass of its own over the gradients (benchmarks/offload_step.py).
         grad_scale = None if multiplier == 1.0 else torch.tensor(1.0 / multiplier)
-        grads = [_local(p.grad) for p in params] if grads is None else grads
-        _adam(group, [_local(p) for p in params], grads,
-              [_local(s["exp_avg"]) for s in states], [_local(s["exp_avg_sq"]) for s in states],
+        grads = [local_tensor(p.grad) for p in params] if grads is None else grads
+        _adam(group, [local_tensor(p) for p in params], grads,
+              [local_tensor(s["exp_avg"]) for s in states], [local_tensor(s["exp_avg_sq"]) for s in states],
               [s["step"] for s in states], grad_scale)
 
     def _step_chunked(self, group, p: torch.Tensor, scratch: "_Scratch", pipes: Dict, multiplier: float) -> None:
@@ -215,10 +210,10 @@ class CPUAdam(torch.optim.Optimizer):
         state = self.state[p]
         fp16 = group["fp16_adam_stats"]
         master = state.get("master_param")
-        target = _local(p)
+        target = local_tensor(p)
         param = master if master is not None else target
-        moments = [_local(state[k]) for k in fp16_adam_stats.moment_keys(fp16)[0]]
-        tensors = [param, _local(p.grad), *moments]
+        moments = [local_tensor(state[k]) for k in fp16_adam_stats.moment_keys(fp16)[0]]
+        tensors = [param, local_tensor(p.grad), *moments]
         numel = target.numel()
         # A non-contiguous tensor has no flat view to chunk: step it whole.
         whole = not all(t.is_contiguous() for t in tensors + [target])
@@ -274,7 +269,7 @@ class CPUAdam(torch.optim.Optimizer):
         if "step" in state:
             state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).detach().to("cpu", copy=True)
         master = self._uses_master_copy(p)
-        shape = _local(p).shape if master else p.shape
+        shape = local_tensor(p).shape if master else p.shape
         moments = fp16_adam_stats.convert_moments(saved, group["fp16_adam_stats"])
         if master and "master_param" in saved:
             moments["master_param"] = saved["master_param"].to(torch.float32)

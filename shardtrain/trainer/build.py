@@ -69,7 +69,7 @@ def build_optimizer(cfg, components: Components, params, device: torch.device) -
     spec = optimizer_spec(cfg, components, device)
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if shards_optimizer_state(cfg.distributed.zero_sharding, world_size):
-        from shardtrain.trainer.parallel.zero import ShardedStateOptimizer  # its import costs ~2 s: only here
+        from shardtrain.trainer.parallel.zero import ShardedStateOptimizer  # with DTensor, 2.4 s to import: only here
         optimizer = ShardedStateOptimizer(params, spec, first(cfg.optimization.lr))
         logger.info(optimizer.describe())
     else:

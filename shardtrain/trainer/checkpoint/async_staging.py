@@ -36,18 +36,14 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from shardtrain.core.dtensors import is_dtensor, local_tensor
 from shardtrain.core.torch_private import dtensor_around
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def _storage(tensor: torch.Tensor) -> int:
-    return _local(tensor).untyped_storage().data_ptr()
+    return local_tensor(tensor).untyped_storage().data_ptr()
 
 
 def step_only_storages(model: torch.nn.Module, optimizer_state: Dict) -> Set[int]:
@@ -70,7 +66,7 @@ def _tensors(value) -> Iterator[torch.Tensor]:
 
 def on_host(state: Any) -> bool:
     """Whether every tensor of ``state`` (its local shard, for a DTensor) is in host memory."""
-    return all(_local(t).device.type == "cpu" for t in _tensors(state))
+    return all(local_tensor(t).device.type == "cpu" for t in _tensors(state))
 
 
 def _rebuild(value, path: str, tensor_fn: Callable[[str, torch.Tensor], torch.Tensor]):
@@ -130,7 +126,7 @@ class RunStager:
         waits: Set[torch.device] = set()  # devices with non-blocking copies queued
 
         def staged(path: str, tensor: torch.Tensor) -> torch.Tensor:
-            local = _local(tensor)
+            local = local_tensor(tensor)
             device = self.memory.device_of(local)
             nbytes = local.numel() * local.element_size()
             # scalars (Adam's step counts, on the CPU even for GPU state) are copied: gating
@@ -143,7 +139,7 @@ class RunStager:
             source = (local.device, local.data_ptr(), tuple(local.shape), local.stride(), local.dtype)
             if source not in copies:
                 copies[source] = self._fill(path, local, device, kept, waits)
-            return dtensor_around(tensor, copies[source]) if isinstance(tensor, DTensor) else copies[source]
+            return dtensor_around(tensor, copies[source]) if is_dtensor(tensor) else copies[source]
 
         result = _rebuild(state, "", staged)
         for device in waits:  # one wait per source device, before save() returns
