@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from shardtrain.data.collate import collate
-from shardtrain.optim.cpu_adam import CPUAdam, _local
+from shardtrain.core.dtensors import local_tensor as _local
+from shardtrain.optim.cpu_adam import CPUAdam
 from shardtrain.trainer.loop import Run
 
 SAMPLES_PER_BATCH = 2
