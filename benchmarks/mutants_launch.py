@@ -5,6 +5,11 @@ SIGNALS = "tests/trainer/launch/test_launch_signals.py::"
 DECISIONS = "tests/trainer/launch/test_launch_decisions.py::"
 VALID_STOP = "tests/trainer/test_validation_interrupt.py::"
 
+# CPU ranks forked from a per-launch forkserver (issue 45 §6: start_method.py)
+SM = "tests/trainer/launch/test_start_method.py::"
+START_METHOD = "shardtrain/trainer/launch/start_method.py"
+TWO = SM + "test_two_launches_fork_their_ranks_from_their_own_server_with_the_environment_of_the_moment"
+
 MUTANTS = [
     Mutant("preemption_not_agreed", "every rank stops at the same update on SIGTERM/SIGUSR1",
            T + "launch/preemption.py", "        if backend.world_size > 1:\n",
@@ -74,4 +79,25 @@ MUTANTS = [
     Mutant("mesh_counts_its_own_ranks_a_node", "FSDP2's hybrid mesh reads the launch's ranks a node",
            T + "parallel/fsdp_wrap.py", "    return min(ranks_per_node, world_size)\n", "    return world_size\n",
            ("tests/trainer/launch/test_ranks_per_node.py::test_srun_alone_counts_slurm_s_tasks_a_node",)),
+    Mutant("cpu_ranks_spawned", "CPU ranks are forked from a forkserver, not spawned",
+           START_METHOD, '    if use_cuda or not hasattr(server, "_stop")', '    if True or not hasattr(server, "_stop")',
+           (TWO, SM + "test_cpu_ranks_get_a_server_that_preloads_torch_and_mains_module_and_is_stopped_after")),
+    Mutant("cuda_ranks_forked", "CUDA ranks are spawned: a forked rank cannot use CUDA after its server touched it",
+           START_METHOD, '    if use_cuda or not hasattr(server, "_stop")', '    if not hasattr(server, "_stop")',
+           (SM + "test_cuda_ranks_are_spawned",)),
+    Mutant("server_outlives_its_launch", "each launch stops its server: a later launch's ranks get the environment "
+           "and stdout of their own moment", START_METHOD,
+           "        with contextlib.suppress(OSError):\n            server._stop()",
+           "        pass", (TWO, SM + "test_cpu_ranks_get_a_server_that_preloads_torch_and_mains_module_and_is_stopped_after")),
+    Mutant("foreign_server_reused", "a forkserver someone else started is left alone (the ranks are spawned)",
+           START_METHOD, ' or getattr(server, "_forkserver_pid", None) is not None:', ":",
+           (SM + "test_a_server_someone_else_runs_is_left_alone_and_the_ranks_are_spawned",)),
+    Mutant("no_preload", "the server imports torch and main's module once for every rank", START_METHOD,
+           "    multiprocessing.set_forkserver_preload(PRELOAD + extra)\n", "",
+           (SM + "test_cpu_ranks_get_a_server_that_preloads_torch_and_mains_module_and_is_stopped_after",)),
+    Mutant("start_line_says_spawn", "the start line says how the ranks start", "shardtrain/trainer/launch/start.py",
+           'forked=method == "forkserver")', "forked=False)", (TWO,)),
+    Mutant("ranks_hold_the_servers_lifeline", "a forked rank lets go of the server's liveness pipe: its launcher killed, "
+           "it stops", "shardtrain/trainer/launch/start.py", "    start_method.let_go_of_the_launcher()\n", "",
+           (SM + "test_ranks_end_when_their_launcher_is_killed",)),
 ]

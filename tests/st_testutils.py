@@ -281,3 +281,29 @@ def fit_estimate(cfg, task=None, shards: int = 1, device: str = "cpu", on_host: 
     facts = dataclasses.replace(run_facts(cfg, components, 1, 1), shards=shards)
     est = estimate(cfg, components, task or build_task(cfg, components), facts, device, activations=activations)
     return dataclasses.replace(est, state_on_host=on_host, optimizer_on_host=on_host)
+
+
+def _processes() -> dict:
+    """{pid: (ppid, cmdline)} of every process now."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                found[int(name)] = (ppid, f.read())
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # exited while we looked
+    return found
+
+
+def spawned_ranks(launcher_pid: int) -> list:
+    """Pids of the launcher's rank processes: CPU ranks are the children of its forkserver (start_method.py),
+    CUDA ranks its own spawn children; not its resource tracker, not the forkserver itself."""
+    processes = _processes()
+    servers = {pid for pid, (ppid, cmdline) in processes.items()
+               if ppid == launcher_pid and b"multiprocessing.forkserver" in cmdline}
+    return sorted(pid for pid, (ppid, cmdline) in processes.items()
+                  if ppid in servers or (ppid == launcher_pid and b"spawn_main" in cmdline))

@@ -6,7 +6,7 @@ fairseq's ``call_main``, on torch.distributed's own launch conventions:
    join its group through ``env://``; main runs once, in this process;
 2. started by ``srun`` with several tasks: rank and world size from SLURM's
    variables, ``tcp://`` to the first node of the step; main runs once, here;
-3. otherwise, world size > 1: spawn the ranks on this machine; they meet
+3. otherwise, world size > 1: start the ranks on this machine (start_method.py); they meet
    through a file in a fresh temporary directory (no TCP port to collide on);
 4. world size 1: no process group; main runs in this process (a backend that needs
    a group even there, FSDP2's mesh, gets a 1-rank one: ``one_rank_group``).
@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 
 from shardtrain.core.errors import ConfigError
 from shardtrain.trainer.launch import rendezvous
+from shardtrain.trainer.launch import start_method
 from shardtrain.trainer.launch import supervise
 from shardtrain.trainer.launch import threads
 from shardtrain.trainer.launch import peer_lost
@@ -196,10 +197,11 @@ def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
     backend = rendezvous.resolve_backend(cfg.distributed.distributed_backend, use_cuda)
     processes = []  # filled once started: the signal handlers stop what is there
     try:
-        with tempfile.TemporaryDirectory(prefix="shardtrain-ranks-") as run_dir:
+        with tempfile.TemporaryDirectory(prefix="shardtrain-ranks-") as run_dir, \
+                start_method.rank_start(use_cuda, main) as method:
             init_method = cfg.distributed.distributed_init_method or "file://" + os.path.join(run_dir, "rendezvous")
             plan = _SpawnPlan(world_size, backend, init_method, use_cuda, run_dir, time.time())
-            watch = waiting.StartWatch(run_dir, world_size, backend)
+            watch = waiting.StartWatch(run_dir, world_size, backend, forked=method == "forkserver")
             if not use_cuda:  # said before a single process starts: 64 ranks on 2 cores started none in minutes
                 crowded = threads.oversubscription_warning(world_size, threads.usable_cores())
                 if crowded:
@@ -208,7 +210,7 @@ def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
             # (there is nothing to save yet), and is answered as the signal, not as a rank killed by it.
             with forwarding_signals(processes, starting=lambda: not watch.done) as signals:
                 context = mp.start_processes(_spawned_rank, args=(cfg, main, plan), nprocs=world_size,
-                                             join=False, start_method="spawn")
+                                             join=False, start_method=method)
                 processes.extend(context.processes)
                 supervise.supervise(context, run_dir, watch,
                                     first=lambda: (signals.check(), watch.begin(init_method)))
@@ -219,6 +221,7 @@ def _spawn(cfg, main, world_size: int, use_cuda: bool) -> Any:
 
 def _spawned_rank(rank: int, cfg, main, plan: _SpawnPlan) -> None:
     """Body of each spawned process (torch.multiprocessing passes the rank first)."""
+    start_method.let_go_of_the_launcher()
     try:
         waiting.mark(plan.run_dir, "started", rank)
         setup_logging(cfg.common.log_file, rank)

@@ -104,7 +104,7 @@ def oversubscription_warning(ranks: int, cores: int) -> Optional[str]:
     if ranks <= OVERSUBSCRIBED * cores:
         return None
     return (f"starting {ranks} CPU ranks on {cores} usable core{'s' if cores > 1 else ''} ({ranks / cores:.0f} per "
-            "core): each rank is a process that imports torch (seconds of CPU and a few hundred MB of memory each) "
+            "core): each rank is a process of its own (a few hundred MB of memory each, and seconds of CPU to start) "
             "before any of them trains, then they take turns on the cores, so the start alone can take minutes and "
             f"every update is slower than with fewer ranks. Unless that is the point, pass --distributed-world-size "
             f"{cores} (one rank per core) or less.")

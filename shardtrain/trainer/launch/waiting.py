@@ -31,8 +31,9 @@ class StartWatch:
     """Polled by the launcher until every rank has joined; ``done`` then stops the polling."""
 
     def __init__(self, run_dir: str, world_size: int, backend: str, stream: Optional[TextIO] = None,
-                 clock: Callable[[], float] = time.monotonic, every_s: float = 10.0):
-        self.run_dir, self.world_size, self.backend = run_dir, world_size, backend
+                 clock: Callable[[], float] = time.monotonic, every_s: float = 10.0, forked: bool = False):
+        """``forked``: the ranks are forked from one process that imports torch for them (start_method.py)."""
+        self.run_dir, self.world_size, self.backend, self.forked = run_dir, world_size, backend, forked
         self.clock, self.every_s = clock, every_s
         self.started_at = self.last_line_at = clock()
         self.seen = {step: 0 for step in STEPS}
@@ -41,8 +42,10 @@ class StartWatch:
 
     def begin(self, init_method: str) -> None:
         where = "a file in a temporary directory" if init_method.startswith("file://") else init_method
-        self._say(f"starting {self.world_size} ranks on this machine ({self.backend}): each process imports "
-                  f"torch, then they meet through {where}; waiting for them")
+        how = ("one process imports torch and the ranks are forked from it" if self.forked else
+               "each process imports torch")
+        self._say(f"starting {self.world_size} ranks on this machine ({self.backend}): {how}, then they meet "
+                  f"through {where}; waiting for them")
 
     def warn(self, text: str) -> None:
         self.logger.warning(text)

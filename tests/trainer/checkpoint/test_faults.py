@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from st_testutils import last_checkpoint_state, make_space_data_bin, scaled
+from st_testutils import spawned_ranks, last_checkpoint_state, make_space_data_bin, scaled
 
 pytestmark = pytest.mark.slow  # every test here starts a process, a multi-rank group or a training run
 
@@ -78,22 +78,6 @@ def train_here(capfd, data, save_dir, *flags):
     return code, out, err
 
 
-def spawned_ranks(launcher_pid: int) -> list:
-    """Pids of the launcher's rank processes (multiprocessing spawn children; not its resource tracker)."""
-    ranks = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue  # exited while we looked
-        if ppid == launcher_pid and b"spawn_main" in cmdline:
-            ranks.append(int(name))
-    return sorted(ranks)
 
 
 def wait_for_update(proc, update: int, timeout_s: float) -> None:

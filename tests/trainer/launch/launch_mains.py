@@ -92,3 +92,13 @@ if __name__ == "__main__":  # under torchrun: launch_mains.py OUT_DIR [shard-tra
     result = call_main(cfg, main_all_reduce)
     with open(os.path.join(out_dir, f"after{os.environ['RANK']}.json"), "w") as f:
         json.dump({"result": result, "group_initialized_after": dist.is_initialized()}, f)
+
+
+def main_where_started(cfg, ctx):
+    """Record how this rank was started (its parent's command line) and what it inherited (an environment variable,
+    the launcher's stdout)."""
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        parent = f.read().replace(b"\0", b" ").decode()
+    said = os.environ.get("ST_LAUNCH_MARK", "")
+    print(f"rank {ctx.rank} says {said}", flush=True)
+    _record(cfg, ctx, ppid=os.getppid(), parent=parent, mark=said)

@@ -52,7 +52,9 @@ def test_two_spawned_ranks_share_one_group_and_rank0_result_comes_back(tmp_path,
         assert seen["root_log_level"] == (logging.INFO if rank == 0 else logging.WARNING)
         assert seen["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
         _assert_gone(seen["pid"])
-    assert os.listdir(spawn_tmp) == []  # the rendezvous directory was removed
+    # the rendezvous directory was removed; what is left is multiprocessing's own folder for the forkserver's socket
+    # (CPU ranks are forked from it: start_method.py), which it removes when this process exits
+    assert [name for name in os.listdir(spawn_tmp) if not name.startswith("pymp-")] == []
     assert dict(os.environ) == env_before
     assert not dist.is_initialized()
 
