@@ -87,7 +87,10 @@ MUTANTS = [
            (SM + "test_cuda_ranks_are_spawned",)),
     Mutant("server_outlives_its_launch", "each launch stops its server: a later launch's ranks get the environment "
            "and stdout of their own moment", START_METHOD,
-           "        with contextlib.suppress(OSError):\n            server._stop()",
+           "        with contextlib.suppress(OSError, TypeError):  # TypeError: no pid, the server never started\n"
+           "            os.kill(server._forkserver_pid, signal.SIGTERM)\n"
+           "        with contextlib.suppress(OSError):  # a server killed with its ranks is gone already\n"
+           "            server._stop()",
            "        pass", (TWO, SM + "test_cpu_ranks_get_a_server_that_preloads_torch_and_mains_module_and_is_stopped_after")),
     Mutant("foreign_server_reused", "a forkserver someone else started is left alone (the ranks are spawned)",
            START_METHOD, ' or getattr(server, "_forkserver_pid", None) is not None:', ":",

@@ -27,6 +27,7 @@ import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
 from typing import Callable, Iterator
 
 # Imported by the server once, before it forks the ranks: torch, and this package's rank entry point (with what it
@@ -51,8 +52,13 @@ def rank_start(use_cuda: bool, main: Callable) -> Iterator[str]:
     multiprocessing.set_forkserver_preload(PRELOAD + extra)
     try:
         yield "forkserver"
-    finally:  # the ranks have ended (supervise stops what is left); a server killed with them is gone already
-        with contextlib.suppress(OSError):
+    finally:  # the ranks have ended (supervise stops what is left)
+        # Ended, not asked: _stop() closes the lifeline and waits for the server, which ends only when no process
+        # holds the lifeline's other end, and a rank stopped before it let go (let_go_of_the_launcher) would keep
+        # this launcher waiting. The server is this process's unreaped child: its pid cannot have been reused.
+        with contextlib.suppress(OSError, TypeError):  # TypeError: no pid, the server never started
+            os.kill(server._forkserver_pid, signal.SIGTERM)
+        with contextlib.suppress(OSError):  # a server killed with its ranks is gone already
             server._stop()
 
 
