@@ -103,4 +103,7 @@ MUTANTS = [
     Mutant("ranks_hold_the_servers_lifeline", "a forked rank lets go of the server's liveness pipe: its launcher killed, "
            "it stops", "shardtrain/trainer/launch/start.py", "    start_method.let_go_of_the_launcher()\n", "",
            (SM + "test_ranks_end_when_their_launcher_is_killed",)),
+    Mutant("forked_without_a_way_to_stop", "a Python whose forkserver cannot be stopped spawns the ranks",
+           START_METHOD, '    if use_cuda or not hasattr(server, "_stop") or', "    if use_cuda or",
+           (SM + "test_a_python_without_a_way_to_stop_the_server_spawns",)),
 ]

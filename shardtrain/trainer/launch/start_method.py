@@ -1,9 +1,9 @@
 """How the launcher starts the ranks of a run on this machine: from a forkserver for CPU ranks, by spawn for CUDA ones.
 
 A spawned rank is a fresh interpreter that imports torch and shardtrain before it can do anything: seconds of one core
-each. A forkserver imports them once and forks every rank from that state. Measured 2026-12-03 on 2 cores, a 2-rank
-CPU shard-train of 5 updates: 21-22.5 s of CPU and 13.4-14.7 s of wall spawned, 15.0-15.7 s and 12.4-13.2 s forked
-(benchmarks/rank_start.py). On a machine with fewer cores than ranks, where CPU runs live, that is the difference.
+each. A forkserver imports them once and forks every rank from that state. ``python benchmarks/rank_start.py`` (2026-12-03, 2 idle
+cores, a 2-rank CPU shard-train of 5 updates, medians of 3 rounds): 22.5 s of CPU spawned, 16.9 s forked; the wall
+14.99 s against 14.71 s, since two spawned ranks import side by side on two cores. On a machine with fewer cores than ranks, where CPU runs live, that is the difference.
 
 CUDA ranks keep ``spawn``: the server only imports, but a module that asked the driver anything while being imported
 (``torch.cuda.is_available()`` without NVML's check initialises the runtime) would leave every forked rank unable to
@@ -31,8 +31,8 @@ import signal
 from typing import Callable, Iterator
 
 # Imported by the server once, before it forks the ranks: torch, and this package's rank entry point (with what it
-# imports: the process group, logging, the supervisor's reports).
-PRELOAD = ["torch", "torch.distributed", "shardtrain.trainer.launch.start"]
+# imports: torch.distributed, logging, the supervisor's reports).
+PRELOAD = ["torch", "shardtrain.trainer.launch.start"]
 
 
 @contextlib.contextmanager
