@@ -106,4 +106,9 @@ MUTANTS = [
     Mutant("forked_without_a_way_to_stop", "a Python whose forkserver cannot be stopped spawns the ranks",
            START_METHOD, '    if use_cuda or not hasattr(server, "_stop") or', "    if use_cuda or",
            (SM + "test_a_python_without_a_way_to_stop_the_server_spawns",)),
+    # CI on 3a0a864: a test module's forkserver outlived it and later launches in its pytest worker spawned
+    Mutant("test_modules_server_left_running", "a test module's forkserver ends with it, so later launches fork",
+           "tests/st_testutils.py", "            multiprocessing.forkserver._forkserver._stop()\n",
+           "            pass\n",
+           (SM + "test_a_test_modules_own_server_is_stopped_so_later_launches_in_its_worker_still_fork",)),
 ]

@@ -1,5 +1,8 @@
 """Small data the tests make for themselves (nothing is downloaded), and time budgets that scale."""
+import contextlib
 import json
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import time
 
@@ -307,3 +310,17 @@ def spawned_ranks(launcher_pid: int) -> list:
                if ppid == launcher_pid and b"multiprocessing.forkserver" in cmdline}
     return sorted(pid for pid, (ppid, cmdline) in processes.items()
                   if ppid in servers or (ppid == launcher_pid and b"spawn_main" in cmdline))
+
+
+@contextlib.contextmanager
+def forkserver_children(preload: list):
+    """A forkserver context for a test module's children, preloading ``preload``; its server is stopped on the way
+    out. A server left running in a pytest worker makes every later launch there spawn its ranks
+    (start_method.rank_start leaves a server it did not start alone), and CI's test_start_method saw exactly that."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(preload)
+    try:
+        yield context
+    finally:
+        with contextlib.suppress(OSError):
+            multiprocessing.forkserver._forkserver._stop()

@@ -11,7 +11,6 @@ and naming one explicitly is an error. Each phase is killed deterministically in
 test_save_crash_phases.py; this test is the end-to-end check with real signals.
 Each run is forked from a forkserver that imported torch and shardtrain once.
 """
-import multiprocessing
 import os
 import re
 import signal
@@ -24,7 +23,7 @@ from shardtrain.core.errors import CheckpointError
 from shardtrain.trainer.checkpoint.single_file import load_checkpoint
 from shardtrain.trainer.checkpoint.sharded import check_complete, load_extra, load_sharded_into
 from atomicity_mains import train_quietly
-from st_testutils import make_space_data_bin
+from st_testutils import forkserver_children, make_space_data_bin
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +34,11 @@ def data_bin(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def children():
-    context = multiprocessing.get_context("forkserver")
-    # Ignored when this process's forkserver already runs (test_save_crash_phases.py's, the same modules but
-    # the CLI): children then import the rest for themselves.
-    context.set_forkserver_preload(["shardtrain.cli.train", "shardtrain.trainer.loop", "shardtrain.config.run_config",
-                                    "shardtrain.trainer.checkpoint.resume", "shardtrain.models.transformer_lm",
-                                    "shardtrain.tasks.language_modeling", "torch.distributed.checkpoint",
-                                    "torch._dynamo", "torch.onnx"])
-    return context
+    with forkserver_children(["shardtrain.cli.train", "shardtrain.trainer.loop", "shardtrain.config.run_config",
+                              "shardtrain.trainer.checkpoint.resume", "shardtrain.models.transformer_lm",
+                              "shardtrain.tasks.language_modeling", "torch.distributed.checkpoint", "torch._dynamo",
+                              "torch.onnx"]) as context:
+        yield context
 
 
 def start(children, data_bin, save_dir, backend):

@@ -11,16 +11,15 @@ must find checkpoint_last holding exactly the state of update 1 (update 2 once
 the alias points to it); every name under --save-dir must load, and a
 directory without COMPLETE, named explicitly, is refused.
 
-Children are forked from one forkserver that imported torch and shardtrain
+Children are forked from this module's forkserver, which imported torch and shardtrain
 once, so each phase costs its training and saves, not a cold start (~6 s).
 """
 import json
-import multiprocessing
 
 import pytest
 
 from save_crash_mains import FILE_PHASES, KILLED, SHARDED_PHASES, crash, resume
-from st_testutils import make_space_data_bin
+from st_testutils import forkserver_children, make_space_data_bin
 
 # every test here starts a process, a multi-rank group or a training run; its ranks are warm ones (kept alive
 # across tests, tests/helpers/warm_ranks.py): what the ranks do is the subject here, not how they start
@@ -41,13 +40,12 @@ def data_bin(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def children():
-    context = multiprocessing.get_context("forkserver")
-    # Ignored when this process's forkserver already runs: children then import for themselves.
     # What a child imports, lazily too (torch._dynamo and torch.onnx by the first meta-device model).
-    context.set_forkserver_preload(["shardtrain.trainer.loop", "shardtrain.config.run_config", "shardtrain.trainer.checkpoint.resume",
-                                    "shardtrain.models.transformer_lm", "shardtrain.tasks.language_modeling",
-                                    "torch.distributed.checkpoint", "torch._dynamo", "torch.onnx"])
-    return context
+    with forkserver_children(["shardtrain.trainer.loop", "shardtrain.config.run_config",
+                              "shardtrain.trainer.checkpoint.resume", "shardtrain.models.transformer_lm",
+                              "shardtrain.tasks.language_modeling", "torch.distributed.checkpoint", "torch._dynamo",
+                              "torch.onnx"]) as context:
+        yield context
 
 
 def run_child(children, target, *args) -> int:
