@@ -25,7 +25,7 @@ MUTANTS = [
             ARCH + "test_loading_for_inference_never_reaches_the_training_build")),
     Mutant("one_rank_group_outlives_the_run", "a one-process run's group ends with the run",
            T + "launch/one_rank_group.py",
-           "        if self.started and dist.is_initialized():\n            dist.destroy_process_group()\n", "",
+           "        if self.started and dist.is_initialized():\n            end_process_group()\n", "",
            (GROUP + "test_fully_sharded_gets_a_one_rank_gloo_group_for_the_run_only",)),
     Mutant("fully_sharded_gets_no_group_on_one_rank", "fully_sharded runs on one process (a 1-rank mesh)",
            T + "parallel/fully_sharded.py",

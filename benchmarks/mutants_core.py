@@ -62,4 +62,18 @@ MUTANTS = [
            "it at every step: the hybrid plan 65% high)", "shardtrain/core/torch_private.py",
            "        if not depth[0]:\n            track(*args, **kwargs)", "        track(*args, **kwargs)",
            ("tests/core/test_torch_private.py::test_dtensors_shape_propagation_is_not_counted_as_optimizer_state",)),
+    # CI on 0e3e112's worktree run: a later run in one process met an ended run's device mesh (DTensor's caches)
+    Mutant("sharding_caches_kept", "a run's group ends with DTensor's sharding caches emptied",
+           "shardtrain/core/torch_private.py", "    _clear_sharding_prop_cache()\n", "",
+           ("tests/core/test_torch_private.py::test_a_later_run_never_meets_an_ended_runs_device_mesh",
+            "tests/trainer/launch/test_group_end.py")),
+    Mutant("ranks_group_ended_by_torch_alone", "a rank's group ends with DTensor's sharding caches emptied",
+           "shardtrain/trainer/launch/start.py", "        dist.barrier()\n        end_process_group()\n",
+           "        dist.barrier()\n        dist.destroy_process_group()\n",
+           ("tests/trainer/launch/test_group_end.py::test_a_warm_ranks_next_run_resolves_its_own_groups",)),
+    Mutant("one_rank_group_ended_by_torch_alone", "a one-process run's group ends with the caches emptied",
+           "shardtrain/trainer/launch/one_rank_group.py", "            end_process_group()\n",
+           "            torch.distributed.destroy_process_group()\n",
+           ("tests/trainer/launch/test_group_end.py::"
+            "test_a_one_process_fully_sharded_run_empties_the_caches_when_its_group_ends",)),
 ]

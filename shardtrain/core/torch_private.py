@@ -133,6 +133,30 @@ def sharding_propagation_untracked(tracker):
         del tracker._track  # the class's own again
 
 
+def end_process_group() -> None:
+    """``destroy_process_group``, and DTensor's sharding caches emptied with it, so that a later run in this
+    process (the Python API, a notebook, the test suite) cannot meet the ended run's device meshes.
+
+    Why: a DeviceMesh compares equal by its layout, device type and dimension names, not by its process groups.
+    DTensor caches each op's output sharding, mesh included, so a later run's equal mesh is answered with the old
+    mesh object, which names the old run's groups; where the new run's groups are named otherwise, its first
+    collective on such a tensor fails ("Could not resolve the process group registered under the name 1": a
+    fully_sharded resume after a run that had one group more). Why private: torch offers no public way to empty
+    those caches; ``debug._clear_sharding_prop_cache`` is what torch's own tests call."""
+    import sys
+
+    import torch.distributed as dist
+    dist.destroy_process_group()
+    if "torch.distributed.tensor" not in sys.modules:  # no DTensor was ever made here: nothing is cached
+        return
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:
+        raise _moved("torch.distributed.tensor.debug._clear_sharding_prop_cache",
+                     "to forget an ended run's device meshes") from None
+    _clear_sharding_prop_cache()
+
+
 def init_fake_process_group(world_size: int, rank: int = 0) -> None:
     """This process as ``rank`` of ``world_size`` on torch's fake process group: collectives return
     at once with outputs of the right shapes, so FSDP2 can be set up for any world size here.

@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from shardtrain.core.torch_private import (
-    fake_tensor_mode, init_fake_process_group, memory_tracker, outside_fake_tensor_mode, reset_tracker_peak,
-    sharding_propagation_untracked,
+    end_process_group, fake_tensor_mode, init_fake_process_group, memory_tracker, outside_fake_tensor_mode,
+    reset_tracker_peak, sharding_propagation_untracked,
 )
 from shardtrain.config.overridden import with_overrides
 from shardtrain.plan import many_ranks
@@ -172,4 +172,4 @@ def _fake_group(world_size: int):
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        end_process_group()

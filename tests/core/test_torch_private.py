@@ -347,3 +347,51 @@ def test_a_moved_fsdp2_shard_source_is_named(one_rank_group, monkeypatch):
         monkeypatch.delattr(param, "_sharded_param_data")
     with pytest.raises(RuntimeError, match="no longer provides FSDPParamGroup.fsdp_params' _sharded_param_data"):
         torch_private.fsdp_shard_sources(linear)
+
+
+def _run_with_a_dtensor_op(rendezvous, extra_group: bool):
+    """One run's worth: a 1-rank gloo group, a ("shard",) mesh on it (on a second group when ``extra_group``, as a
+    run with one group more), an op on a DTensor over it; -> the op's output."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
+    if extra_group:
+        mesh = DeviceMesh.from_group(dist.new_group(backend="gloo"), "cpu", mesh_dim_names=("shard",))
+    else:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("shard",))
+    return mesh, distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]) * 2
+
+
+@pytest.mark.parametrize("end", ["end_process_group", "destroy_process_group"])
+def test_a_later_run_never_meets_an_ended_runs_device_mesh(tmp_path, end):
+    """The first run's mesh is on group "1", the second's on "0"; the meshes compare equal, so DTensor's cached
+    output sharding of the same op would hand the second run the first's mesh, whose group is gone."""
+    import torch.distributed as dist
+
+    first, _ = _run_with_a_dtensor_op(tmp_path / "first", extra_group=True)
+    assert first._dim_group_names == ["1"]
+    (torch_private.end_process_group if end == "end_process_group" else dist.destroy_process_group)()
+    try:
+        mesh, out = _run_with_a_dtensor_op(tmp_path / "second", extra_group=False)
+        assert mesh._dim_group_names == ["0"] and mesh == first
+        if end == "destroy_process_group":  # torch's own teardown: the stale mesh, the failure users would meet
+            assert out.device_mesh is first
+            with pytest.raises(RuntimeError, match="Could not resolve the process group registered under the name 1"):
+                out.device_mesh.get_group()  # what a collective on it asks first (distribute_tensor's scatter)
+        else:
+            assert out.device_mesh is mesh
+            assert out.device_mesh.get_group() is dist.group.WORLD
+    finally:
+        torch_private.end_process_group()
+
+
+def test_a_moved_sharding_cache_is_named(tmp_path, monkeypatch):
+    import torch.distributed.tensor.debug as debug
+
+    _run_with_a_dtensor_op(tmp_path / "rdzv", extra_group=False)
+    monkeypatch.delattr(debug, "_clear_sharding_prop_cache")
+    with pytest.raises(RuntimeError, match="no longer provides torch.distributed.tensor.debug._clear_sharding_prop"):
+        torch_private.end_process_group()
+    assert not torch.distributed.is_initialized()  # the group ended all the same

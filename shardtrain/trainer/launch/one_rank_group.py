@@ -13,6 +13,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
+from shardtrain.core.torch_private import end_process_group
 from shardtrain.trainer.launch.rendezvous import process_group_backend
 
 
@@ -36,7 +37,7 @@ class OneRankGroup:
 
     def close(self) -> None:
         if self.started and dist.is_initialized():
-            dist.destroy_process_group()
+            end_process_group()
         self.started = False
         self._remove_dir()  # the store removes its file when the group ends, but not the directory
 

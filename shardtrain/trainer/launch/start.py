@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from shardtrain.core.errors import ConfigError
+from shardtrain.core.torch_private import end_process_group
 from shardtrain.trainer.launch import rendezvous
 from shardtrain.trainer.launch import start_method
 from shardtrain.trainer.launch import supervise
@@ -177,7 +178,7 @@ def _run_rank(cfg, main, ctx: DistributedContext, init_method: str, launcher: Op
     # (rank 0 gathering the final weights) aborted that peer (SIGABRT; 1 run in 10 in such a test).
     if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        end_process_group()
     return result
 
 

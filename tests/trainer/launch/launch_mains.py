@@ -102,3 +102,17 @@ def main_where_started(cfg, ctx):
     said = os.environ.get("ST_LAUNCH_MARK", "")
     print(f"rank {ctx.rank} says {said}", flush=True)
     _record(cfg, ctx, ppid=os.getppid(), parent=parent, mark=said)
+
+
+def main_dtensor_op_on_a_mesh(cfg, ctx):
+    """A ("shard",) mesh over the ranks and an op on a DTensor over it; the mesh is on a second group when
+    ``ST_EXTRA_GROUP`` is set (a run with one group more). -> the name of the group the op's output resolves to."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    if os.environ.get("ST_EXTRA_GROUP"):
+        mesh = DeviceMesh.from_group(dist.new_group(backend="gloo"), "cpu", mesh_dim_names=("shard",))
+    else:
+        mesh = init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("shard",))
+    out = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]) * 2
+    return {"mesh": mesh._dim_group_names, "resolved": out.device_mesh.get_group().group_name}
