@@ -76,4 +76,8 @@ MUTANTS = [
            "            torch.distributed.destroy_process_group()\n",
            ("tests/trainer/launch/test_group_end.py::"
             "test_a_one_process_fully_sharded_run_empties_the_caches_when_its_group_ends",)),
+    Mutant("trace_group_ended_by_torch_alone", "shard-plan's trace ends its fake group with the caches emptied",
+           "shardtrain/plan/trace.py", "    finally:\n        end_process_group()\n",
+           "    finally:\n        dist.destroy_process_group()\n",
+           ("tests/plan/test_trace_group_end.py",)),
 ]

@@ -87,11 +87,8 @@ MUTANTS = [
            (SM + "test_cuda_ranks_are_spawned",)),
     Mutant("server_outlives_its_launch", "each launch stops its server: a later launch's ranks get the environment "
            "and stdout of their own moment", START_METHOD,
-           "        with contextlib.suppress(OSError, TypeError):  # TypeError: no pid, the server never started\n"
-           "            os.kill(server._forkserver_pid, signal.SIGTERM)\n"
-           "        with contextlib.suppress(OSError):  # a server killed with its ranks is gone already\n"
-           "            server._stop()",
-           "        pass", (TWO, SM + "test_cpu_ranks_get_a_server_that_preloads_torch_and_mains_module_and_is_stopped_after")),
+           "    finally:  # the ranks have ended (supervise stops what is left)\n        end_forkserver()\n",
+           "    finally:\n        pass\n", (TWO, SM + "test_cpu_ranks_get_a_server_that_preloads_torch_and_mains_module_and_is_stopped_after")),
     Mutant("foreign_server_reused", "a forkserver someone else started is left alone (the ranks are spawned)",
            START_METHOD, ' or getattr(server, "_forkserver_pid", None) is not None:', ":",
            (SM + "test_a_server_someone_else_runs_is_left_alone_and_the_ranks_are_spawned",)),
@@ -108,7 +105,6 @@ MUTANTS = [
            (SM + "test_a_python_without_a_way_to_stop_the_server_spawns",)),
     # CI on 3a0a864: a test module's forkserver outlived it and later launches in its pytest worker spawned
     Mutant("test_modules_server_left_running", "a test module's forkserver ends with it, so later launches fork",
-           "tests/st_testutils.py", "            multiprocessing.forkserver._forkserver._stop()\n",
-           "            pass\n",
+           "tests/st_testutils.py", "        end_forkserver()\n", "        pass\n",
            (SM + "test_a_test_modules_own_server_is_stopped_so_later_launches_in_its_worker_still_fork",)),
 ]

@@ -2,7 +2,6 @@
 import contextlib
 import json
 import multiprocessing
-import multiprocessing.forkserver
 import os
 import time
 
@@ -317,10 +316,22 @@ def forkserver_children(preload: list):
     """A forkserver context for a test module's children, preloading ``preload``; its server is stopped on the way
     out. A server left running in a pytest worker makes every later launch there spawn its ranks
     (start_method.rank_start leaves a server it did not start alone), and CI's test_start_method saw exactly that."""
+    from shardtrain.trainer.launch.start_method import end_forkserver
+
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(preload)
     try:
         yield context
     finally:
-        with contextlib.suppress(OSError):
-            multiprocessing.forkserver._forkserver._stop()
+        end_forkserver()
+
+
+def sharding_cache_clears(monkeypatch) -> list:
+    """Spy on torch's DTensor sharding-cache clear (core/torch_private.end_process_group calls it): the list gets
+    whether a process group was still up at each call."""
+    import torch.distributed as dist
+    import torch.distributed.tensor.debug as debug
+
+    cleared, clear = [], debug._clear_sharding_prop_cache
+    monkeypatch.setattr(debug, "_clear_sharding_prop_cache", lambda: cleared.append(dist.is_initialized()) or clear())
+    return cleared

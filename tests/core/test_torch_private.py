@@ -351,7 +351,7 @@ def test_a_moved_fsdp2_shard_source_is_named(one_rank_group, monkeypatch):
 
 def _run_with_a_dtensor_op(rendezvous, extra_group: bool):
     """One run's worth: a 1-rank gloo group, a ("shard",) mesh on it (on a second group when ``extra_group``, as a
-    run with one group more), an op on a DTensor over it; -> the op's output."""
+    run with one group more), an op on a DTensor over it; -> (the mesh, the op's output)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor

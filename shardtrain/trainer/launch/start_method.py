@@ -1,9 +1,10 @@
 """How the launcher starts the ranks of a run on this machine: from a forkserver for CPU ranks, by spawn for CUDA ones.
 
 A spawned rank is a fresh interpreter that imports torch and shardtrain before it can do anything: seconds of one core
-each. A forkserver imports them once and forks every rank from that state. ``python benchmarks/rank_start.py`` (2026-12-03, 2 idle
-cores, a 2-rank CPU shard-train of 5 updates, medians of 3 rounds): 22.5 s of CPU spawned, 16.9 s forked; the wall
-14.99 s against 14.71 s, since two spawned ranks import side by side on two cores. On a machine with fewer cores than ranks, where CPU runs live, that is the difference.
+each. A forkserver imports them once and forks every rank from that state. ``python benchmarks/rank_start.py``
+(2026-12-03, 2 idle cores, a 2-rank CPU shard-train of 5 updates, medians of 3 rounds): 22.5 s of CPU spawned,
+16.9 s forked; the wall 14.99 s against 14.71 s, since two spawned ranks import side by side on two cores. On a
+machine with fewer cores than ranks, where CPU runs live, that is the difference.
 
 CUDA ranks keep ``spawn``: the server only imports, but a module that asked the driver anything while being imported
 (``torch.cuda.is_available()`` without NVML's check initialises the runtime) would leave every forked rank unable to
@@ -53,13 +54,19 @@ def rank_start(use_cuda: bool, main: Callable) -> Iterator[str]:
     try:
         yield "forkserver"
     finally:  # the ranks have ended (supervise stops what is left)
-        # Ended, not asked: _stop() closes the lifeline and waits for the server, which ends only when no process
-        # holds the lifeline's other end, and a rank stopped before it let go (let_go_of_the_launcher) would keep
-        # this launcher waiting. The server is this process's unreaped child: its pid cannot have been reused.
-        with contextlib.suppress(OSError, TypeError):  # TypeError: no pid, the server never started
-            os.kill(server._forkserver_pid, signal.SIGTERM)
-        with contextlib.suppress(OSError):  # a server killed with its ranks is gone already
-            server._stop()
+        end_forkserver()
+
+
+def end_forkserver() -> None:
+    """End this process's forkserver, if it started one, and reap it (the tests' own servers end this way too).
+    Ended, not asked: _stop() closes the lifeline and waits for the server, which ends only when no process holds
+    the lifeline's other end, and a child stopped before it let go (let_go_of_the_launcher) would keep this process
+    waiting. The server is this process's unreaped child: its pid cannot have been reused."""
+    server = multiprocessing.forkserver._forkserver
+    with contextlib.suppress(OSError, TypeError):  # TypeError: no pid, the server never started
+        os.kill(server._forkserver_pid, signal.SIGTERM)
+    with contextlib.suppress(OSError):  # a server killed with its children is gone already
+        server._stop()
 
 
 def let_go_of_the_launcher() -> None:

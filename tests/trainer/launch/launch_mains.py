@@ -82,18 +82,6 @@ def main_in_process(cfg, ctx):
     return "ran-in-process"
 
 
-if __name__ == "__main__":  # under torchrun: launch_mains.py OUT_DIR [shard-train flags]
-    from shardtrain.config.run_config import parse_train_args
-    from shardtrain.trainer.launch.start import call_main
-
-    out_dir = sys.argv[1]
-    cfg = parse_train_args([out_dir, "--cpu", "--batch-size", "1", "--save-dir", out_dir,
-                            "--heartbeat-timeout", "60", *sys.argv[2:]])
-    result = call_main(cfg, main_all_reduce)
-    with open(os.path.join(out_dir, f"after{os.environ['RANK']}.json"), "w") as f:
-        json.dump({"result": result, "group_initialized_after": dist.is_initialized()}, f)
-
-
 def main_where_started(cfg, ctx):
     """Record how this rank was started (its parent's command line) and what it inherited (an environment variable,
     the launcher's stdout)."""
@@ -116,3 +104,16 @@ def main_dtensor_op_on_a_mesh(cfg, ctx):
         mesh = init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("shard",))
     out = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]) * 2
     return {"mesh": mesh._dim_group_names, "resolved": out.device_mesh.get_group().group_name}
+
+
+if __name__ == "__main__":  # under torchrun: launch_mains.py OUT_DIR [shard-train flags]
+    from shardtrain.config.run_config import parse_train_args
+    from shardtrain.trainer.launch.start import call_main
+
+    out_dir = sys.argv[1]
+    cfg = parse_train_args([out_dir, "--cpu", "--batch-size", "1", "--save-dir", out_dir,
+                            "--heartbeat-timeout", "60", *sys.argv[2:]])
+    result = call_main(cfg, main_all_reduce)
+    with open(os.path.join(out_dir, f"after{os.environ['RANK']}.json"), "w") as f:
+        json.dump({"result": result, "group_initialized_after": dist.is_initialized()}, f)
+

@@ -5,21 +5,17 @@ fully_sharded resume after a run that had one group more failed with "Could not 
 registered under the name 1"."""
 import pytest
 import torch.distributed as dist
-import torch.distributed.tensor.debug
 
 import launch_mains
 from shardtrain.config.run_config import parse_train_args
 from shardtrain.trainer.launch.start import call_main, make_context
 from shardtrain.trainer.loop import Run
-from st_testutils import make_space_data_bin, tiny_model_flags
+from st_testutils import make_space_data_bin, sharding_cache_clears, tiny_model_flags
 
 
 def test_a_one_process_fully_sharded_run_empties_the_caches_when_its_group_ends(tmp_path, monkeypatch):
     """The run's own path (OneRankGroup); what emptying does is test_torch_private's and the next test's."""
-    cleared = []
-    clear = torch.distributed.tensor.debug._clear_sharding_prop_cache
-    monkeypatch.setattr(torch.distributed.tensor.debug, "_clear_sharding_prop_cache",
-                        lambda: cleared.append(dist.is_initialized()) or clear())
+    cleared = sharding_cache_clears(monkeypatch)
     data = make_space_data_bin(str(tmp_path), train_tokens=400, valid_tokens=100)
     cfg = parse_train_args([data, "--cpu", "--save-dir", str(tmp_path / "ck"), "--ddp-backend", "fully_sharded",
                             *tiny_model_flags()])
