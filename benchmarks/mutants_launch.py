@@ -107,4 +107,21 @@ MUTANTS = [
     Mutant("test_modules_server_left_running", "a test module's forkserver ends with it, so later launches fork",
            "tests/st_testutils.py", "        end_forkserver()\n", "        pass\n",
            (SM + "test_a_test_modules_own_server_is_stopped_so_later_launches_in_its_worker_still_fork",)),
+    # 2026-12-03: a spawned rank counts the Ctrl-C presses its launcher passes on, never its own SIGINT (the two
+    # copies of one press arrive in either order; its own after the pass-on read as a second press)
+    Mutant("spawned_rank_counts_its_own_sigint", "a terminal's Ctrl-C on spawned ranks finishes the update and saves",
+           T + "launch/preemption.py",
+           "        if os.getppid() == self._parent:  # the launcher lives: it passes this press on\n            return\n",
+           "", ("tests/trainer/launch/test_ctrl_c.py::test_a_spawned_ranks_watcher_counts_its_launchers_presses_never_its_own",
+                "tests/trainer/launch/test_ctrl_c.py::test_the_first_ctrl_c_finishes_the_update_and_saves")),
+    Mutant("orphaned_rank_ignores_its_sigint", "a rank whose launcher died stops on its parent-death SIGINT",
+           T + "launch/preemption.py", "        if os.getppid() == self._parent:  # the launcher lives",
+           "        if True:  # the launcher lives",
+           ("tests/trainer/launch/test_ctrl_c.py::test_a_spawned_ranks_watcher_counts_its_launchers_presses_never_its_own",
+            SM + "test_ranks_end_when_their_launcher_is_killed")),
+    Mutant("launcher_passes_ctrl_c_on_as_sigterm", "the launcher passes each Ctrl-C on as PASSED_ON",
+           T + "launch/preemption.py", "        forward(signum, frame, as_signal=PASSED_ON)",
+           "        forward(signum, frame, as_signal=signal.SIGTERM)",
+           ("tests/trainer/launch/test_ctrl_c.py::test_the_launcher_passes_every_press_on_to_its_ranks",
+            "tests/trainer/launch/test_ctrl_c.py::test_the_first_ctrl_c_finishes_the_update_and_saves")),
 ]

@@ -29,10 +29,11 @@ MUTANTS = [
            (REC + "test_the_log_file_holds_the_records_whatever_the_console_format",)),
     Mutant("ctrl_c_saves_nothing", "the first Ctrl-C finishes the update and saves checkpoint_last",
            "shardtrain/trainer/launch/preemption.py",
-           "            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)\n", "",
+           "            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._own_interrupt if led else\n"
+           "                                                          self._interrupt)\n", "",
            (CTRL_C + "test_the_first_ctrl_c_finishes_the_update_and_saves",)),
     Mutant("launcher_passes_on_the_first_ctrl_c_as_sigint", "a terminal's first Ctrl-C saves on 2 ranks",
-           "shardtrain/trainer/launch/preemption.py", "forward(signum, frame, as_signal=signal.SIGTERM)",
+           "shardtrain/trainer/launch/preemption.py", "forward(signum, frame, as_signal=PASSED_ON)",
            "forward(signum, frame)", (CTRL_C + "test_the_first_ctrl_c_finishes_the_update_and_saves",)),
     Mutant("second_ctrl_c_waits_for_the_save", "a second Ctrl-C stops at once",
            "shardtrain/trainer/launch/preemption.py", "            self._stopping_now = True\n"

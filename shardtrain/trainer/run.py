@@ -84,8 +84,9 @@ class Run:
         self.spikes = SpikeGuard(cfg.optimization) if cfg.optimization.spike_rollback else None
         self.skip_batches = BatchWindows(parse_windows(cfg.dataset.skip_batches))
         self.clock = TrainingClock()  # also the time of the runs it resumes (restored by resume)
-        # One process announces Ctrl-C itself; spawned ranks' launcher does (torchrun's says nothing).
-        self.preemption = PreemptionWatcher(announce=self.backend.world_size == 1)
+        # One process announces Ctrl-C itself; spawned ranks' launcher does, and passes each press on (torchrun's
+        # says nothing).
+        self.preemption = PreemptionWatcher(announce=self.backend.world_size == 1, led=ctx.spawned)
         self.stopped_by_signal = False  # before the end of training, by Ctrl-C/SIGTERM/SIGUSR1
 
     def _utilisation(self, cfg, model, dtypes) -> Utilisation:

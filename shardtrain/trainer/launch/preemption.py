@@ -11,12 +11,17 @@ that exits 0 after the warning would otherwise end COMPLETED, and nobody restart
 it. SIGTERM (scancel, or a preemption SLURM requeues itself) is not requeued by us.
 
 Ctrl-C (SIGINT) stops the same way: the first finishes the update and saves checkpoint_last;
-a second (or a SIGINT after SIGTERM/SIGUSR1) raises KeyboardInterrupt at once. A terminal's Ctrl-C
-reaches the launcher and every rank (one process group); the launcher passes its first on as SIGTERM,
-which a rank that had the Ctrl-C itself ignores (it already stops), and its second as SIGINT, which
-a rank ignores once it is already stopping at once. A rank always sees its own SIGINT before the
-launcher's SIGTERM: the kernel marks it pending at once, and Python runs handlers in signal order.
-A validation under way stops at its next batch (validation.py); the partial pass is not recorded.
+a second (or a SIGINT after SIGTERM/SIGUSR1) raises KeyboardInterrupt at once. A validation under way
+stops at its next batch (validation.py); the partial pass is not recorded.
+
+Ranks that shard-train spawned count the presses their launcher passes on (``PASSED_ON``), never their own
+SIGINT while the launcher lives. A terminal's Ctrl-C reaches the launcher and every rank (one process group);
+``kill -INT <launcher>`` reaches the launcher alone. Only the launcher sees every press in both cases, so it
+counts them. A rank that counted its own SIGINT as well could not tell the launcher's pass-on of the first
+press from a second press: the two arrive in either order (the kernel hands each signal to whichever of the
+rank's threads runs first), and a rank that met the pass-on first stopped at once, its save lost (seen twice
+under load, 2026-12-03). A rank whose parent has ended counts its own SIGINT again: that is the parent-death
+signal torch.multiprocessing sets, the launcher's last word.
 
 Until every spawned rank has joined the process group nothing can be saved: Ctrl-C or SIGTERM to the
 launcher then stops the ranks at once and the command answers as for any signal (one line, exit
@@ -37,6 +42,8 @@ from shardtrain.core.errors import ShardtrainError
 
 logger = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# Each Ctrl-C a launcher passes on to the ranks it spawned (module docstring): a signal nobody else sends them.
+PASSED_ON = signal.SIGUSR2
 # What shard-train's one-line exit after a second Ctrl-C (or SIGTERM while starting) says is true.
 STOPPED_AT_ONCE = ("nothing newer than the last checkpoint in --save-dir was saved (a first Ctrl-C finishes the "
                    "update and saves); the same command resumes from that checkpoint, or starts afresh without one")
@@ -45,26 +52,38 @@ FIRST_CTRL_C = ("Ctrl-C: finishing the current update (or validation batch), the
 
 
 class PreemptionWatcher:
-    """``announce``: say at once what the first Ctrl-C does (a single process; a launcher says it for its ranks)."""
+    """``announce``: say at once what the first Ctrl-C does (a single process; a launcher says it for its ranks).
+    ``led``: a rank shard-train's launcher spawned, which counts the presses the launcher passes on instead of its
+    own SIGINT (module docstring)."""
 
-    def __init__(self, announce: bool = False):
+    def __init__(self, announce: bool = False, led: bool = False):
         self.requested = False
-        self.received = set()  # the signals seen
+        self.received = set()  # the signals seen (a press passed on is recorded as SIGINT)
         self.interrupted = False  # after agreed(): whether any rank had a Ctrl-C
         self._announce = announce
         self._stopping_now = False
         self._previous = {}
+        self._parent = os.getppid() if led else None
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
-            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._own_interrupt if led else
+                                                          self._interrupt)
+            if led:
+                self._previous[PASSED_ON] = signal.signal(PASSED_ON, self._interrupt)
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
         self.received.add(signum)
 
+    def _own_interrupt(self, signum, frame) -> None:
+        if os.getppid() == self._parent:  # the launcher lives: it passes this press on
+            return
+        self._interrupt(signum, frame)
+
     def _interrupt(self, signum, frame) -> None:
-        if self._stopping_now:  # the launcher passing on the second Ctrl-C this rank already had
+        signum = signal.SIGINT  # a press passed on is a Ctrl-C
+        if self._stopping_now:  # a press after the one that stops at once: its clean-up is under way
             return
         if self.requested:  # a second Ctrl-C, or one after SIGTERM: the user will not wait for the save
             self._stopping_now = True
@@ -157,8 +176,8 @@ def answer_signal(signum: int) -> None:
 def forwarding_signals(processes, starting: Callable[[], bool] = lambda: False):
     """In a launcher that spawned the ranks: pass SIGTERM/SIGUSR1 on to every rank,
     which then saves checkpoint_last and exits 0, instead of dying and orphaning them.
-    Ctrl-C: the first is passed on as SIGTERM (see the module's docstring), the second as SIGINT,
-    and the launcher then stops waiting (KeyboardInterrupt: its clean-up ends the ranks).
+    Ctrl-C: each press is passed on as ``PASSED_ON`` (see the module's docstring); after the second the launcher
+    stops waiting (KeyboardInterrupt: its clean-up ends the ranks).
 
     While ``starting()`` (not every rank has joined: none can save yet) Ctrl-C or SIGTERM raises
     StoppedWhileStarting instead (the ranks are sent SIGTERM first), once ``processes`` (a list the
@@ -186,10 +205,9 @@ def forwarding_signals(processes, starting: Callable[[], bool] = lambda: False):
         if starting() and len(interrupts) == 1:
             state.stop(signum)
             return
+        forward(signum, frame, as_signal=PASSED_ON)  # every press: the ranks count them (module docstring)
         if len(interrupts) > 1:
-            forward(signum, frame)
             raise KeyboardInterrupt
-        forward(signum, frame, as_signal=signal.SIGTERM)
         os.write(2, f"\n{FIRST_CTRL_C}\n".encode())
 
     previous = {sig: signal.signal(sig, on_signal) for sig in SIGNALS}

@@ -50,6 +50,8 @@ class DistributedContext:
     # Ranks sharing this node (its memory, a hybrid shard group): counted once, here, by the rule the thread
     # policy uses (threads.local_ranks: torchrun's LOCAL_WORLD_SIZE, else SLURM's); 0 when every rank is local.
     ranks_per_node: int = 0
+    # Spawned by shard-train's own launcher, which passes each Ctrl-C on to its ranks (preemption.py).
+    spawned: bool = False
 
     def __post_init__(self):
         if self.ranks_per_node <= 0:
@@ -227,7 +229,8 @@ def _spawned_rank(rank: int, cfg, main, plan: _SpawnPlan) -> None:
         waiting.mark(plan.run_dir, "started", rank)
         setup_logging(cfg.common.log_file, rank)
         logger.info(f"started {plan.world_size} ranks ({plan.backend}) in {time.time() - plan.started:.1f} s")
-        ctx = make_context(rank, rank, plan.world_size, plan.use_cuda, plan.backend)
+        ctx = dataclasses.replace(make_context(rank, rank, plan.world_size, plan.use_cuda, plan.backend),
+                                  spawned=True)
         result = _run_rank(cfg, main, ctx, plan.init_method, launcher=None, spawned_ranks=plan.world_size,
                            on_joined=lambda: waiting.mark(plan.run_dir, "joined", rank))
         supervise.write_result(plan.run_dir, rank, result)  # every rank's: the mark that main returned
