@@ -43,9 +43,16 @@ def main_all_reduce(cfg, ctx):
     return {"from_rank": ctx.rank, "value": 0.5 + ctx.rank}
 
 
+def _recorded_by_both(cfg, ctx):
+    """Both ranks have written their record before rank 1 fails: else the launcher may stop rank 0 before it writes
+    (a race seen once in the whole suite), and the test cannot name the pid it checks is gone."""
+    _record(cfg, ctx)
+    dist.barrier()
+
+
 def main_user_error_on_rank1(cfg, ctx):
     """Rank 1 raises a user error; rank 0 waits in a barrier that rank 1 never reaches."""
-    _record(cfg, ctx)
+    _recorded_by_both(cfg, ctx)
     if ctx.rank == 1:
         raise DataError("the shard train.bin is truncated; re-run shard-preprocess")
     dist.barrier()
@@ -53,7 +60,7 @@ def main_user_error_on_rank1(cfg, ctx):
 
 
 def main_bug_on_rank1(cfg, ctx):
-    _record(cfg, ctx)
+    _recorded_by_both(cfg, ctx)
     if ctx.rank == 1:
         {}["no_such_key_in_rank1"]
     dist.barrier()
@@ -62,7 +69,7 @@ def main_bug_on_rank1(cfg, ctx):
 
 def main_exit_on_rank1(cfg, ctx):
     """Rank 1 dies without a Python exception while rank 0 waits in an all-reduce."""
-    _record(cfg, ctx)
+    _recorded_by_both(cfg, ctx)
     if ctx.rank == 1:
         os._exit(3)
     dist.all_reduce(torch.ones(1))
